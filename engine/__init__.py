@@ -1,0 +1,19 @@
+"""memra's inference engine: GGUF models on a numpy reference backend or on PyCUDA."""
+from memra_engine.errors import (
+    ContextOverflowError,
+    DeviceError,
+    DeviceOutOfMemory,
+    GrammarError,
+    MemraError,
+    ModelFetchError,
+    ModelFormatError,
+    TemplateError,
+    UnsupportedModelError,
+)
+from memra_engine.events import DoneEvent, EngineInfo, EngineStats, MoeStats, StatsEvent, TokenEvent, VramStats
+
+__all__ = [
+    "ContextOverflowError", "DeviceError", "DeviceOutOfMemory", "GrammarError", "MemraError",
+    "ModelFetchError", "ModelFormatError", "TemplateError", "UnsupportedModelError",
+    "DoneEvent", "EngineInfo", "EngineStats", "MoeStats", "StatsEvent", "TokenEvent", "VramStats",
+]
