@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +98,9 @@ class GGUFFile:
     data_offset: int                # absolute offset of the tensor data section
     file_size: int
     mmap: np.ndarray                # the one np.memmap every TensorInfo.data views
+    # GGUF value type of each metadata key, and of the items for arrays (None otherwise),
+    # so a writer can copy keys exactly (e.g. the synthetic generator's --tokenizer-from).
+    metadata_types: dict[str, tuple[GGUFValueType, GGUFValueType | None]] = field(default_factory=dict)
 
     @property
     def architecture(self) -> str | None:
@@ -150,6 +153,7 @@ class _HeaderParser:
     """Reads the GGUF header with a cursor; every read is bounds-checked against the file size."""
 
     def __init__(self, path: Path, mm: np.ndarray):
+        self.metadata_types: dict[str, tuple[GGUFValueType, GGUFValueType | None]] = {}
         self.path = path
         self.mm = mm
         self.buf = memoryview(mm)
@@ -228,6 +232,7 @@ class _HeaderParser:
         return GGUFFile(
             path=self.path, metadata=metadata, tensors=tensors, version=version,
             alignment=alignment, data_offset=data_offset, file_size=self.size, mmap=self.mm,
+            metadata_types=self.metadata_types,
         )
 
     def read_metadata(self, kv_count: int) -> dict[str, Any]:
@@ -240,9 +245,11 @@ class _HeaderParser:
                 raise self.fail(f"duplicate metadata key {key!r}")
             value_type = self.u32()
             metadata[key] = self.read_value(value_type, key)
+            self.metadata_types[key] = (GGUFValueType(value_type), self.last_item_type)
         return metadata
 
     def read_value(self, value_type: int, key: str) -> Any:
+        self.last_item_type = None
         if value_type in _SCALARS:
             fmt, n = _SCALARS[value_type]
             return self.scalar(fmt, n)
@@ -255,6 +262,8 @@ class _HeaderParser:
     def read_array(self, key: str) -> list[Any]:
         item_type = self.u32()
         count = self.u64()
+        if item_type in _SCALARS or item_type == GGUFValueType.STRING:
+            self.last_item_type = GGUFValueType(item_type)
         if item_type == GGUFValueType.STRING:
             if count > self.remaining() // 8:
                 raise self.fail(f"metadata {key!r}: array length {count} is absurd")
