@@ -1,0 +1,493 @@
+"""The generation loop and the engine API the UI and CLI use (DESIGN.md §3).
+
+One Engine owns one background thread. That thread opens the model, creates the backend (a CUDA
+context belongs to the thread that made it) and runs jobs one after another. chat()/complete()
+enqueue a Job and return at once; a Job is an iterator over the events the thread puts on its queue.
+
+Choices this module makes, so callers know what to expect:
+- KV cache reuse: the engine remembers the tokens held in the cache. A new prompt keeps the common
+  prefix with them and prefills only the rest, so a multi-turn chat re-reads only the new turn.
+- A prompt that leaves no room to generate (>= n_ctx tokens) ends the job with
+  DoneEvent("error", "prompt is N tokens but the context is C (use --ctx)"). Old turns are never
+  dropped silently; the UI decides what to cut. Generation stops with "length" when max_tokens
+  are out or the context is full, whichever comes first.
+- A model without a chat template runs in completion mode: chat() joins the message contents with
+  blank lines and continues that text; Engine.info.has_chat_template is False so the UI/CLI say so.
+- Stop strings are matched on the decoded text, also across token boundaries: text that might be
+  the start of a stop string is held back until it is clear. The stop string itself is not emitted.
+  EOS/EOT tokens yield no text; if text was held back when one arrives, a last TokenEvent carrying
+  it (with the EOS id) is sent first.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable, Iterator, Sequence
+
+import numpy as np
+
+from memra_engine.backend_select import choose_backend, create_backend
+from memra_engine.errors import ContextOverflowError, MemraError
+from memra_engine.events import DoneEvent, EngineInfo, EngineStats, StatsEvent, TokenEvent
+from memra_engine.sampling import SamplingParams, make_rng, sample
+
+log = logging.getLogger("memra.engine")
+
+Progress = Callable[[str], None]
+Event = TokenEvent | StatsEvent | DoneEvent
+
+STATS_INTERVAL_S = 0.25
+PREFILL_CHUNK = 256  # tokens per prefill call: bounds scratch memory and how long cancel() waits
+
+
+# ---------------------------------------------------------------------------------------- jobs
+
+
+@dataclass
+class JobRequest:
+    sampling: SamplingParams
+    messages: list[dict] | None = None  # chat: rendered with the template
+    prompt: str | None = None  # complete: raw text
+    stop: tuple[str, ...] = ()
+    grammar: object = None
+    spec: object = None
+
+
+@dataclass
+class JobResult:
+    text: str
+    token_ids: list[int]
+    done: DoneEvent
+    stats: EngineStats | None = None
+
+
+class Job:
+    """An iterator over TokenEvent / StatsEvent / DoneEvent; always ends with exactly one DoneEvent."""
+
+    def __init__(self, request: JobRequest):
+        self.request = request
+        self._events: queue.Queue[Event] = queue.Queue()
+        self._cancel = threading.Event()
+
+    def __iter__(self) -> Iterator[Event]:
+        while True:
+            event = self._events.get()
+            yield event
+            if isinstance(event, DoneEvent):
+                return
+
+    def cancel(self) -> None:
+        """Ask the engine to stop this job; returns at once. The job ends within one decode step."""
+        self._cancel.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+    def collect(self) -> JobResult:
+        """Run the job to its end and return the whole reply (for scripts and tests)."""
+        pieces, ids, stats = [], [], None
+        for event in self:
+            if isinstance(event, TokenEvent):
+                pieces.append(event.text)
+                ids.append(event.id)
+            elif isinstance(event, StatsEvent):
+                stats = event.stats
+            else:
+                return JobResult("".join(pieces), ids, event, stats)
+        raise AssertionError("unreachable: a job always ends with a DoneEvent")
+
+    def _put(self, event: Event) -> None:
+        self._events.put(event)
+
+
+# ---------------------------------------------------------------------------------------- stop strings
+
+
+class StopMatcher:
+    """Finds stop strings in streamed text, holding back what could still become one."""
+
+    def __init__(self, stops: Sequence[str]):
+        self.stops = [s for s in stops if s]
+        self.held = ""
+
+    def push(self, text: str) -> tuple[str, bool]:
+        """Feed new text; returns (text safe to emit, whether a stop string was hit)."""
+        buf = self.held + text
+        hits = [buf.find(s) for s in self.stops if s in buf]
+        if hits:
+            self.held = ""
+            return buf[: min(hits)], True
+        keep = max((self._partial_suffix(buf, s) for s in self.stops), default=0)
+        self.held = buf[len(buf) - keep :]
+        return buf[: len(buf) - keep], False
+
+    def flush(self) -> str:
+        held, self.held = self.held, ""
+        return held
+
+    @staticmethod
+    def _partial_suffix(buf: str, stop: str) -> int:
+        for n in range(min(len(stop) - 1, len(buf)), 0, -1):
+            if buf.endswith(stop[:n]):
+                return n
+        return 0
+
+
+# ---------------------------------------------------------------------------------------- model state
+
+
+@dataclass
+class LoadedModel:
+    """What the engine thread holds: everything here is used only on that thread."""
+
+    gguf: object
+    tokenizer: object
+    template: object | None
+    backend: object
+    cached_tokens: list[int] = field(default_factory=list)  # exactly what the KV cache holds
+
+
+def open_model(path: Path, kind: str, n_ctx: int, vram_budget, say: Progress) -> tuple[LoadedModel, EngineInfo]:
+    """Open the GGUF, tokenizer, template and backend. Runs on the engine thread."""
+    from memra_engine.chat_template import ChatTemplate
+    from memra_engine.model.gguf_file import open_gguf
+    from memra_engine.tokenizer import load_tokenizer
+
+    say(f"loading {path.name} on the {kind} backend…")
+    g = open_gguf(path)
+    tokenizer = load_tokenizer(g)
+    template = ChatTemplate.from_gguf(g)
+    backend = create_backend(kind, g, n_ctx, vram_budget)
+    info = describe_model(g, path, n_ctx, kind, backend, template is not None)
+    return LoadedModel(g, tokenizer, template, backend), info
+
+
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    diff = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
+    return int(diff[0]) if diff.size else n
+
+
+def describe_model(g, path: Path, n_ctx: int, backend_kind: str, backend, has_template: bool) -> EngineInfo:
+    tensors = g.tensors.values()
+    n_params = sum(int(np.prod(t.shape)) for t in tensors)
+    mix = Counter(getattr(t.ggml_type, "name", str(t.ggml_type)) for t in tensors)
+    quant_mix = ", ".join(f"{name} x{count}" for name, count in mix.most_common())
+    name = g.metadata.get("general.name") or path.stem
+    device = getattr(backend, "device_name", None) or cpu_name()
+    return EngineInfo(
+        model_name=str(name),
+        arch=str(g.metadata.get("general.architecture", "?")),
+        n_params=n_params,
+        quant_mix=quant_mix,
+        n_ctx=n_ctx,
+        backend=backend_kind,
+        device_name=str(device),
+        has_chat_template=has_template,
+    )
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return f"{line.split(':', 1)[1].strip()} ({os.cpu_count()} threads)"
+    except OSError:
+        pass
+    return f"CPU ({os.cpu_count()} threads)"
+
+
+# ---------------------------------------------------------------------------------------- engine
+
+
+class Engine:
+    """Load with Engine.load(); then chat()/complete() return Jobs. close() when done."""
+
+    def __init__(self) -> None:  # use Engine.load
+        self.info: EngineInfo | None = None
+        self._jobs: queue.Queue[Job | None] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._current: Job | None = None
+        self._stats = EngineStats()
+        self._stats_lock = threading.Lock()
+
+    @classmethod
+    def load(
+        cls,
+        path: str | Path | None,
+        backend: str = "auto",
+        n_ctx: int = 4096,
+        draft=None,
+        vram_budget: int | None = None,
+        progress: Progress | None = None,
+    ) -> "Engine":
+        """Open the model and start the engine thread. Raises MemraError with a one-line message."""
+        if n_ctx < 16:
+            raise MemraError(f"context size {n_ctx} is too small (use --ctx 16 or more)")
+        say = progress or (lambda msg: None)
+        if path is None:
+            from memra_engine.default_model import ensure_default_model
+
+            path = ensure_default_model(say)
+        path = Path(path)
+        if not path.is_file():
+            raise MemraError(f"model file not found: {path}")
+        kind = choose_backend(backend, say)
+        return cls.start(lambda: open_model(path, kind, n_ctx, vram_budget, say), draft=draft)
+
+    @classmethod
+    def start(cls, opener: Callable[[], tuple["LoadedModel", EngineInfo]], draft=None) -> "Engine":
+        """Start the engine thread, which calls `opener` to build its model state (tests pass fakes)."""
+        engine = cls()
+        engine.draft = draft
+        ready: queue.Queue[BaseException | None] = queue.Queue()
+        engine._thread = threading.Thread(target=engine._serve, args=(opener, ready), name="memra-engine", daemon=True)
+        engine._thread.start()
+        failure = ready.get()
+        if failure is not None:
+            engine._thread.join(timeout=5)
+            raise failure
+        return engine
+
+    # -- the public API (any thread) --------------------------------------------------------------
+
+    def chat(
+        self, messages: list[dict], sampling: SamplingParams, grammar=None, spec=None, stop: Sequence[str] = ()
+    ) -> Job:
+        request = JobRequest(sampling, messages=[dict(m) for m in messages], stop=tuple(stop), grammar=grammar, spec=spec)
+        return self._submit(Job(request))
+
+    def complete(self, prompt: str, sampling: SamplingParams, stop: Sequence[str] = ()) -> Job:
+        return self._submit(Job(JobRequest(sampling, prompt=prompt, stop=tuple(stop))))
+
+    def stats(self) -> EngineStats:
+        with self._stats_lock:
+            return replace(self._stats)
+
+    def close(self) -> None:
+        """Cancel what runs, stop the thread (within a decode step) and free the backend."""
+        if self._closed:
+            return
+        self._closed = True
+        current = self._current
+        if current is not None:
+            current.cancel()
+        self._jobs.put(None)
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=10)
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _submit(self, job: Job) -> Job:
+        if self._closed:
+            job._put(DoneEvent("error", "the engine is closed"))
+        else:
+            self._jobs.put(job)
+        return job
+
+    # -- the engine thread -----------------------------------------------------------------------
+
+    def _serve(self, opener, ready: queue.Queue) -> None:
+        try:
+            model, self.info = opener()
+            self._publish(EngineStats(n_ctx=model.backend.n_ctx, vram=model.backend.memory_stats()))
+        except BaseException as err:  # handed to load(), which raises it on the caller's thread
+            ready.put(err)
+            return
+        ready.put(None)
+        try:
+            while True:
+                job = self._jobs.get()
+                if job is None:
+                    break
+                if self._closed:
+                    job._put(DoneEvent("cancelled"))
+                    continue
+                self._current = job
+                self._run(model, job)
+                self._current = None
+            while not self._jobs.empty():  # jobs submitted while closing
+                job = self._jobs.get()
+                if job is not None:
+                    job._put(DoneEvent("cancelled"))
+        finally:
+            model.backend.close()
+
+    def _publish(self, stats: EngineStats) -> None:
+        with self._stats_lock:
+            self._stats = stats
+
+    def _run(self, model: LoadedModel, job: Job) -> None:
+        try:
+            Generation(model, job, self._publish).run()
+        except MemraError as err:
+            self._forget_cache(model)
+            job._put(DoneEvent("error", str(err)))
+        except ValueError as err:  # SamplingParams.validate
+            job._put(DoneEvent("error", str(err)))
+        except Exception as err:  # a bug: log it, keep the engine alive, never raise into the UI
+            log.exception("job failed")
+            self._forget_cache(model)
+            job._put(DoneEvent("error", f"internal error: {type(err).__name__}: {err}"))
+
+    @staticmethod
+    def _forget_cache(model: LoadedModel) -> None:
+        # after a failure inside the backend we cannot trust what the cache holds
+        model.cached_tokens = []
+        try:
+            model.backend.truncate(0)
+        except Exception:
+            log.exception("truncate(0) failed after an error")
+
+
+# ---------------------------------------------------------------------------------------- one job
+
+
+class Generation:
+    """Runs one job on the engine thread: tokenize, prefill what the cache lacks, decode, stream."""
+
+    def __init__(self, model: LoadedModel, job: Job, publish: Callable[[EngineStats], None]):
+        self.model = model
+        self.job = job
+        self.publish = publish
+        self.sampling = job.request.sampling
+        self.stats = EngineStats(n_ctx=model.backend.n_ctx)
+        self.started = time.perf_counter()
+        self.prefill_s = 0.0
+        self.n_prefilled = 0
+        self.decode_s = 0.0
+        self.n_decoded = 0
+        self.last_stats = self.started
+
+    def run(self) -> None:
+        self.sampling.validate()
+        request = self.job.request
+        if request.grammar is not None:
+            raise MemraError("grammar-constrained decoding is not available yet")
+        prompt = self.prompt_tokens()
+        n_ctx = self.model.backend.n_ctx
+        if not prompt:
+            raise MemraError("the prompt is empty")
+        if len(prompt) >= n_ctx:
+            raise ContextOverflowError(f"prompt is {len(prompt)} tokens but the context is {n_ctx} (use --ctx)")
+        self.stats.n_prompt_tokens = len(prompt)
+
+        logits = self.prefill(prompt)
+        if logits is None:
+            return self.finish("cancelled")
+        self.decode_loop(prompt, logits)
+
+    # -- prompt ------------------------------------------------------------------------------------
+
+    def prompt_tokens(self) -> list[int]:
+        request, tokenizer, template = self.job.request, self.model.tokenizer, self.model.template
+        if request.prompt is not None:
+            text = request.prompt
+        elif template is not None:
+            text = template.render(request.messages, add_generation_prompt=True)
+        else:  # completion mode: the turns as plain text, continued by the model
+            text = "\n\n".join(str(m.get("content", "")) for m in request.messages)
+        ids = tokenizer.encode(text, add_special=True)
+        bos = tokenizer.bos_id
+        if bos is not None and len(ids) >= 2 and ids[0] == bos and ids[1] == bos:
+            ids = ids[1:]  # the template wrote BOS itself and the tokenizer added another
+        return ids
+
+    def prefill(self, prompt: list[int]) -> np.ndarray | None:
+        """Bring the KV cache to `prompt`, reusing the common prefix. None if cancelled meanwhile."""
+        model, backend = self.model, self.model.backend
+        # keep at least one prompt token to prefill: its logits start the reply
+        keep = min(common_prefix_len(model.cached_tokens, prompt), len(prompt) - 1)
+        backend.truncate(keep)
+        model.cached_tokens = model.cached_tokens[:keep]
+        logits = None
+        for start in range(keep, len(prompt), PREFILL_CHUNK):
+            if self.job.cancelled:
+                return None
+            chunk = prompt[start : start + PREFILL_CHUNK]
+            t0 = time.perf_counter()
+            logits = backend.prefill(chunk)
+            self.prefill_s += time.perf_counter() - t0
+            self.n_prefilled += len(chunk)
+            model.cached_tokens.extend(chunk)
+        return logits
+
+    # -- decode ------------------------------------------------------------------------------------
+
+    def decode_loop(self, prompt: list[int], logits: np.ndarray) -> None:
+        model, backend, params = self.model, self.model.backend, self.sampling
+        tokenizer = model.tokenizer
+        eos_ids = set(tokenizer.eos_ids)
+        rng = make_rng(params.seed)
+        history = list(prompt)
+        decoder = tokenizer.stream_decoder()
+        stops = StopMatcher(self.job.request.stop)
+        n_generated = 0
+        while True:
+            if self.job.cancelled:
+                return self.finish("cancelled")
+            token, logprob = sample(logits, params, history, rng)
+            n_generated += 1
+            if n_generated == 1:
+                self.stats.time_to_first_token_s = time.perf_counter() - self.started
+            self.stats.n_generated = n_generated
+            if token in eos_ids:
+                held = stops.flush()
+                if held:
+                    self.job._put(TokenEvent(held, token, logprob))
+                return self.finish("eos")
+            history.append(token)
+            text, stopped = stops.push(decoder.push(token))
+            if stopped:
+                if text:
+                    self.job._put(TokenEvent(text, token, logprob))
+                return self.finish("stop")
+            # the sampled token is fed back at position n_past; stop when it no longer fits
+            last = n_generated >= params.max_tokens or backend.n_past >= backend.n_ctx
+            if last:
+                text += stops.flush()
+            self.job._put(TokenEvent(text, token, logprob))
+            if last:
+                return self.finish("length")
+            t0 = time.perf_counter()
+            logits = backend.decode(token)
+            self.decode_s += time.perf_counter() - t0
+            self.n_decoded += 1
+            model.cached_tokens.append(token)
+            if time.perf_counter() - self.last_stats >= STATS_INTERVAL_S:
+                self.job._put(StatsEvent(self.snapshot()))
+
+    # -- stats -------------------------------------------------------------------------------------
+
+    def snapshot(self) -> EngineStats:
+        backend, stats = self.model.backend, self.stats
+        self.last_stats = time.perf_counter()
+        stats.prefill_tok_s = self.n_prefilled / self.prefill_s if self.prefill_s > 0 else 0.0
+        stats.decode_tok_s = self.n_decoded / self.decode_s if self.decode_s > 0 else 0.0
+        stats.n_ctx_used = backend.n_past
+        stats.vram = backend.memory_stats()
+        moe_stats = getattr(backend, "moe_stats", None)
+        if moe_stats is not None:
+            stats.moe = moe_stats()
+        snap = replace(stats)
+        self.publish(snap)
+        return snap
+
+    def finish(self, reason: str) -> None:
+        self.job._put(StatsEvent(self.snapshot()))
+        self.job._put(DoneEvent(reason))
