@@ -1,0 +1,177 @@
+"""`memra-chat`: one prompt in, the streamed reply out (headless); with no --prompt, the chat UI.
+
+Errors a user can act on (MemraError) print one line, `memra-chat: error: …`, and exit 1.
+Anything else is a bug: one line on stderr, the traceback in the log file, exit 2.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import sys
+import traceback
+from pathlib import Path
+
+from memra_engine.errors import MemraError
+from memra_engine.events import DoneEvent, StatsEvent, TokenEvent
+from memra_engine.sampling import SamplingParams
+
+PROG = "memra-chat"
+DEFAULTS = SamplingParams()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=PROG,
+        description="Chat with a local GGUF model. With --prompt, print one reply and exit; "
+        "without it, open the terminal chat UI.",
+        epilog="Sampling order (llama.cpp's default chain): penalties -> top-k -> top-p -> min-p -> "
+        "temperature -> draw. With no MODEL the default model (SmolLM2-135M-Instruct Q4_1) is "
+        "fetched once into the user cache.",
+    )
+    p.add_argument("model", nargs="?", metavar="MODEL", help="path to a .gguf file (default: the default model)")
+    p.add_argument("--prompt", "-p", metavar="TEXT", help="send TEXT, stream the reply to stdout, exit")
+    p.add_argument("--raw", action="store_true", help="skip the chat template: continue TEXT as given")
+    p.add_argument("--system", metavar="TEXT", help="system message for the chat template")
+    p.add_argument("--stop", metavar="TEXT", action="append", default=[],
+                   help="stop when the reply produces TEXT (not printed); repeatable")
+
+    s = p.add_argument_group("sampling")
+    s.add_argument("--max-tokens", "-n", type=int, default=DEFAULTS.max_tokens, metavar="N",
+                   help=f"most tokens to generate (default {DEFAULTS.max_tokens})")
+    s.add_argument("--temperature", "-t", type=float, default=DEFAULTS.temperature, metavar="T",
+                   help=f"0 = greedy (default {DEFAULTS.temperature})")
+    s.add_argument("--top-k", type=int, default=DEFAULTS.top_k, metavar="K",
+                   help=f"keep the K most likely tokens, 0 = off (default {DEFAULTS.top_k})")
+    s.add_argument("--top-p", type=float, default=DEFAULTS.top_p, metavar="P",
+                   help=f"nucleus: smallest set with probability >= P, 1 = off (default {DEFAULTS.top_p})")
+    s.add_argument("--min-p", type=float, default=DEFAULTS.min_p, metavar="P",
+                   help=f"drop tokens below P x the best one's probability, 0 = off (default {DEFAULTS.min_p})")
+    s.add_argument("--repeat-penalty", type=float, default=DEFAULTS.repeat_penalty, metavar="R",
+                   help=f"penalise tokens seen in the last --repeat-last-n, 1 = off (default {DEFAULTS.repeat_penalty})")
+    s.add_argument("--repeat-last-n", type=int, default=DEFAULTS.repeat_last_n, metavar="N",
+                   help=f"penalty window in tokens, -1 = whole context, 0 = off (default {DEFAULTS.repeat_last_n})")
+    s.add_argument("--presence-penalty", type=float, default=DEFAULTS.presence_penalty, metavar="X",
+                   help=f"subtract X from tokens seen in the window (default {DEFAULTS.presence_penalty})")
+    s.add_argument("--frequency-penalty", type=float, default=DEFAULTS.frequency_penalty, metavar="X",
+                   help=f"subtract X per occurrence in the window (default {DEFAULTS.frequency_penalty})")
+    s.add_argument("--seed", "-s", type=int, default=None, metavar="S",
+                   help="random seed: the same seed gives the same reply (default: random)")
+
+    e = p.add_argument_group("engine")
+    e.add_argument("--backend", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="auto takes the GPU when usable, else the CPU (default auto)")
+    e.add_argument("--ctx", type=int, default=4096, metavar="N", help="context size in tokens (default 4096)")
+    e.add_argument("--stats", action="store_true", help="print speed and memory to stderr after the reply")
+
+    m = p.add_argument_group("other")
+    m.add_argument("--pull-default", action="store_true", help="only fetch the default model into the cache, then exit")
+    m.add_argument("--resume", action="store_true", help="UI only: reopen the last conversation")
+    return p
+
+
+def say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def sampling_from(args: argparse.Namespace) -> SamplingParams:
+    params = SamplingParams(
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+        repeat_penalty=args.repeat_penalty, repeat_last_n=args.repeat_last_n,
+        presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
+        seed=args.seed, max_tokens=args.max_tokens,
+    )
+    try:
+        params.validate()
+    except ValueError as err:
+        raise MemraError(str(err)) from None
+    return params
+
+
+def run_headless(args: argparse.Namespace) -> int:
+    from memra_engine.generate import Engine
+
+    params = sampling_from(args)
+    engine = Engine.load(args.model, backend=args.backend, n_ctx=args.ctx, progress=say)
+    try:
+        if args.raw:
+            job = engine.complete(args.prompt, params, stop=args.stop)
+        else:
+            if not engine.info.has_chat_template:
+                say("completion mode (model has no chat template)")
+            messages = [{"role": "system", "content": args.system}] if args.system else []
+            messages.append({"role": "user", "content": args.prompt})
+            job = engine.chat(messages, params, stop=args.stop)
+        return stream(job, args.stats)
+    finally:
+        engine.close()
+
+
+def stream(job, show_stats: bool) -> int:
+    last_text, stats = "", None
+    try:
+        for event in job:
+            if isinstance(event, TokenEvent) and event.text:
+                sys.stdout.write(event.text)
+                sys.stdout.flush()
+                last_text = event.text
+            elif isinstance(event, StatsEvent):
+                stats = event.stats
+            elif isinstance(event, DoneEvent):
+                if last_text and not last_text.endswith("\n"):
+                    sys.stdout.write("\n")
+                sys.stdout.flush()
+                if event.reason == "error":
+                    raise MemraError(event.error)
+                if show_stats and stats is not None:
+                    say(f"[{event.reason}] {stats.n_generated} tokens, decode {stats.decode_tok_s:.1f} tok/s, "
+                        f"prefill {stats.prefill_tok_s:.1f} tok/s, first token {stats.time_to_first_token_s:.2f} s, "
+                        f"context {stats.n_ctx_used}/{stats.n_ctx}, rss {stats.vram.process_rss / 2**20:.0f} MB")
+    except KeyboardInterrupt:
+        job.cancel()
+        sys.stdout.write("\n")
+        return 130
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.pull_default:
+        from memra_engine.default_model import ensure_default_model
+
+        print(ensure_default_model(progress=say))
+        return 0
+    if args.prompt is None:
+        from memra_tui.app import run_app  # lazy: the headless path must not load Textual
+
+        return run_app(args.model, args.backend, args.ctx, args.resume)
+    return run_headless(args)
+
+
+def log_crash() -> Path | None:
+    try:
+        import platformdirs
+
+        path = Path(platformdirs.user_log_dir("memra")) / "memra-chat.log"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a") as f:
+            f.write(f"--- {datetime.datetime.now().isoformat()} {' '.join(sys.argv)}\n")
+            f.write(traceback.format_exc())
+        return path
+    except OSError:
+        return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return run(args)
+    except MemraError as err:
+        say(f"{PROG}: error: {err}")
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # `memra-chat … | head`: the reader left, nothing to report
+        return 0
+    except Exception as err:
+        where = log_crash()
+        say(f"{PROG}: internal error: {type(err).__name__}: {err}" + (f" (traceback in {where})" if where else ""))
+        return 2
