@@ -169,6 +169,12 @@ def open_model(path: Path, kind: str, n_ctx: int, vram_budget, say: Progress) ->
     return LoadedModel(g, tokenizer, template, backend), info
 
 
+def flush_decoder(decoder) -> str:
+    """The decoder's leftover bytes at the end of a reply (an incomplete character shows as U+FFFD)."""
+    flush = getattr(decoder, "flush", None)
+    return flush() if flush is not None else ""
+
+
 def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
     n = min(len(a), len(b))
     if n == 0:
@@ -447,7 +453,7 @@ class Generation:
                 self.stats.time_to_first_token_s = time.perf_counter() - self.started
             self.stats.n_generated = n_generated
             if token in eos_ids:
-                held = stops.flush()
+                held = stops.flush() + flush_decoder(decoder)
                 if held:
                     self.job._put(TokenEvent(held, token, logprob))
                 return self.finish("eos")
@@ -460,7 +466,7 @@ class Generation:
             # the sampled token is fed back at position n_past; stop when it no longer fits
             last = n_generated >= params.max_tokens or backend.n_past >= backend.n_ctx
             if last:
-                text += stops.flush()
+                text += stops.flush() + flush_decoder(decoder)
             self.job._put(TokenEvent(text, token, logprob))
             if last:
                 return self.finish("length")

@@ -1,0 +1,146 @@
+"""`memra-bench`: prompt processing (pp512), decode (tg128) and peak memory, llama-bench style.
+
+Each figure is the median of --runs repetitions on the backend directly (no engine thread, no
+sampling beyond argmax), so it measures the forward pass:
+- pp512: one prefill of 512 random tokens into an empty cache;
+- tg128: 128 greedy decode steps after a one-token prompt;
+- tg128 at --ctx-depth N (optional): the same after prefilling N tokens;
+- peak_rss_mb: the process's peak resident set (getrusage), weights and caches included.
+
+A backend may add its own figures (VRAM pool, graph replay share, …) by providing
+    bench_extras(runs: int) -> dict[str, float | int | str]
+which is called after the standard tests; its keys are merged into the JSON and printed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from memra_engine.errors import MemraError
+
+PROG = "memra-bench"
+PREFILL_CHUNK = 512
+
+
+def peak_rss_mb() -> float:
+    # Linux reports ru_maxrss in KiB
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def random_tokens(vocab_size: int, n: int, seed: int) -> list[int]:
+    return np.random.default_rng(seed).integers(0, vocab_size, size=n).tolist()
+
+
+def fill_cache(backend, tokens: list[int]) -> np.ndarray:
+    logits = None
+    for start in range(0, len(tokens), PREFILL_CHUNK):
+        logits = backend.prefill(tokens[start : start + PREFILL_CHUNK])
+    return logits
+
+
+def time_prefill(backend, tokens: list[int]) -> float:
+    backend.truncate(0)
+    t0 = time.perf_counter()
+    backend.prefill(tokens)
+    return len(tokens) / (time.perf_counter() - t0)
+
+
+def time_decode(backend, context: list[int], n: int) -> float:
+    backend.truncate(0)
+    logits = fill_cache(backend, context)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        logits = backend.decode(int(np.argmax(logits)))
+    return n / (time.perf_counter() - t0)
+
+
+def run_bench(model: Path, kind: str, runs: int, n_prompt: int, n_gen: int, ctx_depth: int | None,
+              progress=lambda msg: None) -> dict:
+    from memra_engine.backend_select import choose_backend, create_backend
+    from memra_engine.model.gguf_file import open_gguf
+
+    kind = choose_backend(kind, progress)
+    g = open_gguf(model)
+    n_ctx = max(n_prompt, (ctx_depth or 0) + n_gen + 1, n_gen + 2) + 16
+    backend = create_backend(kind, g, n_ctx)
+    try:
+        vocab = backend.config.vocab_size
+        progress("warming up…")
+        time_decode(backend, random_tokens(vocab, 8, 0), 4)
+        result: dict = {"model": model.name, "backend": kind, "runs": runs}
+        progress(f"pp{n_prompt} x{runs}…")
+        result[f"pp{n_prompt}_tok_s"] = statistics.median(
+            time_prefill(backend, random_tokens(vocab, n_prompt, seed)) for seed in range(runs))
+        progress(f"tg{n_gen} x{runs}…")
+        result[f"tg{n_gen}_tok_s"] = statistics.median(
+            time_decode(backend, random_tokens(vocab, 1, seed), n_gen) for seed in range(runs))
+        if ctx_depth:
+            progress(f"tg{n_gen} at depth {ctx_depth} x{runs}…")
+            result[f"tg{n_gen}_at_{ctx_depth}_tok_s"] = statistics.median(
+                time_decode(backend, random_tokens(vocab, ctx_depth, seed), n_gen) for seed in range(runs))
+        extras = getattr(backend, "bench_extras", None)
+        if extras is not None:
+            result.update(extras(runs))
+        result["peak_rss_mb"] = peak_rss_mb()
+        return result
+    finally:
+        backend.close()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, description="Measure prompt processing (pp), decode (tg) and peak memory.")
+    p.add_argument("model", nargs="?", metavar="MODEL", help="path to a .gguf file (default: the default model)")
+    p.add_argument("--backend", choices=("auto", "cpu", "cuda"), default="auto", help="backend to measure (default auto)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p.add_argument("--runs", type=int, default=None, metavar="N", help="repetitions per test (default 5 cuda, 3 cpu)")
+    p.add_argument("--ctx-depth", type=int, default=None, metavar="N", help="also time tg after N tokens of context")
+    p.add_argument("--n-prompt", type=int, default=512, metavar="N", help="prompt tokens for pp (default 512)")
+    p.add_argument("--n-gen", type=int, default=128, metavar="N", help="decoded tokens for tg (default 128)")
+    return p
+
+
+def print_table(result: dict) -> None:
+    print(f"model: {result['model']}   backend: {result['backend']}   median of {result['runs']} runs")
+    for key, value in result.items():
+        if key in ("model", "backend", "runs"):
+            continue
+        shown = f"{value:,.1f}" if isinstance(value, float) else str(value)
+        print(f"  {key:<24} {shown:>12}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    say = (lambda msg: None) if args.json else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    try:
+        for name in ("runs", "n_prompt", "n_gen"):
+            if getattr(args, name) is not None and getattr(args, name) < 1:
+                raise MemraError(f"--{name.replace('_', '-')} must be >= 1")
+        if args.model is None:
+            from memra_engine.default_model import ensure_default_model
+
+            model = ensure_default_model(lambda msg: print(msg, file=sys.stderr, flush=True))
+        else:
+            model = Path(args.model)
+            if not model.is_file():
+                raise MemraError(f"model file not found: {model}")
+        runs = args.runs
+        if runs is None:
+            from memra_engine.backend_select import choose_backend
+
+            runs = 5 if choose_backend(args.backend) == "cuda" else 3
+        result = run_bench(model, args.backend, runs, args.n_prompt, args.n_gen, args.ctx_depth, say)
+    except MemraError as err:
+        print(f"{PROG}: error: {err}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print_table(result)
+    return 0
