@@ -1,0 +1,66 @@
+"""CI compile check (no GPU needed): every cuda/*.cu builds for every target arch plus PTX.
+
+All families compile in parallel, one nvcc call each with every -gencode flag, into a temporary
+cache, once per session; each family then passes or fails on its own with nvcc's errors.
+"""
+from __future__ import annotations
+
+import pytest
+
+from memra_engine.errors import DeviceError
+from memra_engine.gpu import build
+
+pytestmark = pytest.mark.skipif(not build.nvcc_available(), reason="nvcc not installed")
+
+
+@pytest.fixture(scope="session")
+def all_arch_builds(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("kernels")
+    return build.build_all(archs=None, cache_dir=cache, jobs=2), cache
+
+
+def test_there_are_kernel_families():
+    assert build.kernel_families(), "no cuda/*.cu found through memra_engine.kernels"
+
+
+@pytest.mark.parametrize("family", build.kernel_families())
+def test_family_compiles_for_every_arch(all_arch_builds, family):
+    results, _ = all_arch_builds
+    result = results[family]
+    if isinstance(result, DeviceError):
+        pytest.fail(str(result))
+    assert len(result) > 1000
+
+
+def test_fatbin_holds_every_arch_and_ptx(all_arch_builds):
+    results, _ = all_arch_builds
+    for family, data in results.items():
+        if isinstance(data, DeviceError):
+            continue  # reported by its own test
+        entries = set(build.fatbin_contents(data))
+        for arch in build.ALL_ARCHS:
+            sm = int(arch.removeprefix("sm_").rstrip("a"))
+            assert ("elf", sm) in entries, f"{family}: no SASS for {arch} in {sorted(entries)}"
+        assert ("ptx", 80) in entries, f"{family}: no compute_80 PTX"
+
+
+def test_second_build_comes_from_the_cache(all_arch_builds):
+    results, cache = all_arch_builds
+    family = build.kernel_families()[0]
+    assert build.build_fatbin(family, cache_dir=cache) == results[family]
+
+
+def test_compile_error_is_reported(tmp_path, monkeypatch):
+    (tmp_path / "broken.cu").write_text('extern "C" __global__ void k(float* x) { x[0] = undefined_name; }\n')
+    monkeypatch.setattr(build, "source_dir", lambda: tmp_path)
+    with pytest.raises(DeviceError, match="broken.cu"):
+        build.build_fatbin("broken", archs=("sm_80",), cache_dir=tmp_path / "cache")
+
+
+def test_signatures_are_parsed_from_sources():
+    sigs = build.parse_signatures(
+        'extern "C" __global__ void __launch_bounds__(256) a(const float* __restrict__ x, int n, float eps,\n'
+        '    uint32_t* out) {}\n// memra-kernel: gen_q4_0(PPi)\n')
+    assert sigs == {"a": "PifP", "gen_q4_0": "PPi"}
+    every = build.kernel_signatures()
+    assert every, "no extern \"C\" __global__ entry points found"
