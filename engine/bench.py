@@ -144,3 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print_table(result)
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

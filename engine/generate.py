@@ -154,14 +154,13 @@ class LoadedModel:
     cached_tokens: list[int] = field(default_factory=list)  # exactly what the KV cache holds
 
 
-def open_model(path: Path, kind: str, n_ctx: int, vram_budget, say: Progress) -> tuple[LoadedModel, EngineInfo]:
-    """Open the GGUF, tokenizer, template and backend. Runs on the engine thread."""
+def open_model(g, kind: str, n_ctx: int, vram_budget, say: Progress) -> tuple[LoadedModel, EngineInfo]:
+    """Build tokenizer, template and backend for an open GGUF. Runs on the engine thread."""
     from memra_engine.chat_template import ChatTemplate
-    from memra_engine.model.gguf_file import open_gguf
     from memra_engine.tokenizer import load_tokenizer
 
+    path = Path(g.path)
     say(f"loading {path.name} on the {kind} backend…")
-    g = open_gguf(path)
     tokenizer = load_tokenizer(g)
     template = ChatTemplate.from_gguf(g)
     backend = create_backend(kind, g, n_ctx, vram_budget)
@@ -249,8 +248,11 @@ class Engine:
         path = Path(path)
         if not path.is_file():
             raise MemraError(f"model file not found: {path}")
+        from memra_engine.model.gguf_file import open_gguf
+
+        g = open_gguf(path)  # cheap (memory-mapped): a bad file fails here, before any notice
         kind = choose_backend(backend, say)
-        return cls.start(lambda: open_model(path, kind, n_ctx, vram_budget, say), draft=draft)
+        return cls.start(lambda: open_model(g, kind, n_ctx, vram_budget, say), draft=draft)
 
     @classmethod
     def start(cls, opener: Callable[[], tuple["LoadedModel", EngineInfo]], draft=None) -> "Engine":

@@ -175,3 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         where = log_crash()
         say(f"{PROG}: internal error: {type(err).__name__}: {err}" + (f" (traceback in {where})" if where else ""))
         return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import pytest
 
 from fake_engine import EOS, ScriptedBackend, fake_engine
@@ -187,3 +188,148 @@ def test_close_stops_the_thread_and_frees_the_backend():
     assert backend.closed
     assert list(job)[-1].reason == "cancelled"
     assert eng.complete("late", GREEDY).collect().done == DoneEvent("error", "the engine is closed")
+
+
+# ---------------------------------------------------------------------------------------- real CPU engine
+
+from memra_engine.generate import Engine, open_model  # noqa: E402
+from memra_engine.model.gguf_file import open_gguf  # noqa: E402
+from tiny_models import tiny_llama_path, tiny_no_template_path  # noqa: E402,F401  (fixtures)
+
+CHAT = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Say something about cats."}]
+
+
+class PrefillSpy:
+    """Wraps a real backend and records how many tokens each prefill call got."""
+
+    def __init__(self, backend):
+        self.inner = backend
+        self.prefill_sizes: list[int] = []
+
+    def prefill(self, tokens, all_logits=False):
+        self.prefill_sizes.append(len(tokens))
+        return self.inner.prefill(tokens, all_logits)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def spied_engine(path, n_ctx=256) -> tuple[Engine, list]:
+    spies = []
+
+    def opener():
+        model, info = open_model(open_gguf(path), "cpu", n_ctx, None, lambda msg: None)
+        model.backend = PrefillSpy(model.backend)
+        spies.append(model.backend)
+        return model, info
+
+    return Engine.start(opener), spies
+
+
+@pytest.fixture(scope="module")
+def tiny_engine(tiny_llama_path):
+    eng = Engine.load(tiny_llama_path, backend="cpu", n_ctx=256)
+    yield eng
+    eng.close()
+
+
+def test_info_describes_the_model(tiny_engine, tiny_llama_path):
+    info = tiny_engine.info
+    assert info.arch == "llama" and info.backend == "cpu" and info.n_ctx == 256
+    assert info.has_chat_template
+    g = open_gguf(tiny_llama_path)
+    assert info.n_params == sum(int(np.prod(t.shape)) for t in g.tensors.values())
+    assert "Q8_0" in info.quant_mix and info.device_name
+
+
+def test_no_template_model_reports_completion_mode(tiny_no_template_path):
+    with Engine.load(tiny_no_template_path, backend="cpu", n_ctx=128) as eng:
+        assert eng.info.has_chat_template is False
+        result = eng.chat([{"role": "user", "content": "once upon a time"}], SamplingParams(seed=1, max_tokens=6)).collect()
+    assert result.done.reason in ("eos", "length") and result.token_ids
+
+
+def test_real_stop_string_split_across_tokens(tiny_engine):
+    params = SamplingParams(temperature=0.0, max_tokens=40)
+    events = [e for e in tiny_engine.complete("the cat sat on", params) if isinstance(e, TokenEvent)]
+    pieces = [e.text for e in events]
+    boundary = next(i for i in range(1, len(pieces)) if pieces[i - 1] and pieces[i])
+    stop = pieces[boundary - 1][-1] + pieces[boundary][0]  # straddles two tokens
+    full = "".join(pieces)
+    result = tiny_engine.complete("the cat sat on", params, stop=[stop]).collect()
+    assert result.done.reason == "stop"
+    assert result.text == full[: full.find(stop)]
+    assert stop not in result.text
+
+
+def test_real_max_tokens_and_seeded_reproducibility(tiny_engine, tiny_llama_path):
+    params = SamplingParams(temperature=0.8, seed=42, max_tokens=12)
+    a = tiny_engine.chat(CHAT, params).collect()
+    b = tiny_engine.chat(CHAT, params).collect()
+    assert a.done.reason == "length" and len(a.token_ids) == 12
+    assert a.text == b.text and a.token_ids == b.token_ids
+    c = tiny_engine.chat(CHAT, SamplingParams(temperature=0.8, seed=43, max_tokens=12)).collect()
+    assert c.token_ids != a.token_ids
+
+
+def test_real_prompt_longer_than_context(tiny_llama_path):
+    with Engine.load(tiny_llama_path, backend="cpu", n_ctx=32) as eng:
+        result = eng.complete("the cat sat on the mat " * 20, GREEDY).collect()
+        assert result.done.reason == "error"
+        assert result.done.error.startswith("prompt is ") and "but the context is 32 (use --ctx)" in result.done.error
+        assert eng.complete("hi", SamplingParams(temperature=0.0, max_tokens=3)).collect().done.reason in ("eos", "length")
+
+
+def test_real_cancel_then_next_job_matches_a_fresh_engine(tiny_llama_path):
+    follow_up = SamplingParams(temperature=0.7, seed=3, max_tokens=16)
+    with Engine.load(tiny_llama_path, backend="cpu", n_ctx=256) as eng:
+        job = eng.chat(CHAT, SamplingParams(temperature=1.0, seed=1, max_tokens=200))
+        n = 0
+        for event in job:
+            if isinstance(event, TokenEvent):
+                n += 1
+                if n == 3:
+                    job.cancel()
+            last = event
+        assert last == DoneEvent("cancelled") and n <= 4
+        after = eng.chat(CHAT[:1] + [{"role": "user", "content": "And dogs?"}], follow_up).collect()
+    with Engine.load(tiny_llama_path, backend="cpu", n_ctx=256) as fresh:
+        want = fresh.chat(CHAT[:1] + [{"role": "user", "content": "And dogs?"}], follow_up).collect()
+    assert after.token_ids == want.token_ids and after.text == want.text
+
+
+def test_real_kv_prefix_reuse_matches_a_fresh_engine(tiny_llama_path):
+    greedy = SamplingParams(temperature=0.0, max_tokens=10)
+    eng, spies = spied_engine(tiny_llama_path)
+    with eng:
+        first = eng.chat(CHAT, greedy).collect()
+        turn2 = CHAT + [{"role": "assistant", "content": first.text}, {"role": "user", "content": "More."}]
+        n_before = len(spies[0].prefill_sizes)
+        second = eng.chat(turn2, greedy).collect()
+        reused_prefill = sum(spies[0].prefill_sizes[n_before:])
+    fresh, fresh_spies = spied_engine(tiny_llama_path)
+    with fresh:
+        want = fresh.chat(turn2, greedy).collect()
+        full_prefill = sum(fresh_spies[0].prefill_sizes)
+    assert second.token_ids == want.token_ids
+    assert reused_prefill < full_prefill / 2, (reused_prefill, full_prefill)
+
+
+def test_real_close_stops_the_thread(tiny_llama_path):
+    eng = Engine.load(tiny_llama_path, backend="cpu", n_ctx=256)
+    job = eng.chat(CHAT, SamplingParams(temperature=1.0, max_tokens=200))
+    t0 = time.perf_counter()
+    eng.close()
+    assert time.perf_counter() - t0 < 1.0 and not eng._thread.is_alive()
+    assert list(job)[-1].reason in ("cancelled", "length", "eos")
+
+
+@pytest.mark.slow
+def test_default_model_chats(smollm2_path):
+    with Engine.load(None, backend="cpu", n_ctx=512) as eng:
+        assert eng.info.has_chat_template and eng.info.arch == "llama"
+        assert 100e6 < eng.info.n_params < 200e6
+        result = eng.chat([{"role": "user", "content": "What is 2 + 2?"}], SamplingParams(temperature=0.0, max_tokens=24)).collect()
+        stats = eng.stats()
+    assert result.done.reason in ("eos", "length") and result.text.strip()
+    assert stats.decode_tok_s > 0 and stats.vram.process_rss > 0
