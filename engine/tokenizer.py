@@ -1,0 +1,349 @@
+"""The model's tokenizer, rebuilt from the vocabulary a GGUF file carries, as a `tokenizers.Tokenizer`.
+
+A GGUF has no tokenizer.json. It stores the tokens, their types, and either BPE merges (byte-level
+"gpt2" vocabularies) or per-token scores (SentencePiece "llama" vocabularies), under llama.cpp's key
+names. We turn those into HF `tokenizers` objects the same way transformers' GGUF loader does, so
+its tokenizer is our test oracle, and pick the pre-tokenizer split regexes llama.cpp uses for each
+`tokenizer.ggml.pre`, so prompts split the way the model was trained on.
+
+Decoding for display goes through `StreamDecoder`: each token's raw bytes are fed to an incremental
+UTF-8 decoder, so a character spread over several tokens (byte-level BPE pieces, or SentencePiece
+<0xNN> byte-fallback tokens) is emitted only once it is whole.
+"""
+from __future__ import annotations
+
+import codecs
+import logging
+import os
+import re
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Sequence
+
+from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
+from tokenizers import Tokenizer as HFTokenizer
+
+from memra_engine.errors import ModelFormatError, UnsupportedModelError
+
+log = logging.getLogger(__name__)
+
+# llama.cpp's token types (tokenizer.ggml.token_type).
+TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TOKEN_BYTE = 1, 2, 3, 4, 5, 6
+
+# Tokens that end a turn in common chat formats. llama.cpp treats each of these as end-of-generation
+# when the vocabulary has it, whatever eos_token_id says (SmolLM2's <|endoftext|>, Gemma's <end_of_turn>).
+END_OF_GENERATION_TEXTS = frozenset({
+    "<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|eom_id|>", "<|endoftext|>", "<|end|>",
+    "<|end_of_text|>", "<EOT>", "_<EOT>", "<end_of_utterance>",
+})
+
+# --- pre-tokenizer split regexes, as llama.cpp's llm_tokenizer_bpe applies them in sequence ---------
+_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+_LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+           r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+          r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_TEKKEN = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+           r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+           r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_GPT4O = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+          r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+          r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_DEFAULT_SPLITS = (r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", r"[0-9][0-9][0-9]")
+
+PRE_TOKENIZER_SPLITS: dict[str, tuple[str, ...]] = {
+    "default": _DEFAULT_SPLITS,
+    **dict.fromkeys(("gpt-2", "phi-2", "mpt", "olmo", "jais", "roberta-bpe", "gigachat", "mellum"), (_GPT2,)),
+    **dict.fromkeys(("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b"),
+                    (r"\p{N}", _GPT2)),
+    **dict.fromkeys(("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "dbrx",
+                     "smaug-bpe", "lfm2", "midm-2.0"), (_LLAMA3,)),
+    **dict.fromkeys(("qwen2", "qwen2.5", "deepseek-r1-qwen", "stablelm2", "hunyuan", "megrez"), (_QWEN2,)),
+    "tekken": (_TEKKEN,),
+    **dict.fromkeys(("gpt-4o", "llama4"), (_GPT4O,)),
+}
+
+_BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible map from each byte to a printable character (byte-level BPE's alphabet)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars = printable[:]
+    extra = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + extra)
+            extra += 1
+    return {b: chr(c) for b, c in zip(printable, chars)}
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """What the GGUF says about its tokenizer, checked, in python values."""
+
+    kind: str                       # tokenizer.ggml.model: "gpt2" or "llama"
+    pre: str                        # tokenizer.ggml.pre
+    architecture: str
+    tokens: list[str]
+    token_types: list[int]
+    scores: list[float] | None
+    merges: list[str] | None
+    bos_id: int | None
+    eos_id: int | None
+    eot_id: int | None
+    eom_id: int | None
+    unk_id: int | None
+    add_bos: bool
+    add_space_prefix: bool
+
+    @classmethod
+    def from_metadata(cls, md: Mapping[str, Any], source: str) -> Vocabulary:
+        kind = md.get("tokenizer.ggml.model")
+        if kind is None:
+            raise ModelFormatError(f"{source}: no tokenizer in the file (tokenizer.ggml.model missing)")
+        if kind not in ("gpt2", "llama"):
+            raise UnsupportedModelError(
+                f"{source}: tokenizer type {kind!r} is not supported (supported: gpt2, llama)")
+        tokens = md.get("tokenizer.ggml.tokens")
+        if not isinstance(tokens, list) or not tokens or not all(isinstance(t, str) for t in tokens):
+            raise ModelFormatError(f"{source}: tokenizer.ggml.tokens missing or not a list of strings")
+        n = len(tokens)
+        token_types = md.get("tokenizer.ggml.token_type") or [TOKEN_NORMAL] * n
+        scores = md.get("tokenizer.ggml.scores")
+        merges = md.get("tokenizer.ggml.merges")
+        for key, values in (("token_type", token_types), ("scores", scores)):
+            if values is not None and len(values) != n:
+                raise ModelFormatError(f"{source}: tokenizer.ggml.{key} has {len(values)} entries for {n} tokens")
+        if kind == "gpt2" and not merges:
+            raise ModelFormatError(f"{source}: byte-level BPE vocabulary without tokenizer.ggml.merges")
+
+        def token_id(key: str) -> int | None:
+            value = md.get(f"tokenizer.ggml.{key}")
+            if value is None:
+                return None
+            if not isinstance(value, int) or not 0 <= value < n:
+                raise ModelFormatError(f"{source}: tokenizer.ggml.{key}={value!r} is not a token id below {n}")
+            return value
+
+        # llama.cpp adds BOS to a SentencePiece vocabulary that does not say otherwise.
+        add_bos = md.get("tokenizer.ggml.add_bos_token", kind == "llama")
+        return cls(
+            kind=kind, pre=str(md.get("tokenizer.ggml.pre", "default")),
+            architecture=str(md.get("general.architecture", "")),
+            tokens=tokens, token_types=[int(t) for t in token_types],
+            scores=None if scores is None else [float(s) for s in scores], merges=merges,
+            bos_id=token_id("bos_token_id"), eos_id=token_id("eos_token_id"), eot_id=token_id("eot_token_id"),
+            eom_id=token_id("eom_token_id"), unk_id=token_id("unknown_token_id"),
+            add_bos=bool(add_bos), add_space_prefix=bool(md.get("tokenizer.ggml.add_space_prefix", True)),
+        )
+
+
+# --- building the HF tokenizer ------------------------------------------------------------------
+
+def _pre_tokenizer_splits(pre: str) -> tuple[str, ...]:
+    splits = PRE_TOKENIZER_SPLITS.get(pre)
+    if splits is None:
+        log.warning("tokenizer.ggml.pre=%r is not known; splitting text with llama.cpp's default regexes", pre)
+        splits = PRE_TOKENIZER_SPLITS["default"]
+    return splits
+
+
+def _build_byte_level(v: Vocabulary) -> tuple[HFTokenizer, list[str]]:
+    """Byte-level BPE: the file's vocab and merges, with llama.cpp's split regexes for v.pre."""
+    alphabet = set(bytes_to_unicode().values())
+    spelling = bytes_to_unicode()
+    # A token written outside the byte alphabet (a mislabelled added token) is respelled byte-wise,
+    # so the BPE model can still reach it from its bytes.
+    spelled = [t if set(t) <= alphabet else "".join(spelling[b] for b in t.encode()) for t in v.tokens]
+    merges = [tuple(m.split(" ", 1)) for m in v.merges]
+    hf = HFTokenizer(models.BPE(vocab={t: i for i, t in enumerate(spelled)}, merges=merges))
+    splits = [pre_tokenizers.Split(Regex(rx), behavior="isolated") for rx in _pre_tokenizer_splits(v.pre)]
+    hf.pre_tokenizer = pre_tokenizers.Sequence(
+        [*splits, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    hf.decoder = decoders.ByteLevel()
+    return hf, spelled
+
+
+def _merges_by_score(tokens: Sequence[str], scores: Sequence[float]) -> list[tuple[str, str]]:
+    """BPE merges implied by a scored SentencePiece vocabulary: every split of a token into two
+    tokens is a merge, ranked by the merged token's score (best first), then longer left piece first,
+    ties kept in vocabulary order. The same order as transformers' generate_merges, which is what
+    makes our ids match its tokenizer."""
+    vocab = set(tokens)
+    ranked = []
+    for token, score in dict(zip(tokens, scores)).items():
+        for k in range(len(token) - 1, 0, -1):
+            left, right = token[:k], token[k:]
+            if left in vocab and right in vocab:
+                ranked.append((score, k, len(token) - k, left, right))
+    ranked.sort(key=lambda r: r[:3], reverse=True)  # stable: equal keys stay in vocabulary order
+    return [(left, right) for *_, left, right in ranked]
+
+
+def _build_sentencepiece(v: Vocabulary) -> tuple[HFTokenizer, list[str]]:
+    """SentencePiece vocabulary as BPE over ▁-escaped text with <0xNN> byte fallback."""
+    tokens = v.tokens
+    scores = v.scores
+    gemma = v.architecture.startswith("gemma")
+    if gemma:
+        # Gemma files store tokens of two or more spaces with real spaces; the model sees them as ▁▁.
+        tokens = ["\u2581" * len(t) if " " in t and not t.strip() else t for t in tokens]
+        # Gemma's scores do not follow its merge order; the order of the tokens in the file does.
+        scores = [-float(i) for i in range(len(tokens))]
+    elif scores is None:
+        raise ModelFormatError("SentencePiece vocabulary without tokenizer.ggml.scores")
+    unk = tokens[v.unk_id] if v.unk_id is not None else None
+    hf = HFTokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=_merges_by_score(tokens, scores),
+                                unk_token=unk, fuse_unk=True, byte_fallback=True))
+    decode_steps = [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
+    if gemma:
+        # Gemma writes every space as ▁ and never prepends one.
+        hf.normalizer = normalizers.Replace(" ", "\u2581")
+    else:
+        # Llama/Mistral style: ▁ for spaces, one ▁ prepended to the text, stripped again on decode.
+        hf.pre_tokenizer = pre_tokenizers.Metaspace(
+            replacement="\u2581", prepend_scheme="first" if v.add_space_prefix else "never", split=False)
+        if v.add_space_prefix:
+            decode_steps.append(decoders.Strip(content=" ", left=1, right=0))
+    hf.decoder = decoders.Sequence(decode_steps)
+    return hf, tokens
+
+
+def _add_special_tokens(hf: HFTokenizer, v: Vocabulary, model_tokens: list[str]) -> None:
+    """Control tokens become special added tokens and user-defined ones plain added tokens, so text
+    that contains them is matched whole instead of being cut into pieces (as llama.cpp does)."""
+    byte_level = v.kind == "gpt2"
+    alphabet = set(bytes_to_unicode().values())
+    control = [AddedToken(t, normalized=False, special=True)
+               for t, kind in zip(v.tokens, v.token_types)
+               # In a byte-level vocab a control token outside the byte alphabet is a llama.cpp
+               # mislabel; transformers skips those, and so do we.
+               if kind == TOKEN_CONTROL and (not byte_level or set(t) <= alphabet)]
+    if control:
+        hf.add_special_tokens(control)
+    known = set(model_tokens)
+    user_defined = [AddedToken(t, normalized=False, special=False)
+                    for t, kind in zip(v.tokens, v.token_types) if kind == TOKEN_USER_DEFINED and t in known]
+    if user_defined:
+        hf.add_tokens(user_defined)
+
+
+def _token_bytes(v: Vocabulary, hf: HFTokenizer) -> list[bytes]:
+    """The bytes each token id stands for when decoded, in the same way hf.decode spells them."""
+    added = {i: t.content for i, t in hf.get_added_tokens_decoder().items()}
+    if v.kind == "gpt2":
+        to_byte = {c: b for b, c in bytes_to_unicode().items()}
+        out = []
+        for i, token in enumerate(v.tokens):
+            if i in added:
+                out.append(added[i].encode())
+            else:
+                out.append(b"".join(bytes([to_byte[c]]) if c in to_byte else c.encode() for c in token))
+        return out
+    out = []
+    for i, (token, kind) in enumerate(zip(v.tokens, v.token_types)):
+        match = _BYTE_TOKEN.fullmatch(token) if kind == TOKEN_BYTE else None
+        if match:
+            out.append(bytes([int(match.group(1), 16)]))
+        else:
+            out.append(added.get(i, token).replace("\u2581", " ").encode())
+    return out
+
+
+class StreamDecoder:
+    """Turns generated ids into text piece by piece, never emitting half a UTF-8 character.
+
+    Concatenating every push (and a final flush) gives the same text as Tokenizer.decode(all ids).
+    """
+
+    def __init__(self, token_bytes: list[bytes], strip_first_space: bool):
+        self._token_bytes = token_bytes
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._strip_first_space = strip_first_space
+        self._started = False
+
+    def push(self, token_id: int) -> str:
+        data = self._token_bytes[token_id]
+        if not self._started and data:
+            self._started = True
+            if self._strip_first_space and data.startswith(b" "):
+                data = data[1:]
+        return self._utf8.decode(data)
+
+    def flush(self) -> str:
+        """Whatever is left of an incomplete character at the end, as U+FFFD."""
+        return self._utf8.decode(b"", final=True)
+
+
+class Tokenizer:
+    """Encode/decode for one model. `hf` is the full tokenizers.Tokenizer (llguidance takes its JSON)."""
+
+    def __init__(self, hf: HFTokenizer, vocab: Vocabulary, token_bytes: list[bytes]):
+        self.hf = hf
+        self.vocab_size = len(vocab.tokens)
+        self.bos_id = vocab.bos_id
+        self.add_bos = vocab.add_bos and vocab.bos_id is not None
+        self.eos_ids = _end_of_generation_ids(vocab)
+        self.eos_id = vocab.eos_id
+        self.kind = vocab.kind
+        self._token_bytes = token_bytes
+        self._tokens = vocab.tokens
+        self._strip_first_space = vocab.kind == "llama" and vocab.add_space_prefix and \
+            not vocab.architecture.startswith("gemma")
+
+    def encode(self, text: str, add_special: bool = False) -> list[int]:
+        """Token ids for text. Special tokens written in the text are matched whole.
+        add_special prepends BOS when the model asks for it (tokenizer.ggml.add_bos_token)."""
+        ids = self.hf.encode(text, add_special_tokens=False).ids
+        if add_special and self.add_bos:
+            ids.insert(0, self.bos_id)
+        return ids
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self.hf.decode(list(ids), skip_special_tokens=False)
+
+    def token_text(self, token_id: int) -> str:
+        """One token as text; a partial UTF-8 byte shows as U+FFFD."""
+        return self._token_bytes[token_id].decode("utf-8", errors="replace")
+
+    def token_piece(self, token_id: int) -> str:
+        """The token as the vocabulary spells it (e.g. 'Ġthe', '▁the', '<0x0A>')."""
+        return self._tokens[token_id]
+
+    def stream_decoder(self) -> StreamDecoder:
+        return StreamDecoder(self._token_bytes, self._strip_first_space)
+
+
+def _end_of_generation_ids(v: Vocabulary) -> set[int]:
+    ids = {i for i in (v.eos_id, v.eot_id, v.eom_id) if i is not None}
+    for i, (token, kind) in enumerate(zip(v.tokens, v.token_types)):
+        if token in END_OF_GENERATION_TEXTS and kind in (TOKEN_CONTROL, TOKEN_USER_DEFINED):
+            ids.add(i)
+    return ids
+
+
+def load_tokenizer(source: Any) -> Tokenizer:
+    """Tokenizer for a GGUF model. source: a path, an open GGUFFile, or a GGUF metadata mapping.
+
+    Raises ModelFormatError (no or broken vocabulary) or UnsupportedModelError (unknown tokenizer type).
+    """
+    if isinstance(source, (str, os.PathLike)):
+        from memra_engine.model.gguf_file import open_gguf
+
+        g = open_gguf(source)
+        metadata, name = g.metadata, g.path.name
+    elif hasattr(source, "metadata"):
+        metadata, name = source.metadata, getattr(getattr(source, "path", None), "name", "model")
+    else:
+        metadata, name = source, "model"
+    vocab = Vocabulary.from_metadata(metadata, name)
+    try:
+        build = _build_byte_level if vocab.kind == "gpt2" else _build_sentencepiece
+        hf, model_tokens = build(vocab)
+        _add_special_tokens(hf, vocab, model_tokens)
+    except ModelFormatError as e:
+        raise ModelFormatError(f"{name}: {e}") from None
+    except Exception as e:  # tokenizers rejects a malformed vocab/merge list with its own exceptions
+        raise ModelFormatError(f"{name}: cannot build the tokenizer ({type(e).__name__}: {e})") from None
+    return Tokenizer(hf, vocab, _token_bytes(vocab, hf))
