@@ -1,0 +1,175 @@
+// Attention over an f16 KV cache: the KV write, and one split-K flash kernel used for decode,
+// verify and prefill alike (same kernel, same reduction order), plus the combine step.
+//
+// Cache layout per layer: K and V each [n_kv][n_ctx][HD] half. Query token t sits at position
+// pos[t] (device memory) and sees keys max(0, pos[t] + 1 - window) .. pos[t] (window 0: all).
+// The key range is cut into n_splits chunks (grid.y); each block writes an unnormalized partial
+// output with its running max m and sum l; attn_combine merges the splits (flash-decoding).
+#include "common.cuh"
+
+#define ATTN_WARPS 4
+#define GMAX 8  // query heads per block (one kv head's GQA group, up to 8; more -> grid.x groups)
+
+// k, v [T][*] with rows k_ld / v_ld floats apart, heads of HD inside a row.
+// grid (T, n_kv); block 128.
+extern "C" __global__ void kv_write_f16(const float* k, const float* v, half* kc, half* vc, const int* pos,
+                                        int k_ld, int v_ld, int head_dim, int n_ctx) {
+    const int t = blockIdx.x, h = blockIdx.y;
+    const size_t dst = ((size_t)h * n_ctx + pos[t]) * head_dim;
+    const float* ks = k + (size_t)t * k_ld + (size_t)h * head_dim;
+    const float* vs = v + (size_t)t * v_ld + (size_t)h * head_dim;
+    for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
+        kc[dst + i] = __float2half(ks[i]);
+        vc[dst + i] = __float2half(vs[i]);
+    }
+}
+
+// grid (n_kv * n_hgroups, n_splits, T), block 32 * ATTN_WARPS.
+// q [T][q_ld] (heads of HD inside). opart [T][S][n_head][HD], ml [T][S][n_head][2].
+template <int HD>
+__device__ void attn_split(const float* __restrict__ q, int q_ld, const half* __restrict__ kc,
+                           const half* __restrict__ vc, float* __restrict__ opart, float* __restrict__ ml,
+                           const int* __restrict__ pos, int n_head, int n_kv, int n_ctx, int window, float scale,
+                           float softcap) {
+    constexpr int E = HD / 32;  // dims per lane for V accumulation
+    __shared__ float q_s[GMAX][HD];
+    __shared__ float m_w[ATTN_WARPS][GMAX], l_w[ATTN_WARPS][GMAX];
+    __shared__ float o_w[ATTN_WARPS][GMAX][HD];
+
+    const int group = n_head / n_kv;
+    const int n_hgroups = (group + GMAX - 1) / GMAX;
+    const int kvh = blockIdx.x / n_hgroups, hg = blockIdx.x % n_hgroups;
+    const int h0 = kvh * group + hg * GMAX;
+    const int g = min(GMAX, group - hg * GMAX);
+    const int s = blockIdx.y, S = gridDim.y, t = blockIdx.z;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+
+    const int p = pos[t];
+    const int start = window > 0 ? max(0, p + 1 - window) : 0;
+    const int len = p + 1 - start;
+    const int chunk = (len + S - 1) / S;
+    const int j0 = start + s * chunk, j1 = min(p + 1, j0 + chunk);
+
+    for (int i = threadIdx.x; i < GMAX * HD; i += blockDim.x) {
+        const int hh = i / HD, d = i % HD;
+        q_s[hh][d] = hh < g ? q[(size_t)t * q_ld + (size_t)(h0 + hh) * HD + d] : 0.0f;
+    }
+    __syncthreads();
+
+    float m[GMAX], l[GMAX], o[GMAX][E];
+#pragma unroll
+    for (int hh = 0; hh < GMAX; ++hh) {
+        m[hh] = -INFINITY;
+        l[hh] = 0.0f;
+#pragma unroll
+        for (int e = 0; e < E; ++e) o[hh][e] = 0.0f;
+    }
+
+    const half* kbase = kc + (size_t)kvh * n_ctx * HD;
+    const half* vbase = vc + (size_t)kvh * n_ctx * HD;
+    for (int base = j0 + warp * 32; base < j1; base += 32 * ATTN_WARPS) {
+        const int j = base + lane;
+        const bool valid = j < j1;
+        // scores of this lane's key against every head of the group
+        float sc[GMAX];
+#pragma unroll
+        for (int hh = 0; hh < GMAX; ++hh) sc[hh] = 0.0f;
+        if (valid) {
+            const half* krow = kbase + (size_t)j * HD;
+#pragma unroll 4
+            for (int d = 0; d < HD; d += 8) {
+                const int4 raw = *reinterpret_cast<const int4*>(krow + d);
+                const half2* kh = reinterpret_cast<const half2*>(&raw);
+                float kf[8];
+#pragma unroll
+                for (int i = 0; i < 4; ++i) { const float2 f = __half22float2(kh[i]); kf[2 * i] = f.x; kf[2 * i + 1] = f.y; }
+#pragma unroll
+                for (int hh = 0; hh < GMAX; ++hh) {
+                    if (hh < g) {
+#pragma unroll
+                        for (int i = 0; i < 8; ++i) sc[hh] += q_s[hh][d + i] * kf[i];
+                    }
+                }
+            }
+        }
+        const int n_here = min(32, j1 - base);
+#pragma unroll
+        for (int hh = 0; hh < GMAX; ++hh) {
+            if (hh >= g) continue;
+            float x = sc[hh] * scale;
+            if (softcap > 0.0f) x = softcap * tanhf(x / softcap);
+            x = valid ? x : -INFINITY;
+            const float m_new = fmaxf(m[hh], warp_max(x));
+            const float corr = expf(m[hh] - m_new);  // m = -inf at first: 0
+            const float pj = valid ? expf(x - m_new) : 0.0f;
+            l[hh] = l[hh] * corr + warp_sum(pj);
+            m[hh] = m_new;
+#pragma unroll
+            for (int e = 0; e < E; ++e) o[hh][e] *= corr;
+            for (int k = 0; k < n_here; ++k) {
+                const float pk = __shfl_sync(0xffffffffu, pj, k);
+                const half* vrow = vbase + (size_t)(base + k) * HD + lane * E;
+#pragma unroll
+                for (int e = 0; e < E; ++e) o[hh][e] += pk * __half2float(vrow[e]);
+            }
+        }
+    }
+
+    // merge the warps of this block
+#pragma unroll
+    for (int hh = 0; hh < GMAX; ++hh) {
+        if (lane == 0) { m_w[warp][hh] = m[hh]; l_w[warp][hh] = l[hh]; }
+#pragma unroll
+        for (int e = 0; e < E; ++e) o_w[warp][hh][lane * E + e] = o[hh][e];
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < g * HD; i += blockDim.x) {
+        const int hh = i / HD, d = i % HD;
+        float M = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < ATTN_WARPS; ++w) M = fmaxf(M, m_w[w][hh]);
+        float acc = 0.0f, L = 0.0f;
+        if (M != -INFINITY) {
+#pragma unroll
+            for (int w = 0; w < ATTN_WARPS; ++w) {
+                const float c = expf(m_w[w][hh] - M);
+                acc += c * o_w[w][hh][d];
+                L += c * l_w[w][hh];
+            }
+        }
+        const size_t row = ((size_t)t * S + s) * n_head + h0 + hh;
+        opart[row * HD + d] = acc;
+        if (d == 0) { ml[row * 2] = M; ml[row * 2 + 1] = L; }
+    }
+}
+
+#define ATTN_KERNEL(HD)                                                                                          \
+    extern "C" __global__ void __launch_bounds__(32 * ATTN_WARPS) attn_split_hd##HD(                             \
+        const float* q, int q_ld, const half* kc, const half* vc, float* opart, float* ml, const int* pos,       \
+        int n_head, int n_kv, int n_ctx, int window, float scale, float softcap) {                               \
+        attn_split<HD>(q, q_ld, kc, vc, opart, ml, pos, n_head, n_kv, n_ctx, window, scale, softcap);            \
+    }
+// memra-kernel: attn_split_hd64(PiPPPPPiiiiff)
+ATTN_KERNEL(64)
+// memra-kernel: attn_split_hd128(PiPPPPPiiiiff)
+ATTN_KERNEL(128)
+// memra-kernel: attn_split_hd256(PiPPPPPiiiiff)
+ATTN_KERNEL(256)
+
+// out[t][h*HD + d] = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s. grid (n_head, T), block HD.
+extern "C" __global__ void attn_combine(const float* opart, const float* ml, float* out, int n_head, int head_dim,
+                                        int n_splits) {
+    const int h = blockIdx.x, t = blockIdx.y;
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+        float M = -INFINITY;
+        for (int s = 0; s < n_splits; ++s) M = fmaxf(M, ml[(((size_t)t * n_splits + s) * n_head + h) * 2]);
+        float acc = 0.0f, L = 0.0f;
+        for (int s = 0; s < n_splits; ++s) {
+            const size_t row = ((size_t)t * n_splits + s) * n_head + h;
+            const float c = expf(ml[row * 2] - M);
+            acc += c * opart[row * head_dim + d];
+            L += c * ml[row * 2 + 1];
+        }
+        out[((size_t)t * n_head + h) * head_dim + d] = acc / L;
+    }
+}
