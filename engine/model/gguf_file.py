@@ -9,6 +9,7 @@ the ggml block layouts.
 """
 from __future__ import annotations
 
+import mmap
 import os
 import struct
 from dataclasses import dataclass, field
@@ -27,6 +28,13 @@ DEFAULT_ALIGNMENT = 32
 MAX_DIMS = 4            # GGML_MAX_DIMS
 MAX_NAME_BYTES = 1024   # llama.cpp allows 64; leave room, but a name is never megabytes
 HEADER_BYTES = 24       # magic, version, tensor_count, kv_count
+# Counts above these are corrupt whatever the file size; below them, a count the remaining bytes
+# cannot hold means the file was cut short.
+MAX_KV_COUNT = 1 << 20
+MAX_TENSOR_COUNT = 1 << 20
+MAX_ARRAY_LENGTH = 1 << 32
+MAX_STRING_BYTES = 1 << 32
+MAX_DIM = 1 << 40       # per dimension; whether the bytes exist is checked against the file
 
 # Fixed-size metadata value types: (struct format, size in bytes).
 _SCALARS: dict[int, tuple[str, int]] = {
@@ -137,7 +145,10 @@ def open_gguf(path: str | os.PathLike[str]) -> GGUFFile:
     except OSError as e:
         raise ModelFormatError(f"{path}: cannot open ({e.strerror or e})") from None
     try:
-        return _HeaderParser(path, mm).parse()
+        # The header is parsed from a plain mmap: slicing it yields bytes, which decode ~5x faster
+        # than memoryview slices of the np.memmap (a vocabulary is 10^5 strings).
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as header:
+            return _HeaderParser(path, mm, header).parse()
     except _OUR_ERRORS:
         raise
     except Exception as e:  # a bug in our parser must still reach the user as one line
@@ -152,11 +163,11 @@ class _Truncated(Exception):
 class _HeaderParser:
     """Reads the GGUF header with a cursor; every read is bounds-checked against the file size."""
 
-    def __init__(self, path: Path, mm: np.ndarray):
+    def __init__(self, path: Path, mm: np.ndarray, header: mmap.mmap):
         self.metadata_types: dict[str, tuple[GGUFValueType, GGUFValueType | None]] = {}
         self.path = path
         self.mm = mm
-        self.buf = memoryview(mm)
+        self.buf = header
         self.size = len(mm)
         self.pos = 0
         self.where = "the header"   # what we are reading, for error messages
@@ -176,6 +187,16 @@ class _HeaderParser:
         if n > self.remaining():
             raise self.truncated()
 
+    def check_count(self, count: int, what: str, cap: int, min_item_bytes: int) -> None:
+        """A count read from the file, before anything is sized or looped over by it."""
+        if count > cap:
+            raise self.fail(f"{what} {count} is absurd (max {cap}) in {self.where}")
+        if count * min_item_bytes > self.remaining():
+            raise self.fail(
+                f"truncated at byte {self.size} while reading {self.where}: {what} {count} needs at "
+                f"least {count * min_item_bytes} more bytes, {self.remaining()} remain"
+            )
+
     def scalar(self, fmt: str, n: int) -> Any:
         self.need(n)
         (value,) = struct.unpack_from(fmt, self.buf, self.pos)
@@ -190,21 +211,21 @@ class _HeaderParser:
 
     def string(self, max_len: int | None = None, strict: bool = False) -> str:
         n = self.u64()
-        if max_len is not None and n > max_len:
-            raise self.fail(f"string length {n} is absurd (max {max_len}) in {self.where}")
+        if n > (max_len or MAX_STRING_BYTES):
+            raise self.fail(f"string length {n} is absurd (max {max_len or MAX_STRING_BYTES}) in {self.where}")
         self.need(n)
         raw = self.buf[self.pos:self.pos + n]
         self.pos += n
         try:
-            return str(raw, "utf-8")
+            return raw.decode("utf-8")
         except UnicodeDecodeError:
             if strict:
                 raise self.fail(f"{self.where} is not valid UTF-8") from None
-            return str(raw, "utf-8", errors="replace")
+            return raw.decode("utf-8", errors="replace")
 
     # --- sections ------------------------------------------------------------------------------
     def parse(self) -> GGUFFile:
-        magic = bytes(self.buf[0:4])
+        magic = self.buf[0:4]
         if magic != GGUF_MAGIC:
             raise self.fail(f"bad magic {magic!r} (not a GGUF file)")
         self.pos = 4
@@ -219,10 +240,8 @@ class _HeaderParser:
         kv_count = self.u64()
         # Smallest possible entries bound the counts: a kv is key length + type + 1 byte value,
         # a tensor info is name length + n_dims + one dim + type + offset.
-        if kv_count > self.remaining() // (8 + 4 + 1):
-            raise self.fail(f"metadata count {kv_count} is absurd for a {self.size}-byte file")
-        if tensor_count > self.remaining() // (8 + 4 + 8 + 4 + 8):
-            raise self.fail(f"tensor count {tensor_count} is absurd for a {self.size}-byte file")
+        self.check_count(kv_count, "metadata count", MAX_KV_COUNT, 8 + 4 + 1)
+        self.check_count(tensor_count, "tensor count", MAX_TENSOR_COUNT, 8 + 4 + 8 + 4 + 8)
 
         metadata = self.read_metadata(kv_count)
         alignment = self.read_alignment(metadata)
@@ -265,21 +284,35 @@ class _HeaderParser:
         if item_type in _SCALARS or item_type == GGUFValueType.STRING:
             self.last_item_type = GGUFValueType(item_type)
         if item_type == GGUFValueType.STRING:
-            if count > self.remaining() // 8:
-                raise self.fail(f"metadata {key!r}: array length {count} is absurd")
-            return [self.string() for _ in range(count)]
+            self.check_count(count, "array length", MAX_ARRAY_LENGTH, 8)
+            return self.read_string_array(count)
         if item_type in _SCALARS:
             item_size = _SCALARS[item_type][1]
-            if count > self.remaining() // item_size:
-                raise self.fail(f"metadata {key!r}: array length {count} is absurd")
-            values = np.frombuffer(self.buf, dtype=_SCALAR_DTYPES[item_type], count=count, offset=self.pos)
+            self.check_count(count, "array length", MAX_ARRAY_LENGTH, item_size)
+            raw = self.buf[self.pos:self.pos + count * item_size]   # bytes: no export pins the mmap
             self.pos += count * item_size
-            if item_type == GGUFValueType.BOOL:
-                values = values.astype(bool)
-            return values.tolist()
+            values = np.frombuffer(raw, dtype=_SCALAR_DTYPES[item_type])
+            return (values.astype(bool) if item_type == GGUFValueType.BOOL else values).tolist()
         if item_type == GGUFValueType.ARRAY:
             raise self.fail(f"metadata {key!r}: nested arrays are not supported")
         raise self.fail(f"metadata {key!r}: array of unknown value type {item_type}")
+
+    def read_string_array(self, count: int) -> list[str]:
+        """string() unrolled: a vocabulary is 10^5 strings and opening must stay well under 1 s."""
+        buf, pos, size = self.buf, self.pos, self.size
+        unpack_u64 = struct.Struct("<Q").unpack_from
+        out: list[str] = [""] * count
+        for i in range(count):
+            if pos + 8 > size:
+                raise self.truncated()
+            (n,) = unpack_u64(buf, pos)
+            pos += 8
+            if n > size - pos:
+                raise self.truncated()
+            out[i] = buf[pos:pos + n].decode("utf-8", "replace")
+            pos += n
+        self.pos = pos
+        return out
 
     def read_alignment(self, metadata: dict[str, Any]) -> int:
         alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
@@ -299,8 +332,7 @@ class _HeaderParser:
         type_id = self.u32()
         offset = self.u64()
         for d in ne:
-            # Each element takes at least a fraction of a byte, so no dimension exceeds 8x the file.
-            if d == 0 or d > 8 * self.size:
+            if d == 0 or d > MAX_DIM:
                 raise self.fail(f"tensor {name!r} has absurd dimension {d} (ne={list(ne)})")
         return name, ne, type_id, offset
 
