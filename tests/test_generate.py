@@ -200,26 +200,32 @@ CHAT = [{"role": "system", "content": "You are terse."}, {"role": "user", "conte
 
 
 class PrefillSpy:
-    """Wraps a real backend and records how many tokens each prefill call got."""
+    """Wraps a real backend: records how many tokens each prefill call got, and can slow decode
+    down to a step time a consumer can observe (the tiny model decodes in well under 1 ms)."""
 
-    def __init__(self, backend):
+    def __init__(self, backend, decode_delay_s: float = 0.0):
         self.inner = backend
         self.prefill_sizes: list[int] = []
+        self.decode_delay_s = decode_delay_s
 
     def prefill(self, tokens, all_logits=False):
         self.prefill_sizes.append(len(tokens))
         return self.inner.prefill(tokens, all_logits)
 
+    def decode(self, token):
+        time.sleep(self.decode_delay_s)
+        return self.inner.decode(token)
+
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
 
-def spied_engine(path, n_ctx=256) -> tuple[Engine, list]:
+def spied_engine(path, n_ctx=256, decode_delay_s=0.0) -> tuple[Engine, list]:
     spies = []
 
     def opener():
         model, info = open_model(open_gguf(path), "cpu", n_ctx, None, lambda msg: None)
-        model.backend = PrefillSpy(model.backend)
+        model.backend = PrefillSpy(model.backend, decode_delay_s)
         spies.append(model.backend)
         return model, info
 
@@ -282,7 +288,8 @@ def test_real_prompt_longer_than_context(tiny_llama_path):
 
 def test_real_cancel_then_next_job_matches_a_fresh_engine(tiny_llama_path):
     follow_up = SamplingParams(temperature=0.7, seed=3, max_tokens=16)
-    with Engine.load(tiny_llama_path, backend="cpu", n_ctx=256) as eng:
+    eng, _ = spied_engine(tiny_llama_path, decode_delay_s=0.03)
+    with eng:
         job = eng.chat(CHAT, SamplingParams(temperature=1.0, seed=1, max_tokens=200))
         n = 0
         for event in job:
@@ -291,7 +298,7 @@ def test_real_cancel_then_next_job_matches_a_fresh_engine(tiny_llama_path):
                 if n == 3:
                     job.cancel()
             last = event
-        assert last == DoneEvent("cancelled") and n <= 4
+        assert last == DoneEvent("cancelled") and n <= 4, n
         after = eng.chat(CHAT[:1] + [{"role": "user", "content": "And dogs?"}], follow_up).collect()
     with Engine.load(tiny_llama_path, backend="cpu", n_ctx=256) as fresh:
         want = fresh.chat(CHAT[:1] + [{"role": "user", "content": "And dogs?"}], follow_up).collect()
