@@ -1,0 +1,144 @@
+// Prefill GEMM on tensor cores: y[t][r] = sum_k W[r][k] x[t][k] for many tokens at once.
+//
+// Each block computes a 64-token x 64-row tile of y. Per 128-wide K step it dequantizes the
+// weight tile (64 rows x 128 values) to f16 in shared memory with the per-type dequant of
+// quants.cuh, converts the activation tile (64 tokens x 128 values, f32) to f16, and runs
+// 16x16x16 WMMA products with f32 accumulators: 4 warps, each 32 tokens x 32 rows.
+// One weight tile is dequantized once per 64 tokens, so the dequant cost is spread over them.
+//
+// 128 is a multiple of every unit (32, 64 values; 8 for float types), and the two Q6_K units of
+// a half super-block cover it exactly, so every unit lands inside one K step. K tails (float
+// types: any K; quant types: K a multiple of 32 but not of 128) are zero-filled.
+// f16 operands: activations beyond +-65504 would overflow (not seen after RMSNorm).
+#include <mma.h>
+#include "common.cuh"
+#include "quants.cuh"
+
+using namespace nvcuda;
+
+#define GEMM_BM 64   // tokens per tile
+#define GEMM_BN 64   // weight rows per tile
+#define GEMM_BK 128  // K values per step
+#define GEMM_LDS (GEMM_BK + 8)  // padded f16 row: 272 bytes, rows land on different banks
+#define GEMM_THREADS 128
+
+template <class T>
+__device__ __forceinline__ void gemm_tile(const uint8_t* __restrict__ wq, const uint8_t* __restrict__ wm,
+                                          const float* __restrict__ x, float* __restrict__ y,
+                                          int rows, int cols, int n_tokens) {
+    __shared__ __align__(32) half xs[GEMM_BM * GEMM_LDS];
+    __shared__ __align__(32) half ws[GEMM_BN * GEMM_LDS];
+    constexpr int UPT = GEMM_BK / T::UE;  // weight units per row per K step
+    const int tid = threadIdx.x, warp = tid >> 5;
+    const int t0 = blockIdx.y * GEMM_BM, r0 = blockIdx.x * GEMM_BN;
+    const int nb = (cols + T::QK - 1) / T::QK;  // float types: rows padded to multiples of 8
+    const bool xvec = (cols & 3) == 0;
+    const int wt = (warp >> 1) * 32, wr = (warp & 1) * 32;
+
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
+
+    for (int k0 = 0; k0 < cols; k0 += GEMM_BK) {
+        // activation tile, f32 -> f16, 4 values per thread per step
+        for (int i = tid; i < GEMM_BM * GEMM_BK / 4; i += GEMM_THREADS) {
+            const int tt = i / (GEMM_BK / 4), kk = (i % (GEMM_BK / 4)) * 4;
+            const int t = t0 + tt, k = k0 + kk;
+            float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (t < n_tokens) {
+                const float* src = x + (size_t)t * cols + k;
+                if (xvec && k + 3 < cols) {
+                    v = *reinterpret_cast<const float4*>(src);
+                } else {
+                    if (k + 0 < cols) v.x = src[0];
+                    if (k + 1 < cols) v.y = src[1];
+                    if (k + 2 < cols) v.z = src[2];
+                    if (k + 3 < cols) v.w = src[3];
+                }
+            }
+            half2* dst = reinterpret_cast<half2*>(xs + tt * GEMM_LDS + kk);
+            dst[0] = __floats2half2_rn(v.x, v.y);
+            dst[1] = __floats2half2_rn(v.z, v.w);
+        }
+        // weight tile, dequantized unit by unit
+        for (int i = tid; i < GEMM_BN * UPT; i += GEMM_THREADS) {
+            const int rr = i / UPT, uu = i % UPT;
+            const int r = r0 + rr;
+            const int gu = k0 / T::UE + uu;
+            const int b = gu / T::UNITS, j = gu % T::UNITS;
+            half* row = ws + rr * GEMM_LDS;
+            if (r < rows && b < nb) {
+                const size_t blk = (size_t)r * nb + b;
+                T::dequant(wq + blk * T::QB, wm + blk * T::MB, j, row + b * T::QK - k0);
+            } else {
+                // this unit's values all lie in [uu*UE, (uu+1)*UE) or, for Q6_K, the pair of
+                // units of one half super-block covers the same 128 values: both are out together
+                for (int e = 0; e < T::UE; ++e) row[uu * T::UE + e] = __float2half(0.0f);
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < GEMM_BK; kk += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, half, wmma::row_major> a[2];
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, half, wmma::col_major> b[2];
+#pragma unroll
+            for (int i = 0; i < 2; ++i) wmma::load_matrix_sync(a[i], xs + (wt + 16 * i) * GEMM_LDS + kk, GEMM_LDS);
+#pragma unroll
+            for (int j = 0; j < 2; ++j) wmma::load_matrix_sync(b[j], ws + (wr + 16 * j) * GEMM_LDS + kk, GEMM_LDS);
+#pragma unroll
+            for (int i = 0; i < 2; ++i)
+#pragma unroll
+                for (int j = 0; j < 2; ++j) wmma::mma_sync(acc[i][j], a[i], b[j], acc[i][j]);
+        }
+        __syncthreads();
+    }
+    // stage the f32 tile through shared memory (xs is free now) for guarded, coalesced stores
+    constexpr int LDC = GEMM_BN + 4;
+    static_assert(GEMM_BM * LDC * 4 <= GEMM_BM * GEMM_LDS * 2, "staging tile must fit in xs");
+    float* cs = reinterpret_cast<float*>(xs);
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+            wmma::store_matrix_sync(cs + (wt + 16 * i) * LDC + wr + 16 * j, acc[i][j], LDC, wmma::mem_row_major);
+    __syncthreads();
+    for (int i = tid; i < GEMM_BM * GEMM_BN; i += GEMM_THREADS) {
+        const int tt = i / GEMM_BN, rr = i % GEMM_BN;
+        const int t = t0 + tt, r = r0 + rr;
+        if (t < n_tokens && r < rows) y[(size_t)t * rows + r] = cs[tt * LDC + rr];
+    }
+}
+
+// gemm_<type>(wq, wm, x, y, rows, cols, n_tokens): grid (ceil(rows/64), ceil(n_tokens/64)),
+// block 128. Float types pass wm = wq (no meta plane).
+#define GEMM_ENTRY(TYPE)                                                                                   \
+    extern "C" __global__ __launch_bounds__(GEMM_THREADS) void gemm_##TYPE(                                \
+        const uint8_t* wq, const uint8_t* wm, const float* x, float* y, int rows, int cols, int n_tokens) { \
+        gemm_tile<TYPE##_t>(wq, wm, x, y, rows, cols, n_tokens);                                           \
+    }
+
+GEMM_ENTRY(q4_0)
+GEMM_ENTRY(q4_1)
+GEMM_ENTRY(q5_0)
+GEMM_ENTRY(q5_1)
+GEMM_ENTRY(q8_0)
+GEMM_ENTRY(q4_K)
+GEMM_ENTRY(q5_K)
+GEMM_ENTRY(q6_K)
+GEMM_ENTRY(f16)
+GEMM_ENTRY(bf16)
+GEMM_ENTRY(f32)
+
+// memra-kernel: gemm_q4_0(PPPPiii)
+// memra-kernel: gemm_q4_1(PPPPiii)
+// memra-kernel: gemm_q5_0(PPPPiii)
+// memra-kernel: gemm_q5_1(PPPPiii)
+// memra-kernel: gemm_q8_0(PPPPiii)
+// memra-kernel: gemm_q4_K(PPPPiii)
+// memra-kernel: gemm_q5_K(PPPPiii)
+// memra-kernel: gemm_q6_K(PPPPiii)
+// memra-kernel: gemm_f16(PPPPiii)
+// memra-kernel: gemm_bf16(PPPPiii)
+// memra-kernel: gemm_f32(PPPPiii)

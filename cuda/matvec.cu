@@ -1,0 +1,242 @@
+// Decode matvec: quantize the activation once to q8_1, then y[t][r] = sum_k W[r][k] x[t][k] with
+// int8 dot products (dp4a) per weight type; F16/BF16/F32 weights take a float path.
+//
+// One warp per R rows, MV_WARPS warps per block. Lane l walks units l, l+32, ... of the row (a
+// unit: one 32-value block, or a quarter K-quant super-block), so a warp's weight loads are
+// contiguous 16-byte loads over the repacked planes (quants.cuh). The activation unit is loaded
+// once per column and reused for the R rows. Partial sums then go through one warp tree.
+//
+// Batched (C columns, for speculative verify) reads each weight unit once for all C columns.
+// Per column, the order of every float operation is that of the one-column kernel (same units
+// per lane, same tree), so verify gives bit-identical rows to decode (DESIGN.md §5 rule 3).
+//
+// q8_1 activation buffer, per token t at t*stride (stride = q8_1_stride(K), see quant_ops.py):
+//   int8 qs[Kq] (Kq = K rounded up to 32), then float2 ds[Kq/32] = (d, sum of the block's x).
+#include "common.cuh"
+#include "quants.cuh"
+
+#define MV_WARPS 4
+
+// ---- quantize_q8_1: x f32 [T][K] -> q8_1 rows -----------------------------------------------
+// One warp per 32-value block. q = roundf(x / d), d = amax / 127 (ggml quantize_q8_1).
+extern "C" __global__ void quantize_q8_1(const float* __restrict__ x, int8_t* __restrict__ xq, int cols, int stride) {
+    const int t = blockIdx.y;
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    const int kq = (cols + 31) & ~31;
+    if (i >= kq) return;  // whole warps only: kq is a multiple of 32
+    const float xi = i < cols ? x[(size_t)t * cols + i] : 0.0f;
+    const float amax = warp_max(fabsf(xi));
+    const float sum = warp_sum(xi);
+    const float d = amax / 127.0f;
+    const int8_t q = amax == 0.0f ? 0 : (int8_t)roundf(xi / d);
+    int8_t* row = xq + (size_t)t * stride;
+    row[i] = q;
+    if ((threadIdx.x & 31) == 0) reinterpret_cast<float2*>(row + kq)[i >> 5] = make_float2(d, sum);
+}
+
+// ---- int8 matvec -----------------------------------------------------------------------------
+template <class T, int R, int C>
+__device__ __forceinline__ void matvec_q(const uint8_t* __restrict__ wq, const uint8_t* __restrict__ wm,
+                                         const int8_t* __restrict__ xq, float* __restrict__ y,
+                                         int rows, int cols, int n_tokens, int stride) {
+    const int lane = threadIdx.x & 31;
+    const int row0 = (blockIdx.x * MV_WARPS + (threadIdx.x >> 5)) * R;
+    if (row0 >= rows) return;
+    const int nb = cols / T::QK;
+    const int nu = nb * T::UNITS;
+    float acc[R][C];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int c = 0; c < C; ++c) acc[r][c] = 0.0f;
+
+    for (int u = lane; u < nu; u += 32) {
+        const int b = u / T::UNITS, j = u % T::UNITS;
+        typename T::W w[R];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const size_t blk = (size_t)min(row0 + r, rows - 1) * nb + b;
+            T::load_w(w[r], wq + blk * T::QB, wm + blk * T::MB, j);
+        }
+#pragma unroll
+        for (int c = 0; c < C; ++c) {
+            if (c < n_tokens) {
+                const int8_t* xrow = xq + (size_t)c * stride;
+                typename T::A a;
+                T::load_a(a, xrow, reinterpret_cast<const float2*>(xrow + nb * T::QK), b, j);
+#pragma unroll
+                for (int r = 0; r < R; ++r) acc[r][c] += T::dot(w[r], a);
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int c = 0; c < C; ++c) {
+            const float v = warp_sum(acc[r][c]);
+            if (lane == 0 && row0 + r < rows && c < n_tokens) y[(size_t)c * rows + row0 + r] = v;
+        }
+}
+
+// ---- float matvec (F16/BF16/F32 weights, f32 activations) ------------------------------------
+// Weight rows padded to ldw = round_up(cols, 8) values. x rows are `cols` floats; vector loads of
+// x only when cols % 8 == 0 (then every row stays 16-byte aligned).
+template <class F, int C>
+__device__ __forceinline__ void matvec_f(const uint8_t* __restrict__ w, const float* __restrict__ x, float* __restrict__ y,
+                                         int rows, int cols, int n_tokens) {
+    const int lane = threadIdx.x & 31;
+    const int row = blockIdx.x * MV_WARPS + (threadIdx.x >> 5);
+    if (row >= rows) return;
+    const int nu = (cols + 7) >> 3;
+    const bool vec = (cols & 7) == 0;
+    const uint8_t* wrow = w + (size_t)row * nu * F::QB;
+    float acc[C];
+#pragma unroll
+    for (int c = 0; c < C; ++c) acc[c] = 0.0f;
+    for (int u = lane; u < nu; u += 32) {
+        float wv[8];
+        F::load8(wrow + (size_t)u * F::QB, wv);
+#pragma unroll
+        for (int c = 0; c < C; ++c) {
+            if (c < n_tokens) {
+                const float* xr = x + (size_t)c * cols + 8 * u;
+                float xv[8];
+                if (vec) {
+                    const float4 a = *reinterpret_cast<const float4*>(xr), b = *reinterpret_cast<const float4*>(xr + 4);
+                    xv[0] = a.x; xv[1] = a.y; xv[2] = a.z; xv[3] = a.w; xv[4] = b.x; xv[5] = b.y; xv[6] = b.z; xv[7] = b.w;
+                } else {
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) xv[e] = 8 * u + e < cols ? xr[e] : 0.0f;
+                }
+                float s = 0.0f;
+#pragma unroll
+                for (int e = 0; e < 8; ++e) s = fmaf(wv[e], xv[e], s);
+                acc[c] += s;
+            }
+        }
+    }
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+        const float v = warp_sum(acc[c]);
+        if (lane == 0 && c < n_tokens) y[(size_t)c * rows + row] = v;
+    }
+}
+
+// ---- entry points ----------------------------------------------------------------------------
+// matvec_<type>_r<R>_c<C>(wq, wm, xq, y, rows, cols, n_tokens, stride): grid ceil(rows / (4R)),
+// block 128. C is the most columns the launch handles (n_tokens <= C).
+#define MATVEC_Q(TYPE, R, C)                                                                              \
+    extern "C" __global__ __launch_bounds__(MV_WARPS * 32) void matvec_##TYPE##_r##R##_c##C(              \
+        const uint8_t* wq, const uint8_t* wm, const int8_t* xq, float* y, int rows, int cols, int n_tokens, \
+        int stride) {                                                                                     \
+        matvec_q<TYPE##_t, R, C>(wq, wm, xq, y, rows, cols, n_tokens, stride);                            \
+    }
+
+#define MATVEC_Q_ALL(TYPE) \
+    MATVEC_Q(TYPE, 1, 1)   \
+    MATVEC_Q(TYPE, 2, 1)   \
+    MATVEC_Q(TYPE, 4, 1)   \
+    MATVEC_Q(TYPE, 1, 2)   \
+    MATVEC_Q(TYPE, 1, 4)   \
+    MATVEC_Q(TYPE, 1, 8)   \
+    MATVEC_Q(TYPE, 1, 16)
+
+MATVEC_Q_ALL(q4_0)
+MATVEC_Q_ALL(q4_1)
+MATVEC_Q_ALL(q5_0)
+MATVEC_Q_ALL(q5_1)
+MATVEC_Q_ALL(q8_0)
+MATVEC_Q_ALL(q4_K)
+MATVEC_Q_ALL(q5_K)
+MATVEC_Q_ALL(q6_K)
+
+// matvec_<type>_c<C>(w, x, y, rows, cols, n_tokens): grid ceil(rows / 4), block 128.
+#define MATVEC_F(TYPE, C)                                                                                  \
+    extern "C" __global__ __launch_bounds__(MV_WARPS * 32) void matvec_##TYPE##_c##C(                      \
+        const uint8_t* w, const float* x, float* y, int rows, int cols, int n_tokens) {                    \
+        matvec_f<TYPE##_t, C>(w, x, y, rows, cols, n_tokens);                                              \
+    }
+
+#define MATVEC_F_ALL(TYPE) \
+    MATVEC_F(TYPE, 1)      \
+    MATVEC_F(TYPE, 2)      \
+    MATVEC_F(TYPE, 4)      \
+    MATVEC_F(TYPE, 8)      \
+    MATVEC_F(TYPE, 16)
+
+MATVEC_F_ALL(f16)
+MATVEC_F_ALL(bf16)
+MATVEC_F_ALL(f32)
+
+// Registry signatures of the macro-made entry points (engine/gpu/build.py reads these lines).
+// memra-kernel: matvec_q4_0_r1_c1(PPPPiiii)
+// memra-kernel: matvec_q4_0_r2_c1(PPPPiiii)
+// memra-kernel: matvec_q4_0_r4_c1(PPPPiiii)
+// memra-kernel: matvec_q4_0_r1_c2(PPPPiiii)
+// memra-kernel: matvec_q4_0_r1_c4(PPPPiiii)
+// memra-kernel: matvec_q4_0_r1_c8(PPPPiiii)
+// memra-kernel: matvec_q4_0_r1_c16(PPPPiiii)
+// memra-kernel: matvec_q4_1_r1_c1(PPPPiiii)
+// memra-kernel: matvec_q4_1_r2_c1(PPPPiiii)
+// memra-kernel: matvec_q4_1_r4_c1(PPPPiiii)
+// memra-kernel: matvec_q4_1_r1_c2(PPPPiiii)
+// memra-kernel: matvec_q4_1_r1_c4(PPPPiiii)
+// memra-kernel: matvec_q4_1_r1_c8(PPPPiiii)
+// memra-kernel: matvec_q4_1_r1_c16(PPPPiiii)
+// memra-kernel: matvec_q5_0_r1_c1(PPPPiiii)
+// memra-kernel: matvec_q5_0_r2_c1(PPPPiiii)
+// memra-kernel: matvec_q5_0_r4_c1(PPPPiiii)
+// memra-kernel: matvec_q5_0_r1_c2(PPPPiiii)
+// memra-kernel: matvec_q5_0_r1_c4(PPPPiiii)
+// memra-kernel: matvec_q5_0_r1_c8(PPPPiiii)
+// memra-kernel: matvec_q5_0_r1_c16(PPPPiiii)
+// memra-kernel: matvec_q5_1_r1_c1(PPPPiiii)
+// memra-kernel: matvec_q5_1_r2_c1(PPPPiiii)
+// memra-kernel: matvec_q5_1_r4_c1(PPPPiiii)
+// memra-kernel: matvec_q5_1_r1_c2(PPPPiiii)
+// memra-kernel: matvec_q5_1_r1_c4(PPPPiiii)
+// memra-kernel: matvec_q5_1_r1_c8(PPPPiiii)
+// memra-kernel: matvec_q5_1_r1_c16(PPPPiiii)
+// memra-kernel: matvec_q8_0_r1_c1(PPPPiiii)
+// memra-kernel: matvec_q8_0_r2_c1(PPPPiiii)
+// memra-kernel: matvec_q8_0_r4_c1(PPPPiiii)
+// memra-kernel: matvec_q8_0_r1_c2(PPPPiiii)
+// memra-kernel: matvec_q8_0_r1_c4(PPPPiiii)
+// memra-kernel: matvec_q8_0_r1_c8(PPPPiiii)
+// memra-kernel: matvec_q8_0_r1_c16(PPPPiiii)
+// memra-kernel: matvec_q4_K_r1_c1(PPPPiiii)
+// memra-kernel: matvec_q4_K_r2_c1(PPPPiiii)
+// memra-kernel: matvec_q4_K_r4_c1(PPPPiiii)
+// memra-kernel: matvec_q4_K_r1_c2(PPPPiiii)
+// memra-kernel: matvec_q4_K_r1_c4(PPPPiiii)
+// memra-kernel: matvec_q4_K_r1_c8(PPPPiiii)
+// memra-kernel: matvec_q4_K_r1_c16(PPPPiiii)
+// memra-kernel: matvec_q5_K_r1_c1(PPPPiiii)
+// memra-kernel: matvec_q5_K_r2_c1(PPPPiiii)
+// memra-kernel: matvec_q5_K_r4_c1(PPPPiiii)
+// memra-kernel: matvec_q5_K_r1_c2(PPPPiiii)
+// memra-kernel: matvec_q5_K_r1_c4(PPPPiiii)
+// memra-kernel: matvec_q5_K_r1_c8(PPPPiiii)
+// memra-kernel: matvec_q5_K_r1_c16(PPPPiiii)
+// memra-kernel: matvec_q6_K_r1_c1(PPPPiiii)
+// memra-kernel: matvec_q6_K_r2_c1(PPPPiiii)
+// memra-kernel: matvec_q6_K_r4_c1(PPPPiiii)
+// memra-kernel: matvec_q6_K_r1_c2(PPPPiiii)
+// memra-kernel: matvec_q6_K_r1_c4(PPPPiiii)
+// memra-kernel: matvec_q6_K_r1_c8(PPPPiiii)
+// memra-kernel: matvec_q6_K_r1_c16(PPPPiiii)
+// memra-kernel: matvec_f16_c1(PPPiii)
+// memra-kernel: matvec_f16_c2(PPPiii)
+// memra-kernel: matvec_f16_c4(PPPiii)
+// memra-kernel: matvec_f16_c8(PPPiii)
+// memra-kernel: matvec_f16_c16(PPPiii)
+// memra-kernel: matvec_bf16_c1(PPPiii)
+// memra-kernel: matvec_bf16_c2(PPPiii)
+// memra-kernel: matvec_bf16_c4(PPPiii)
+// memra-kernel: matvec_bf16_c8(PPPiii)
+// memra-kernel: matvec_bf16_c16(PPPiii)
+// memra-kernel: matvec_f32_c1(PPPiii)
+// memra-kernel: matvec_f32_c2(PPPiii)
+// memra-kernel: matvec_f32_c4(PPPiii)
+// memra-kernel: matvec_f32_c8(PPPiii)
+// memra-kernel: matvec_f32_c16(PPPiii)

@@ -1,0 +1,482 @@
+// ggml weight blocks, the q8_1 activation, and one int8 dot product per weight type.
+//
+// Written once, ggml-cuda vecdotq.cuh style: matvec.cu and gemm.cu are templates over the traits
+// structs below, so adding a quant type means adding one struct here.
+//
+// 1. The ggml block layouts, bit-exact (checked against gguf.quants and ggml-common.h). These are
+//    what a GGUF file stores; static_asserts pin the sizes.
+// 2. The repacked layout the kernels read. ggml blocks of 18/20/22/24/34/210 bytes leave rows and
+//    blocks off 16-byte alignment, so upload (engine/gpu/quant_ops.py) splits every block into two
+//    planes, a pure byte split with no bit shuffling:
+//       q plane:    rows * nb * QB bytes, block (r, b) at (r*nb + b)*QB  (QB a multiple of 16)
+//       meta plane: rows * nb * MB bytes, block (r, b) at (r*nb + b)*MB  (d, m, scales, qh)
+//    Per type, as byte ranges of the ggml block:
+//       Q4_0 (18):  q = qs[2:18]   (16)   meta = d[0:2]                        (2)
+//       Q4_1 (20):  q = qs[4:20]   (16)   meta = d,m[0:4]                      (4)
+//       Q5_0 (22):  q = qs[6:22]   (16)   meta = d[0:2], 2 zero bytes, qh[2:6] (8)
+//       Q5_1 (24):  q = qs[8:24]   (16)   meta = d,m,qh[0:8]                   (8)
+//       Q8_0 (34):  q = qs[2:34]   (32)   meta = d[0:2]                        (2)
+//       Q4_K (144): q = qs[16:144] (128)  meta = d,dmin,scales[0:16]           (16)
+//       Q5_K (176): q = qh,qs[16:176] (160) meta = d,dmin,scales[0:16]         (16)
+//       Q6_K (210): q = ql,qh,scales[0:208] (208) meta = d[208:210]            (2)
+//    Every 16-byte load of quants is then aligned and a warp's loads are contiguous.
+// 3. The q8_1 activation (our own, structure-of-arrays): for T tokens of K columns (K a multiple
+//    of 32), int8 qs[T][K] then, at align16(T*K), float2 ds[T][K/32] with ds = (d, sum of the
+//    float inputs of the block) — ggml's quantize_q8_1 convention — and q = roundf(x / d),
+//    d = amax / 127. float, not half, scales: the same bytes, less rounding.
+//
+// A "unit" is the piece of a block one thread handles in one step: a whole block for the 32-wide
+// types, a quarter super-block (64 values) for the K-quants. Each traits struct gives
+//   QK, UNITS (units per block), QB, MB (plane bytes per block), UE (values per unit)
+//   W: the unit's weight registers; load_w(W&, q_block, meta_block, unit)
+//   A: the unit's activation registers; load_a(A&, xq_row, ds_row, block, unit)
+//   dot(W, A) -> float: the int8 dot product (dp4a) with all scales applied
+//   dequant(q_block, meta_block, unit, half* dst): UE values and their offsets in the
+//     block (for the tensor-core GEMM's dequantized tiles).
+#pragma once
+#include <cuda_fp16.h>
+#include <stdint.h>
+#include <string.h>
+
+// ---- 1. ggml block layouts (ggml-common.h) -------------------------------------------------
+#define QK4_0 32
+#define QK4_1 32
+#define QK5_0 32
+#define QK5_1 32
+#define QK8_0 32
+#define QK8_1 32
+#define QK_K 256
+#define K_SCALE_SIZE 12
+
+struct block_q4_0 { half d; uint8_t qs[QK4_0 / 2]; };
+struct block_q4_1 { half d; half m; uint8_t qs[QK4_1 / 2]; };
+struct block_q5_0 { half d; uint8_t qh[4]; uint8_t qs[QK5_0 / 2]; };
+struct block_q5_1 { half d; half m; uint8_t qh[4]; uint8_t qs[QK5_1 / 2]; };
+struct block_q8_0 { half d; int8_t qs[QK8_0]; };
+struct block_q4_K { half d; half dmin; uint8_t scales[K_SCALE_SIZE]; uint8_t qs[QK_K / 2]; };
+struct block_q5_K { half d; half dmin; uint8_t scales[K_SCALE_SIZE]; uint8_t qh[QK_K / 8]; uint8_t qs[QK_K / 2]; };
+struct block_q6_K { uint8_t ql[QK_K / 2]; uint8_t qh[QK_K / 4]; int8_t scales[QK_K / 16]; half d; };
+
+static_assert(sizeof(block_q4_0) == 18, "wrong q4_0 block size");
+static_assert(sizeof(block_q4_1) == 20, "wrong q4_1 block size");
+static_assert(sizeof(block_q5_0) == 22, "wrong q5_0 block size");
+static_assert(sizeof(block_q5_1) == 24, "wrong q5_1 block size");
+static_assert(sizeof(block_q8_0) == 34, "wrong q8_0 block size");
+static_assert(sizeof(block_q4_K) == 144, "wrong q4_K block size");
+static_assert(sizeof(block_q5_K) == 176, "wrong q5_K block size");
+static_assert(sizeof(block_q6_K) == 210, "wrong q6_K block size");
+
+// ---- small helpers ---------------------------------------------------------------------------
+// Host and device: tests/test_quant_host.py compiles this header into a CPU program and checks
+// every dot product and dequant against gguf's numpy code without a GPU.
+#define QDEV __host__ __device__ __forceinline__
+
+QDEV int dp4a(int a, int b, int c) {
+#ifdef __CUDA_ARCH__
+    return __dp4a(a, b, c);
+#else
+    for (int i = 0; i < 4; ++i) c += (int)(int8_t)(a >> (8 * i)) * (int)(int8_t)(b >> (8 * i));
+    return c;
+#endif
+}
+
+// Per-byte a - b (no saturation needed: callers stay in int8 range).
+QDEV int vsub4(int a, int b) {
+#ifdef __CUDA_ARCH__
+    return (int)__vsub4((unsigned)a, (unsigned)b);
+#else
+    unsigned r = 0;
+    for (int i = 0; i < 4; ++i) r |= ((unsigned)(((a >> (8 * i)) & 0xFF) - ((b >> (8 * i)) & 0xFF)) & 0xFFu) << (8 * i);
+    return (int)r;
+#endif
+}
+
+QDEV int lane_of(const int4& v, int i) {
+    return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+QDEV int4 ld16(const void* p) { return *reinterpret_cast<const int4*>(p); }
+
+QDEV float ld_half(const void* p) { return __half2float(*reinterpret_cast<const half*>(p)); }
+
+// Bits 0..3 of b to bit 4 of bytes 0..3 (the fifth bit of four 5-bit quants).
+QDEV int spread_bit4(unsigned b) {
+    return ((b << 4) & 0x10) | ((b << 11) & 0x1000) | ((b << 18) & 0x100000) | ((b << 25) & 0x10000000);
+}
+
+// ggml get_scale_min_k4: 6-bit scale and min of sub-block j from the 12 packed bytes.
+QDEV void scale_min_k4(int j, const uint8_t* q, int& sc, int& m) {
+    if (j < 4) {
+        sc = q[j] & 63;
+        m = q[j + 4] & 63;
+    } else {
+        sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+// One 32-value q8_1 activation block: 8 ints of int8 and (d, sum).
+struct act32 { int4 lo, hi; float2 ds; };
+
+QDEV void load_act32(act32& a, const int8_t* xq, const float2* ds, int blk) {
+    a.lo = ld16(xq + 32 * blk);
+    a.hi = ld16(xq + 32 * blk + 16);
+    a.ds = ds[blk];
+}
+
+// Sum over the 32 values of (4-bit or 5-bit weight ints) x (activation int8): q ints hold
+// values 0..15 / 16..31 of the block in their low / high nibbles (ggml's 32-wide layout).
+QDEV int dot_nibbles(const int4& q, const int4& hbits_lo, const int4& hbits_hi, const act32& a) {
+    int s = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int v = lane_of(q, i);
+        s = dp4a(((v >> 0) & 0x0F0F0F0F) | lane_of(hbits_lo, i), lane_of(a.lo, i), s);
+        s = dp4a(((v >> 4) & 0x0F0F0F0F) | lane_of(hbits_hi, i), lane_of(a.hi, i), s);
+    }
+    return s;
+}
+
+// 32-wide nibble dequant: value i of the block from byte i%16, nibble i/16.
+QDEV int nib32(const uint8_t* qs, int i) { return (qs[i & 15] >> ((i >> 4) << 2)) & 0xF; }
+
+// ---- 2. per-type traits ----------------------------------------------------------------------
+
+struct q4_0_t {  // w = d * (q - 8)
+    static constexpr int QK = 32, UNITS = 1, QB = 16, MB = 2, UE = 32;
+    struct W { int4 q; float d; };
+    typedef act32 A;
+    static QDEV void load_w(W& w, const uint8_t* q, const uint8_t* m, int) {
+        w.q = ld16(q);
+        w.d = ld_half(m);
+    }
+    static QDEV void load_a(A& a, const int8_t* xq, const float2* ds, int b, int) { load_act32(a, xq, ds, b); }
+    static QDEV float dot(const W& w, const A& a) {
+        const int4 z = make_int4(0, 0, 0, 0);
+        return w.d * (a.ds.x * (float)dot_nibbles(w.q, z, z, a) - 8.0f * a.ds.y);
+    }
+    static QDEV void dequant(const uint8_t* q, const uint8_t* m, int, half* dst) {
+        const float d = ld_half(m);
+#pragma unroll 8
+        for (int i = 0; i < 32; ++i) dst[i] = __float2half(d * (float)(nib32(q, i) - 8));
+    }
+};
+
+struct q4_1_t {  // w = d * q + m
+    static constexpr int QK = 32, UNITS = 1, QB = 16, MB = 4, UE = 32;
+    struct W { int4 q; float d, m; };
+    typedef act32 A;
+    static QDEV void load_w(W& w, const uint8_t* q, const uint8_t* m, int) {
+        w.q = ld16(q);
+        const half2 dm = *reinterpret_cast<const half2*>(m);
+        w.d = __low2float(dm);
+        w.m = __high2float(dm);
+    }
+    static QDEV void load_a(A& a, const int8_t* xq, const float2* ds, int b, int) { load_act32(a, xq, ds, b); }
+    static QDEV float dot(const W& w, const A& a) {
+        const int4 z = make_int4(0, 0, 0, 0);
+        return w.d * a.ds.x * (float)dot_nibbles(w.q, z, z, a) + w.m * a.ds.y;
+    }
+    static QDEV void dequant(const uint8_t* q, const uint8_t* m, int, half* dst) {
+        const float d = ld_half(m), mn = ld_half(m + 2);
+#pragma unroll 8
+        for (int i = 0; i < 32; ++i) dst[i] = __float2half(d * (float)nib32(q, i) + mn);
+    }
+};
+
+// The fifth bits of Q5_x: qh bit i belongs to value i; as ints aligned with dot_nibbles' lanes.
+QDEV void q5_high_bits(unsigned qh, int4& lo, int4& hi) {
+    lo = make_int4(spread_bit4(qh >> 0), spread_bit4(qh >> 4), spread_bit4(qh >> 8), spread_bit4(qh >> 12));
+    hi = make_int4(spread_bit4(qh >> 16), spread_bit4(qh >> 20), spread_bit4(qh >> 24), spread_bit4(qh >> 28));
+}
+
+struct q5_0_t {  // w = d * (q5 - 16)
+    static constexpr int QK = 32, UNITS = 1, QB = 16, MB = 8, UE = 32;
+    struct W { int4 q; unsigned qh; float d; };
+    typedef act32 A;
+    static QDEV void load_w(W& w, const uint8_t* q, const uint8_t* m, int) {
+        w.q = ld16(q);
+        const uint2 meta = *reinterpret_cast<const uint2*>(m);
+        w.d = __half2float(__ushort_as_half((unsigned short)(meta.x & 0xFFFF)));
+        w.qh = meta.y;
+    }
+    static QDEV void load_a(A& a, const int8_t* xq, const float2* ds, int b, int) { load_act32(a, xq, ds, b); }
+    static QDEV float dot(const W& w, const A& a) {
+        int4 hl, hh;
+        q5_high_bits(w.qh, hl, hh);
+        return w.d * (a.ds.x * (float)dot_nibbles(w.q, hl, hh, a) - 16.0f * a.ds.y);
+    }
+    static QDEV void dequant(const uint8_t* q, const uint8_t* m, int, half* dst) {
+        const float d = ld_half(m);
+        const unsigned qh = *reinterpret_cast<const unsigned*>(m + 4);
+#pragma unroll 8
+        for (int i = 0; i < 32; ++i) dst[i] = __float2half(d * (float)((nib32(q, i) | (int)(((qh >> i) & 1) << 4)) - 16));
+    }
+};
+
+struct q5_1_t {  // w = d * q5 + m
+    static constexpr int QK = 32, UNITS = 1, QB = 16, MB = 8, UE = 32;
+    struct W { int4 q; unsigned qh; float d, m; };
+    typedef act32 A;
+    static QDEV void load_w(W& w, const uint8_t* q, const uint8_t* m, int) {
+        w.q = ld16(q);
+        const uint2 meta = *reinterpret_cast<const uint2*>(m);
+        w.d = __half2float(__ushort_as_half((unsigned short)(meta.x & 0xFFFF)));
+        w.m = __half2float(__ushort_as_half((unsigned short)(meta.x >> 16)));
+        w.qh = meta.y;
+    }
+    static QDEV void load_a(A& a, const int8_t* xq, const float2* ds, int b, int) { load_act32(a, xq, ds, b); }
+    static QDEV float dot(const W& w, const A& a) {
+        int4 hl, hh;
+        q5_high_bits(w.qh, hl, hh);
+        return w.d * a.ds.x * (float)dot_nibbles(w.q, hl, hh, a) + w.m * a.ds.y;
+    }
+    static QDEV void dequant(const uint8_t* q, const uint8_t* m, int, half* dst) {
+        const float d = ld_half(m), mn = ld_half(m + 2);
+        const unsigned qh = *reinterpret_cast<const unsigned*>(m + 4);
+#pragma unroll 8
+        for (int i = 0; i < 32; ++i) dst[i] = __float2half(d * (float)(nib32(q, i) | (((qh >> i) & 1) << 4)) + mn);
+    }
+};
+
+struct q8_0_t {  // w = d * q
+    static constexpr int QK = 32, UNITS = 1, QB = 32, MB = 2, UE = 32;
+    struct W { int4 lo, hi; float d; };
+    typedef act32 A;
+    static QDEV void load_w(W& w, const uint8_t* q, const uint8_t* m, int) {
+        w.lo = ld16(q);
+        w.hi = ld16(q + 16);
+        w.d = ld_half(m);
+    }
+    static QDEV void load_a(A& a, const int8_t* xq, const float2* ds, int b, int) { load_act32(a, xq, ds, b); }
+    static QDEV float dot(const W& w, const A& a) {
+        int s = 0;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            s = dp4a(lane_of(w.lo, i), lane_of(a.lo, i), s);
+            s = dp4a(lane_of(w.hi, i), lane_of(a.hi, i), s);
+        }
+        return w.d * a.ds.x * (float)s;
+    }
+    static QDEV void dequant(const uint8_t* q, const uint8_t* m, int, half* dst) {
+        const float d = ld_half(m);
+#pragma unroll 8
+        for (int i = 0; i < 32; ++i) dst[i] = __float2half(d * (float)(int8_t)q[i]);
+    }
+};
+
+// K-quants: a unit is a quarter super-block, 64 values. For Q4_K/Q5_K unit j covers sub-blocks
+// 2j and 2j+1 (values 64j..64j+63): qs bytes 32j..32j+31, low nibbles -> sub-block 2j.
+struct act64 { int4 x[4]; float2 ds0, ds1; };  // two consecutive q8_1 blocks
+
+QDEV void load_act64(act64& a, const int8_t* xq, const float2* ds, int blk) {
+    const int8_t* p = xq + 32 * blk;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) a.x[i] = ld16(p + 16 * i);
+    a.ds0 = ds[blk];
+    a.ds1 = ds[blk + 1];
+}
+
+// Scales of sub-blocks 2j, 2j+1, folded with d / dmin.
+QDEV void kquant_scales(const uint8_t* meta, int j, float& dsc0, float& dsc1, float& dmn0, float& dmn1) {
+    const float d = ld_half(meta), dmin = ld_half(meta + 2);
+    int sc, m;
+    scale_min_k4(2 * j, meta + 4, sc, m);
+    dsc0 = d * (float)sc;
+    dmn0 = dmin * (float)m;
+    scale_min_k4(2 * j + 1, meta + 4, sc, m);
+    dsc1 = d * (float)sc;
+    dmn1 = dmin * (float)m;
+}
+
+struct q4_K_t {  // w = d*sc[s]*q - dmin*m[s]
+    static constexpr int QK = 256, UNITS = 4, QB = 128, MB = 16, UE = 64;
+    struct W { int4 q0, q1; float dsc0, dsc1, dmn0, dmn1; };
+    typedef act64 A;
+    static QDEV void load_w(W& w, const uint8_t* q, const uint8_t* m, int j) {
+        w.q0 = ld16(q + 32 * j);
+        w.q1 = ld16(q + 32 * j + 16);
+        kquant_scales(m, j, w.dsc0, w.dsc1, w.dmn0, w.dmn1);
+    }
+    static QDEV void load_a(A& a, const int8_t* xq, const float2* ds, int b, int j) { load_act64(a, xq, ds, 8 * b + 2 * j); }
+    static QDEV float dot(const W& w, const A& a) {
+        int s0 = 0, s1 = 0;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const int v = i < 4 ? lane_of(w.q0, i) : lane_of(w.q1, i - 4);
+            s0 = dp4a(v & 0x0F0F0F0F, lane_of(a.x[i >> 2], i & 3), s0);
+            s1 = dp4a((v >> 4) & 0x0F0F0F0F, lane_of(a.x[2 + (i >> 2)], i & 3), s1);
+        }
+        return w.dsc0 * a.ds0.x * (float)s0 - w.dmn0 * a.ds0.y + w.dsc1 * a.ds1.x * (float)s1 - w.dmn1 * a.ds1.y;
+    }
+    static QDEV void dequant(const uint8_t* q, const uint8_t* m, int j, half* dst) {
+        float dsc0, dsc1, dmn0, dmn1;
+        kquant_scales(m, j, dsc0, dsc1, dmn0, dmn1);
+        const uint8_t* qs = q + 32 * j;
+        dst += 64 * j;
+#pragma unroll 8
+        for (int l = 0; l < 32; ++l) {
+            dst[l] = __float2half(dsc0 * (float)(qs[l] & 0xF) - dmn0);
+            dst[32 + l] = __float2half(dsc1 * (float)(qs[l] >> 4) - dmn1);
+        }
+    }
+};
+
+struct q5_K_t {  // as Q4_K with a fifth bit: qh[l] bit s is value l of sub-block s
+    static constexpr int QK = 256, UNITS = 4, QB = 160, MB = 16, UE = 64;
+    struct W { int4 q0, q1, h0, h1; int j; float dsc0, dsc1, dmn0, dmn1; };
+    typedef act64 A;
+    static QDEV void load_w(W& w, const uint8_t* q, const uint8_t* m, int j) {
+        w.h0 = ld16(q);
+        w.h1 = ld16(q + 16);
+        w.q0 = ld16(q + 32 + 32 * j);
+        w.q1 = ld16(q + 32 + 32 * j + 16);
+        w.j = j;
+        kquant_scales(m, j, w.dsc0, w.dsc1, w.dmn0, w.dmn1);
+    }
+    static QDEV void load_a(A& a, const int8_t* xq, const float2* ds, int b, int j) { load_act64(a, xq, ds, 8 * b + 2 * j); }
+    static QDEV float dot(const W& w, const A& a) {
+        int s0 = 0, s1 = 0;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const int v = i < 4 ? lane_of(w.q0, i) : lane_of(w.q1, i - 4);
+            const int h = i < 4 ? lane_of(w.h0, i) : lane_of(w.h1, i - 4);
+            const int v0 = (v & 0x0F0F0F0F) | (((h >> (2 * w.j)) & 0x01010101) << 4);
+            const int v1 = ((v >> 4) & 0x0F0F0F0F) | (((h >> (2 * w.j + 1)) & 0x01010101) << 4);
+            s0 = dp4a(v0, lane_of(a.x[i >> 2], i & 3), s0);
+            s1 = dp4a(v1, lane_of(a.x[2 + (i >> 2)], i & 3), s1);
+        }
+        return w.dsc0 * a.ds0.x * (float)s0 - w.dmn0 * a.ds0.y + w.dsc1 * a.ds1.x * (float)s1 - w.dmn1 * a.ds1.y;
+    }
+    static QDEV void dequant(const uint8_t* q, const uint8_t* m, int j, half* dst) {
+        float dsc0, dsc1, dmn0, dmn1;
+        kquant_scales(m, j, dsc0, dsc1, dmn0, dmn1);
+        const uint8_t* qh = q;
+        const uint8_t* qs = q + 32 + 32 * j;
+        dst += 64 * j;
+#pragma unroll 8
+        for (int l = 0; l < 32; ++l) {
+            const int lo = (qs[l] & 0xF) | (((qh[l] >> (2 * j)) & 1) << 4);
+            const int hi = (qs[l] >> 4) | (((qh[l] >> (2 * j + 1)) & 1) << 4);
+            dst[l] = __float2half(dsc0 * (float)lo - dmn0);
+            dst[32 + l] = __float2half(dsc1 * (float)hi - dmn1);
+        }
+    }
+};
+
+// Q6_K: value 128h + 32k + l (h 0..1, k 0..3, l 0..31) is
+//   (ql[64h + l + 32(k&1)] >> 4(k>>1)) & 15 | ((qh[32h + l] >> 2k) & 3) << 4, minus 32,
+// times d * scales[8h + 2k + l/16]. Unit j = (h = j>>1, l0 = 16(j&1)) covers l0..l0+15 for all k:
+// three 16-byte loads (two of ql, one of qh), four q8_1 half-blocks.
+struct q6_K_t {
+    static constexpr int QK = 256, UNITS = 4, QB = 208, MB = 2, UE = 64;
+    struct W { int4 a, b, h; int sc[4]; float d; };
+    struct A { int4 x[4]; float d[4]; };
+    static QDEV void load_w(W& w, const uint8_t* q, const uint8_t* m, int j) {
+        const int h = j >> 1, l0 = 16 * (j & 1);
+        w.a = ld16(q + 64 * h + l0);
+        w.b = ld16(q + 64 * h + 32 + l0);
+        w.h = ld16(q + 128 + 32 * h + l0);
+        const uint2 s8 = *reinterpret_cast<const uint2*>(q + 192 + 8 * h);  // scales[8h .. 8h+7]
+        const int sel = j & 1;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const unsigned word = k < 2 ? s8.x : s8.y;
+            w.sc[k] = (int)(int8_t)(word >> (8 * ((2 * k + sel) & 3)));
+        }
+        w.d = ld_half(m);
+    }
+    static QDEV void load_a(A& a, const int8_t* xq, const float2* ds, int b, int j) {
+        const int h = j >> 1, l0 = 16 * (j & 1);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const int blk = 8 * b + 4 * h + k;
+            a.x[k] = ld16(xq + 32 * blk + l0);
+            a.d[k] = ds[blk].x;
+        }
+    }
+    static QDEV float dot(const W& w, const A& a) {
+        float sum = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            int s = 0;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int src = (k & 1) ? lane_of(w.b, i) : lane_of(w.a, i);
+                const int lo = (src >> (4 * (k >> 1))) & 0x0F0F0F0F;
+                const int hi = ((lane_of(w.h, i) >> (2 * k)) & 0x03030303) << 4;
+                s = dp4a(vsub4(lo | hi, 0x20202020), lane_of(a.x[k], i), s);
+            }
+            sum += (float)w.sc[k] * a.d[k] * (float)s;
+        }
+        return w.d * sum;
+    }
+    static QDEV void dequant(const uint8_t* q, const uint8_t* m, int j, half* dst) {
+        const int h = j >> 1, l0 = 16 * (j & 1);
+        const float d = ld_half(m);
+        const int8_t* sc = reinterpret_cast<const int8_t*>(q + 192);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const float dk = d * (float)sc[8 * h + 2 * k + (l0 >> 4)];
+#pragma unroll 4
+            for (int l = l0; l < l0 + 16; ++l) {
+                const int lo = (q[64 * h + l + 32 * (k & 1)] >> (4 * (k >> 1))) & 0xF;
+                const int hi = (q[128 + 32 * h + l] >> (2 * k)) & 3;
+                dst[128 * h + 32 * k + l] = __float2half(dk * (float)((lo | (hi << 4)) - 32));
+            }
+        }
+    }
+};
+
+// ---- float weights ---------------------------------------------------------------------------
+// F16/BF16/F32 rows are padded at upload to a multiple of 8 values (zeros), so a unit of 8 values
+// is one (f16, bf16) or two (f32) aligned 16-byte loads. No meta plane. These take the float
+// matvec path (f32 activations, no q8_1) and the same GEMM template.
+QDEV float bits_to_float(unsigned u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+struct f16_t {
+    static constexpr int QK = 8, UNITS = 1, QB = 16, MB = 0, UE = 8;
+    static QDEV void load8(const uint8_t* q, float* v) {
+        const int4 raw = ld16(q);
+        const half2* h = reinterpret_cast<const half2*>(&raw);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) { const float2 f = __half22float2(h[i]); v[2 * i] = f.x; v[2 * i + 1] = f.y; }
+    }
+    static QDEV void dequant(const uint8_t* q, const uint8_t*, int, half* dst) {
+        *reinterpret_cast<int4*>(dst) = ld16(q);
+    }
+};
+
+struct bf16_t {
+    static constexpr int QK = 8, UNITS = 1, QB = 16, MB = 0, UE = 8;
+    static QDEV void load8(const uint8_t* q, float* v) {
+        const int4 raw = ld16(q);
+        const unsigned* u = reinterpret_cast<const unsigned*>(&raw);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) { v[2 * i] = bits_to_float(u[i] << 16); v[2 * i + 1] = bits_to_float(u[i] & 0xFFFF0000u); }
+    }
+    static QDEV void dequant(const uint8_t* q, const uint8_t*, int, half* dst) {
+        float v[8];
+        load8(q, v);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) dst[i] = __float2half(v[i]);
+    }
+};
+
+struct f32_t {
+    static constexpr int QK = 8, UNITS = 1, QB = 32, MB = 0, UE = 8;
+    static QDEV void load8(const uint8_t* q, float* v) {
+        const float4 a = *reinterpret_cast<const float4*>(q), b = *reinterpret_cast<const float4*>(q + 16);
+        v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+    }
+    static QDEV void dequant(const uint8_t* q, const uint8_t*, int, half* dst) {
+        float v[8];
+        load8(q, v);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) dst[i] = __float2half(v[i]);
+    }
+};

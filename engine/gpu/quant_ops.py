@@ -1,0 +1,210 @@
+"""Quantized weights on the GPU: upload (with repacking), q8_1 activations, matvec and GEMM.
+
+Kernels live in cuda/quants.cuh (block layouts and the per-type dot product), cuda/matvec.cu
+(decode) and cuda/gemm.cu (prefill). Every launch goes on rt.stream with no host sync and no
+allocation, so the calls can be captured into a CUDA graph.
+
+Upload splits each ggml block into a q plane (the quant bits, 16-byte multiples) and a meta plane
+(d, m, scales, qh): a byte split, no bit shuffling. The table is `QUANT_PLANES` below and the
+comment at the top of quants.cuh. Float weights (F16/BF16/F32) are padded to rows of a multiple
+of 8 values. numpy references for all of it are in memra_engine.gpu.quant_ref.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as QT
+
+from memra_engine.errors import ModelFormatError, UnsupportedModelError
+
+MATVEC_WARPS = 4          # MV_WARPS in matvec.cu
+MATVEC_MAX_COLUMNS = 16   # widest batched matvec; more tokens go in chunks of 16
+GEMM_TILE = 64            # GEMM_BM = GEMM_BN in gemm.cu
+PLANE_ALIGN = 256
+
+# ggml type -> (kernel suffix, q plane byte ranges of the block, meta plane parts).
+# A meta part is a (start, stop) byte range of the block or an int count of zero bytes.
+QUANT_PLANES: dict[QT, tuple[str, list[tuple[int, int]], list[tuple[int, int] | int]]] = {
+    QT.Q4_0: ("q4_0", [(2, 18)], [(0, 2)]),
+    QT.Q4_1: ("q4_1", [(4, 20)], [(0, 4)]),
+    QT.Q5_0: ("q5_0", [(6, 22)], [(0, 2), 2, (2, 6)]),
+    QT.Q5_1: ("q5_1", [(8, 24)], [(0, 8)]),
+    QT.Q8_0: ("q8_0", [(2, 34)], [(0, 2)]),
+    QT.Q4_K: ("q4_K", [(16, 144)], [(0, 16)]),
+    QT.Q5_K: ("q5_K", [(16, 176)], [(0, 16)]),
+    QT.Q6_K: ("q6_K", [(0, 208)], [(208, 210)]),
+}
+FLOAT_TYPES: dict[QT, tuple[str, int]] = {QT.F16: ("f16", 2), QT.BF16: ("bf16", 2), QT.F32: ("f32", 4)}
+FLOAT_ROW_MULTIPLE = 8
+
+
+@dataclass(frozen=True)
+class WeightLayout:
+    """Where the planes are in GpuWeight.buf. Float weights: q plane only, rows of padded_cols."""
+
+    kernel_type: str       # kernel name suffix: q4_0 ... q6_K, f16, bf16, f32
+    block_values: int      # values per block (QK); 8 for float types (one 16-byte unit of f16)
+    q_bytes: int           # q plane bytes per block
+    meta_bytes: int        # meta plane bytes per block (0 for float types)
+    meta_offset: int       # byte offset of the meta plane in buf
+    padded_cols: int       # values per row as stored
+
+    @property
+    def is_float(self) -> bool:
+        return self.meta_bytes == 0
+
+
+@dataclass(frozen=True)
+class GpuWeight:
+    ggml_type: QT
+    rows: int
+    cols: int
+    buf: object            # memory.DeviceBuffer
+    layout: WeightLayout
+
+    @property
+    def q_ptr(self) -> int:
+        return int(self.buf.ptr)
+
+    @property
+    def meta_ptr(self) -> int:
+        return int(self.buf.ptr) + self.layout.meta_offset
+
+
+def _align(n: int, a: int) -> int:
+    return -(-n // a) * a
+
+
+def _plane_bytes(ranges: list) -> int:
+    return sum(r if isinstance(r, int) else r[1] - r[0] for r in ranges)
+
+
+def weight_layout(ggml_type: QT, rows: int, cols: int) -> WeightLayout:
+    """The repacked layout for a [rows, cols] weight; one-line errors for what we cannot run."""
+    if rows <= 0 or cols <= 0:
+        raise ModelFormatError(f"weight of shape ({rows}, {cols}) is empty")
+    if ggml_type in FLOAT_TYPES:
+        name, esize = FLOAT_TYPES[ggml_type]
+        padded = _align(cols, FLOAT_ROW_MULTIPLE)
+        return WeightLayout(name, FLOAT_ROW_MULTIPLE, FLOAT_ROW_MULTIPLE * esize, 0, 0, padded)
+    if ggml_type not in QUANT_PLANES:
+        raise UnsupportedModelError(f"weight type {ggml_type.name} has no GPU kernel (supported: "
+                                    f"{', '.join(t.name for t in (*QUANT_PLANES, *FLOAT_TYPES))})")
+    name, q_ranges, meta_parts = QUANT_PLANES[ggml_type]
+    qk, _ = GGML_QUANT_SIZES[ggml_type]
+    if cols % qk:
+        raise ModelFormatError(f"{ggml_type.name} weight has {cols} columns, not a multiple of {qk}")
+    q_bytes, meta_bytes = _plane_bytes(q_ranges), _plane_bytes(meta_parts)
+    meta_offset = _align(rows * (cols // qk) * q_bytes, PLANE_ALIGN)
+    return WeightLayout(name, qk, q_bytes, meta_bytes, meta_offset, cols)
+
+
+def repack(ggml_type: QT, data: np.ndarray, rows: int, cols: int) -> np.ndarray:
+    """GGUF tensor bytes -> the bytes of GpuWeight.buf (uint8, 1-D). Pure numpy."""
+    layout = weight_layout(ggml_type, rows, cols)
+    if ggml_type in FLOAT_TYPES:
+        esize = FLOAT_TYPES[ggml_type][1]
+        raw = np.ascontiguousarray(data).view(np.uint8).reshape(rows, cols * esize)
+        out = np.zeros((rows, layout.padded_cols * esize), np.uint8)
+        out[:, : cols * esize] = raw
+        return out.reshape(-1)
+    _, q_ranges, meta_parts = QUANT_PLANES[ggml_type]
+    qk, block_bytes = GGML_QUANT_SIZES[ggml_type]
+    nblocks = rows * (cols // qk)
+    blocks = np.ascontiguousarray(data).view(np.uint8).reshape(nblocks, block_bytes)
+    parts_q = [blocks[:, a:b] for a, b in q_ranges]
+    parts_m = [np.zeros((nblocks, p), np.uint8) if isinstance(p, int) else blocks[:, p[0]:p[1]] for p in meta_parts]
+    out = np.zeros(layout.meta_offset + nblocks * layout.meta_bytes, np.uint8)
+    out[: nblocks * layout.q_bytes] = np.concatenate(parts_q, axis=1).reshape(-1)
+    out[layout.meta_offset:] = np.concatenate(parts_m, axis=1).reshape(-1)
+    return out
+
+
+def upload_weight(rt, pool, tensor_info) -> GpuWeight:
+    """Repack one 2-D GGUF weight and copy it into the pool's weights region."""
+    shape = tuple(int(s) for s in tensor_info.shape)
+    if len(shape) == 1:
+        shape = (1, shape[0])
+    rows, cols = int(np.prod(shape[:-1])), shape[-1]
+    layout = weight_layout(tensor_info.ggml_type, rows, cols)
+    host = repack(tensor_info.ggml_type, tensor_info.data, rows, cols)
+    buf = pool.alloc("weights", host.nbytes, tensor_info.name)
+    rt.upload(buf.ptr, host)
+    return GpuWeight(tensor_info.ggml_type, rows, cols, buf, layout)
+
+
+# ---- q8_1 activations --------------------------------------------------------------------------
+def q8_1_stride(n_cols: int) -> int:
+    """Bytes per token row: int8 qs[Kq] then float2 ds[Kq/32], 16-byte aligned (Kq = K rounded to 32)."""
+    kq = _align(n_cols, 32)
+    return _align(kq + (kq // 32) * 8, 16)
+
+
+def q8_1_nbytes(n_cols: int, n_tokens: int = 1) -> int:
+    return n_tokens * q8_1_stride(n_cols)
+
+
+def quantize_q8_1(rt, x_ptr: int, xq_ptr: int, n_cols: int, n_tokens: int = 1) -> None:
+    """f32 activations x[n_tokens][n_cols] -> q8_1 rows at xq (q8_1_nbytes(n_cols, n_tokens) bytes)."""
+    kq = _align(n_cols, 32)
+    rt.launch("quantize_q8_1", (-(-kq // 256), n_tokens), 256,
+              (int(x_ptr), int(xq_ptr), n_cols, q8_1_stride(n_cols)))
+
+
+# ---- matvec (decode, verify) -------------------------------------------------------------------
+def _columns_variant(n: int) -> int:
+    for c in (1, 2, 4, 8, 16):
+        if n <= c:
+            return c
+    return MATVEC_MAX_COLUMNS
+
+
+def matvec_rows_per_warp(w: GpuWeight) -> int:
+    """Rows per warp for one-token decode (bench_kernels.py measures 1, 2 and 4)."""
+    return 2 if w.rows >= 2048 else 1
+
+
+def matvec(rt, w: GpuWeight, x_ptr: int, xq_ptr: int, y_ptr: int, n_tokens: int = 1, rows_per_warp: int | None = None) -> None:
+    """y[t, rows] = W @ x[t] for t < n_tokens. Quant weights read xq (from quantize_q8_1 over the
+    same n_tokens), float weights read x. Up to 16 tokens share one pass over the weight; each
+    column's arithmetic is the one-token kernel's, so results are bit-identical to n_tokens=1."""
+    lay = w.layout
+    for t0 in range(0, n_tokens, MATVEC_MAX_COLUMNS):
+        n = min(MATVEC_MAX_COLUMNS, n_tokens - t0)
+        c = _columns_variant(n)
+        y = int(y_ptr) + t0 * w.rows * 4
+        if lay.is_float:
+            grid = -(-w.rows // MATVEC_WARPS)
+            rt.launch(f"matvec_{lay.kernel_type}_c{c}", grid, 32 * MATVEC_WARPS,
+                      (w.q_ptr, int(x_ptr) + t0 * w.cols * 4, y, w.rows, w.cols, n))
+            continue
+        r = (rows_per_warp or matvec_rows_per_warp(w)) if c == 1 else 1
+        grid = -(-w.rows // (MATVEC_WARPS * r))
+        stride = q8_1_stride(w.cols)
+        rt.launch(f"matvec_{lay.kernel_type}_r{r}_c{c}", grid, 32 * MATVEC_WARPS,
+                  (w.q_ptr, w.meta_ptr, int(xq_ptr) + t0 * stride, y, w.rows, w.cols, n, stride))
+
+
+# ---- GEMM (prefill) ----------------------------------------------------------------------------
+def gemm(rt, w: GpuWeight, x_ptr: int, y_ptr: int, n_tokens: int, scratch=None) -> None:
+    """y[t, rows] = W @ x[t] on tensor cores (f16 operands, f32 accumulate), for prefill chunks.
+    x is f32 [n_tokens, cols]. `scratch` is not needed: the weight is dequantized tile by tile in
+    shared memory and x is converted on the fly (kept in the signature for the backend's seam)."""
+    grid = (-(-w.rows // GEMM_TILE), -(-n_tokens // GEMM_TILE))
+    meta = w.meta_ptr if not w.layout.is_float else w.q_ptr
+    rt.launch(f"gemm_{w.layout.kernel_type}", grid, 128,
+              (w.q_ptr, meta, int(x_ptr), int(y_ptr), w.rows, w.cols, n_tokens))
+
+
+def kernel_names() -> list[str]:
+    """Every entry point this module may launch (resolve them before graph capture)."""
+    names = ["quantize_q8_1"]
+    for name, _, _ in QUANT_PLANES.values():
+        names += [f"matvec_{name}_r{r}_c1" for r in (1, 2, 4)]
+        names += [f"matvec_{name}_r1_c{c}" for c in (2, 4, 8, 16)]
+        names.append(f"gemm_{name}")
+    for name, _ in FLOAT_TYPES.values():
+        names += [f"matvec_{name}_c{c}" for c in (1, 2, 4, 8, 16)]
+        names.append(f"gemm_{name}")
+    return names

@@ -1,0 +1,119 @@
+"""numpy references for the quantized weight path (cuda/matvec.cu, cuda/gemm.cu).
+
+- random_weight_bytes: valid random GGUF bytes of any supported type (every bit pattern of the
+  quants, sane d/m fields), so tests need no encoder and cover all codes.
+- quantize_q8_1_ref: the exact bytes quantize_q8_1 writes (same division, rounding and warp-tree
+  summation order).
+- matvec_q8_1_ref: what the int8 matvec computes, in float64: the weights as gguf dequantizes them
+  times the q8_1-rounded activation, except that each block's offset term (Q4_0's -8d, Q4_1's m,
+  K-quants' -dmin*m) multiplies the exact float sum s of the block, as the kernel does.
+"""
+from __future__ import annotations
+
+import numpy as np
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as QT
+from gguf.quants import Q4_K, dequantize
+
+from memra_engine.gpu.quant_ops import FLOAT_TYPES, QUANT_PLANES
+
+# byte ranges of f16 fields that must hold finite values: (start, stop) within the block
+_HALF_FIELDS = {
+    QT.Q4_0: [0], QT.Q4_1: [0, 2], QT.Q5_0: [0], QT.Q5_1: [0, 2], QT.Q8_0: [0],
+    QT.Q4_K: [0, 2], QT.Q5_K: [0, 2], QT.Q6_K: [208],
+}
+
+
+def random_weight_bytes(ggml_type: QT, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
+    """GGUF data for a random [rows, cols] weight: uint8 (rows, row_bytes) or float (rows, cols)."""
+    if ggml_type == QT.F32:
+        return rng.standard_normal((rows, cols), dtype=np.float32)
+    if ggml_type == QT.F16:
+        return rng.standard_normal((rows, cols)).astype(np.float16)
+    if ggml_type == QT.BF16:
+        f = rng.standard_normal((rows, cols)).astype(np.float32)
+        return (f.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8).reshape(rows, cols * 2)
+    qk, bs = GGML_QUANT_SIZES[ggml_type]
+    nb = rows * cols // qk
+    blocks = rng.integers(0, 256, size=(nb, bs), dtype=np.uint8)
+    for off in _HALF_FIELDS[ggml_type]:
+        # d (and m / dmin) around 1/64 with random signs: values of order one, never inf/nan
+        h = (rng.uniform(0.5, 1.5, nb) * rng.choice([-1.0, 1.0], nb) / 64).astype(np.float16)
+        blocks[:, off:off + 2] = h.view(np.uint8).reshape(nb, 2)
+    return blocks.reshape(rows, cols // qk * bs)
+
+
+def dequantize_weight(ggml_type: QT, data: np.ndarray, rows: int, cols: int) -> np.ndarray:
+    if ggml_type == QT.BF16:
+        u = np.ascontiguousarray(data).view(np.uint16).reshape(rows, cols).astype(np.uint32) << 16
+        return u.view(np.float32)
+    if ggml_type in FLOAT_TYPES:
+        return np.asarray(data, dtype=np.float32).reshape(rows, cols)
+    return dequantize(np.ascontiguousarray(data), ggml_type).reshape(rows, cols).astype(np.float32)
+
+
+def _warp_tree_sum(v: np.ndarray) -> np.ndarray:
+    """float32 sum over the last axis (32) in the order of common.cuh warp_sum (xor butterfly)."""
+    lanes = np.arange(32)
+    v = v.astype(np.float32)
+    for o in (16, 8, 4, 2, 1):
+        v = v + v[..., lanes ^ o]
+    return v[..., 0]
+
+
+def quantize_q8_1_ref(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """x f32 [T, K] -> (qs int8 [T, Kq], ds f32 [T, Kq/32, 2]) exactly as the kernel writes them."""
+    x = np.asarray(x, np.float32)
+    t, k = x.shape
+    kq = -(-k // 32) * 32
+    xp = np.zeros((t, kq), np.float32)
+    xp[:, :k] = x
+    blocks = xp.reshape(t, kq // 32, 32)
+    amax = np.abs(blocks).max(axis=-1)
+    d = (amax / np.float32(127)).astype(np.float32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        v = blocks / d[..., None]
+    q = np.where(amax[..., None] == 0, 0, np.sign(v) * np.floor(np.abs(v) + np.float32(0.5)))  # roundf
+    s = _warp_tree_sum(blocks)
+    return q.astype(np.int8).reshape(t, kq), np.stack([d, s], axis=-1).astype(np.float32)
+
+
+def q8_1_bytes(qs: np.ndarray, ds: np.ndarray, stride: int) -> np.ndarray:
+    """The device buffer image of quantize_q8_1's output (for exact byte comparison)."""
+    t, kq = qs.shape
+    out = np.zeros((t, stride), np.uint8)
+    out[:, :kq] = qs.view(np.uint8)
+    out[:, kq:kq + ds[0].nbytes] = np.ascontiguousarray(ds).view(np.uint8).reshape(t, -1)
+    return out
+
+
+def block_offsets(ggml_type: QT, data: np.ndarray, rows: int, cols: int) -> np.ndarray:
+    """Per 32-value block, the constant part B of w = (scaled int) + B: [rows, cols/32] float64."""
+    qk, bs = GGML_QUANT_SIZES[ggml_type]
+    blocks = np.ascontiguousarray(data).view(np.uint8).reshape(-1, bs)
+    half = lambda off: blocks[:, off:off + 2].copy().view(np.float16).astype(np.float64)[:, 0]  # noqa: E731
+    if ggml_type in (QT.Q4_0, QT.Q5_0):
+        b = -(8.0 if ggml_type == QT.Q4_0 else 16.0) * half(0)
+        return b.reshape(rows, cols // 32)
+    if ggml_type in (QT.Q4_1, QT.Q5_1):
+        return half(2).reshape(rows, cols // 32)
+    if ggml_type in (QT.Q4_K, QT.Q5_K):
+        _, m = Q4_K.get_scale_min(blocks[:, 4:16])
+        dmin = blocks[:, 2:4].copy().view(np.float16).astype(np.float32)  # [nb, 1]
+        b = -(dmin * m.reshape(-1, 8).astype(np.float32)).astype(np.float64)  # kernel: float dmin*m
+        return b.reshape(rows, cols // 32)
+    return np.zeros((rows, cols // 32))  # Q8_0, Q6_K: symmetric
+
+
+def matvec_q8_1_ref(ggml_type: QT, data: np.ndarray, rows: int, cols: int, x: np.ndarray) -> np.ndarray:
+    """float64 emulation of the int8 matvec: y [T, rows]."""
+    w = dequantize_weight(ggml_type, data, rows, cols).astype(np.float64)
+    qs, ds = quantize_q8_1_ref(x)
+    t = x.shape[0]
+    xhat = (qs.reshape(t, -1, 32).astype(np.float64) * ds[..., 0:1].astype(np.float64))
+    b = block_offsets(ggml_type, data, rows, cols)
+    correction = ds[..., 1].astype(np.float64) - xhat.sum(-1)  # [T, nb]: exact sum minus rounded sum
+    return xhat.reshape(t, -1) @ w.T + correction @ b.T
+
+
+def supported_types() -> list[QT]:
+    return [*QUANT_PLANES, *FLOAT_TYPES]

@@ -1,0 +1,98 @@
+// CPU driver for cuda/quants.cuh (used by tests/test_quant_host.py; no GPU needed).
+// Runs every traits struct's load_w/load_a/dot and dequant on the host over the exact buffers
+// quant_ops.repack and quantize_q8_1 produce, so a layout or bit error shows up in CI.
+//
+//   quant_host_check TYPE ROWS COLS TOKENS IN OUT
+// IN:  the repacked weight buffer, then TOKENS q8_1 rows (stride from quant_ops.q8_1_stride)
+// OUT: y float32 [TOKENS][ROWS] (quant types; float types write zeros), then f16 [ROWS][COLS]
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+#include "quants.cuh"
+
+static size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+template <class T>
+static void run_quant(const uint8_t* buf, int rows, int cols, int tokens, int stride, const int8_t* xq,
+                      std::vector<float>& y, std::vector<half>& deq) {
+    const int nb = cols / T::QK;
+    const uint8_t* meta = buf + align_up((size_t)rows * nb * T::QB, 256);
+    for (int t = 0; t < tokens; ++t) {
+        const int8_t* xrow = xq + (size_t)t * stride;
+        const float2* ds = reinterpret_cast<const float2*>(xrow + cols);
+        for (int r = 0; r < rows; ++r) {
+            float acc = 0.0f;
+            for (int u = 0; u < nb * T::UNITS; ++u) {
+                const int b = u / T::UNITS, j = u % T::UNITS;
+                const size_t blk = (size_t)r * nb + b;
+                typename T::W w;
+                typename T::A a;
+                T::load_w(w, buf + blk * T::QB, meta + blk * T::MB, j);
+                T::load_a(a, xrow, ds, b, j);
+                acc += T::dot(w, a);
+            }
+            y[(size_t)t * rows + r] = acc;
+        }
+    }
+    for (int r = 0; r < rows; ++r)
+        for (int u = 0; u < nb * T::UNITS; ++u) {
+            const int b = u / T::UNITS, j = u % T::UNITS;
+            const size_t blk = (size_t)r * nb + b;
+            T::dequant(buf + blk * T::QB, meta + blk * T::MB, j, deq.data() + (size_t)r * cols + b * T::QK);
+        }
+}
+
+template <class F>
+static void run_float(const uint8_t* buf, int rows, int cols, std::vector<half>& deq) {
+    const int nu = (cols + 7) / 8;
+    std::vector<half> row(nu * 8);
+    for (int r = 0; r < rows; ++r) {
+        for (int u = 0; u < nu; ++u) F::dequant(buf + ((size_t)r * nu + u) * F::QB, nullptr, 0, row.data() + 8 * u);
+        memcpy(deq.data() + (size_t)r * cols, row.data(), cols * sizeof(half));
+    }
+}
+
+int main(int argc, char** argv) {
+    if (argc != 7) {
+        fprintf(stderr, "usage: %s TYPE ROWS COLS TOKENS IN OUT\n", argv[0]);
+        return 2;
+    }
+    const std::string type = argv[1];
+    const int rows = atoi(argv[2]), cols = atoi(argv[3]), tokens = atoi(argv[4]);
+    FILE* f = fopen(argv[5], "rb");
+    if (!f) return 3;
+    std::vector<uint8_t> in;
+    uint8_t chunk[1 << 16];
+    size_t n;
+    while ((n = fread(chunk, 1, sizeof chunk, f)) > 0) in.insert(in.end(), chunk, chunk + n);
+    fclose(f);
+    const size_t kq = align_up(cols, 32);
+    const int stride = (int)align_up(kq + kq / 32 * 8, 16);
+    const size_t xq_bytes = (size_t)tokens * stride;
+    const uint8_t* buf;
+    // 16-byte aligned copies, as on the device (the kernels use aligned vector loads)
+    std::vector<int4> wbuf((in.size() - xq_bytes + 15) / 16), xbuf((xq_bytes + 15) / 16);
+    memcpy(wbuf.data(), in.data(), in.size() - xq_bytes);
+    memcpy(xbuf.data(), in.data() + in.size() - xq_bytes, xq_bytes);
+    buf = reinterpret_cast<const uint8_t*>(wbuf.data());
+    const int8_t* xq = reinterpret_cast<const int8_t*>(xbuf.data());
+    std::vector<float> y((size_t)tokens * rows, 0.0f);
+    std::vector<half> deq((size_t)rows * cols);
+#define QUANT(NAME) else if (type == #NAME) run_quant<NAME##_t>(buf, rows, cols, tokens, stride, xq, y, deq);
+#define FLOAT(NAME) else if (type == #NAME) run_float<NAME##_t>(buf, rows, cols, deq);
+    if (false) {}
+    QUANT(q4_0) QUANT(q4_1) QUANT(q5_0) QUANT(q5_1) QUANT(q8_0) QUANT(q4_K) QUANT(q5_K) QUANT(q6_K)
+    FLOAT(f16) FLOAT(bf16) FLOAT(f32)
+    else {
+        fprintf(stderr, "unknown type %s\n", type.c_str());
+        return 4;
+    }
+    FILE* o = fopen(argv[6], "wb");
+    if (!o) return 5;
+    fwrite(y.data(), sizeof(float), y.size(), o);
+    fwrite(deq.data(), sizeof(half), deq.size(), o);
+    fclose(o);
+    return 0;
+}
