@@ -74,6 +74,7 @@ class Job:
         self.request = request
         self._events: queue.Queue[Event] = queue.Queue()
         self._cancel = threading.Event()
+        self._sampling_update: SamplingParams | None = None
 
     def __iter__(self) -> Iterator[Event]:
         while True:
@@ -81,6 +82,16 @@ class Job:
             yield event
             if isinstance(event, DoneEvent):
                 return
+
+    def update_sampling(self, sampling: SamplingParams) -> None:
+        """New knobs for the rest of this job, taken at the next step (the random stream goes on).
+        Raises ValueError at once if they are invalid."""
+        sampling.validate()
+        self._sampling_update = sampling
+
+    def take_sampling_update(self) -> SamplingParams | None:
+        update, self._sampling_update = self._sampling_update, None
+        return update
 
     def cancel(self) -> None:
         """Ask the engine to stop this job; returns at once. The job ends within one decode step."""
@@ -251,6 +262,11 @@ class Engine:
         from memra_engine.model.gguf_file import open_gguf
 
         g = open_gguf(path)  # cheap (memory-mapped): a bad file fails here, before any notice
+        n_ctx_train = g.metadata.get(f"{g.metadata.get('general.architecture')}.context_length")
+        if isinstance(n_ctx_train, int) and 16 <= n_ctx_train < n_ctx:
+            # positions past the training context give garbage without rope scaling, which we lack
+            say(f"the model was trained with a {n_ctx_train}-token context: using --ctx {n_ctx_train}")
+            n_ctx = n_ctx_train
         kind = choose_backend(backend, say)
         return cls.start(lambda: open_model(g, kind, n_ctx, vram_budget, say), draft=draft)
 
@@ -449,6 +465,7 @@ class Generation:
         while True:
             if self.job.cancelled:
                 return self.finish("cancelled")
+            params = self.job.take_sampling_update() or params
             token, logprob = sample(logits, params, history, rng)
             n_generated += 1
             if n_generated == 1:

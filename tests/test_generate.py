@@ -340,3 +340,25 @@ def test_default_model_chats(smollm2_path):
         stats = eng.stats()
     assert result.done.reason in ("eos", "length") and result.text.strip()
     assert stats.decode_tok_s > 0 and stats.vram.process_rss > 0
+
+
+def test_sampling_update_applies_at_the_next_step():
+    with fake_engine(ScriptedBackend(step_s=0.02)) as eng:
+        job = eng.complete("hi", SamplingParams(temperature=0.8, seed=1, max_tokens=200))
+        n = 0
+        for event in job:
+            if isinstance(event, TokenEvent):
+                n += 1
+                if n == 2:
+                    with pytest.raises(ValueError):
+                        job.update_sampling(SamplingParams(top_k=-1))
+                    job.update_sampling(SamplingParams(temperature=0.8, max_tokens=6))
+            last = event
+    assert last.reason == "length" and n == 6
+
+
+def test_context_is_capped_at_the_training_context(tiny_llama_path):
+    notes = []
+    with Engine.load(tiny_llama_path, backend="cpu", n_ctx=4096, progress=notes.append) as eng:
+        assert eng.info.n_ctx == 256
+    assert any("256-token context" in note for note in notes)
