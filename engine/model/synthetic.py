@@ -7,10 +7,13 @@ to end in the engine and in llama.cpp.
 
 Weights are seeded and deterministic: each tensor is generated in fixed row chunks, each chunk
 from its own generator keyed by (seed, tensor name, chunk index), so the bytes never depend on the
-number of worker threads. Scales keep a deep stack numerically tame: a matrix with fan-in n gets
-std 0.5/sqrt(n) (about 0.02 at d=576, like real checkpoints), so each projection maps a unit-RMS
-input to ~0.5 RMS; the output matrix gets std 2/sqrt(d), so logits have std ~2 (peaked, not
-degenerate); norm weights are 1 +- 0.1.
+number of worker threads. Scales keep a deep stack numerically tame and the logits informative:
+- a matrix with fan-in n gets std 1/sqrt(n) (0.04 at d=576, near real checkpoints): each projection
+  keeps a unit-RMS input at unit RMS, so a layer adds ~0.8 RMS to the residual stream;
+- token_embd/output get std 2/sqrt(d), so logits have std ~2 (peaked, not degenerate);
+- norm weights are 1 +- 0.1, except gemma3's post-attention/post-FFN norms at 4 +- 0.4 (real
+  gemma3 norms are large too). Without that, a tied model's residual stream stays dominated by
+  the input token's own embedding and greedy decoding just repeats the last token.
 
     memra-make-gguf tiny.gguf --preset tiny-llama
     memra-make-gguf llama8b.gguf --preset llama-8b --quant Q8_0
@@ -57,6 +60,10 @@ MERGES = (
     "Ġy ou",
 )
 
+# Control tokens (<|im_end|>, <|endoftext|>, ...) get near-zero embedding/output rows: their logit
+# sits near 0 while the others spread with std ~2, so a random model almost never ends its reply
+# or emits a control token, and benchmarks and tests get replies of the length they ask for.
+QUIET_ROW_SCALE = 0.05
 CHUNK_ELEMENTS = 1 << 20   # rows per generation chunk = this // cols; fixed, so output is deterministic
 
 
@@ -234,6 +241,7 @@ class TensorPlan:
     qtype: QT
     std: float                  # weights ~ N(mean, std)
     mean: float = 0.0
+    quiet_rows: tuple[int, ...] = ()   # rows (vocab ids) drawn at QUIET_ROW_SCALE x std
 
     @property
     def n_bytes(self) -> int:
@@ -278,22 +286,24 @@ def _embedding_types(spec: SyntheticSpec) -> tuple[QT, QT]:
     return QT[spec.quant], QT[spec.quant]
 
 
-def plan_tensors(spec: SyntheticSpec) -> list[TensorPlan]:
-    """Every tensor of the model in file order, with its numpy shape, ggml type and init scale."""
+def plan_tensors(spec: SyntheticSpec, control_ids: Sequence[int] = ()) -> list[TensorPlan]:
+    """Every tensor of the model in file order, with its numpy shape, ggml type and init scale.
+    control_ids: vocab ids whose embedding/output rows are kept near zero (see QUIET_ROW_SCALE)."""
     d, hd, ff = spec.d_model, spec.head_dim, spec.d_ff
     q_dim, kv_dim = spec.n_head * hd, spec.n_kv_head * hd
     plans: list[TensorPlan] = []
 
-    def matrix(name: str, shape: tuple[int, ...], qtype: QT, std: float | None = None) -> None:
-        std = 0.5 / np.sqrt(shape[-1]) if std is None else std
-        plans.append(TensorPlan(name, shape, _fit_type(qtype, shape[-1]), float(std)))
+    def matrix(name: str, shape: tuple[int, ...], qtype: QT, std: float | None = None, quiet=()) -> None:
+        std = 1.0 / np.sqrt(shape[-1]) if std is None else std
+        plans.append(TensorPlan(name, shape, _fit_type(qtype, shape[-1]), float(std), quiet_rows=quiet))
 
     def vector(name: str, n: int, mean: float, std: float) -> None:
         plans.append(TensorPlan(name, (n,), QT.F32, std, mean))
 
     embd_type, out_type = _embedding_types(spec)
     logit_std = 2.0 / np.sqrt(d)
-    matrix("token_embd.weight", (spec.vocab, d), embd_type, logit_std)
+    quiet = tuple(sorted(int(i) for i in control_ids if 0 <= i < spec.vocab))
+    matrix("token_embd.weight", (spec.vocab, d), embd_type, logit_std, quiet)
     for i in range(spec.n_layer):
         blk = f"blk.{i}"
         vector(f"{blk}.attn_norm.weight", d, 1.0, 0.1)
@@ -309,7 +319,7 @@ def plan_tensors(spec: SyntheticSpec) -> list[TensorPlan]:
             vector(f"{blk}.attn_k_norm.weight", hd, 1.0, 0.1)
         matrix(f"{blk}.attn_output.weight", (d, q_dim), _matrix_type(spec, "attn_output", i))
         if spec.arch == "gemma3":
-            vector(f"{blk}.post_attention_norm.weight", d, 1.0, 0.1)
+            vector(f"{blk}.post_attention_norm.weight", d, 4.0, 0.4)
         vector(f"{blk}.ffn_norm.weight", d, 1.0, 0.1)
         if spec.arch == "qwen3moe":
             e, eff = spec.n_expert, spec.d_ff_expert
@@ -323,18 +333,21 @@ def plan_tensors(spec: SyntheticSpec) -> list[TensorPlan]:
             matrix(f"{blk}.ffn_up.weight", (ff, d), _matrix_type(spec, "ffn_up", i))
             matrix(f"{blk}.ffn_down.weight", (d, ff), _matrix_type(spec, "ffn_down", i))
         if spec.arch == "gemma3":
-            vector(f"{blk}.post_ffw_norm.weight", d, 1.0, 0.1)
+            vector(f"{blk}.post_ffw_norm.weight", d, 4.0, 0.4)
     vector("output_norm.weight", d, 1.0, 0.1)
     if not spec.tied:
-        matrix("output.weight", (spec.vocab, d), out_type, logit_std)
+        matrix("output.weight", (spec.vocab, d), out_type, logit_std, quiet)
     return plans
 
 
-def _chunk_bytes(plan: TensorPlan, seed: int, index: int, rows: int) -> bytes:
+def _chunk_bytes(plan: TensorPlan, seed: int, index: int, start: int, rows: int) -> bytes:
     name_key = zlib.crc32(plan.name.encode())
     rng = np.random.default_rng([seed, name_key, index])
     x = rng.standard_normal((rows, plan.shape[-1]), dtype=np.float32)
     x *= np.float32(plan.std)
+    if plan.quiet_rows:
+        quiet = np.asarray(plan.quiet_rows)
+        x[quiet[(quiet >= start) & (quiet < start + rows)] - start] *= np.float32(QUIET_ROW_SCALE)
     if plan.mean:
         x += np.float32(plan.mean)
     return np.ascontiguousarray(quantize(x, plan.qtype)).tobytes()
@@ -349,7 +362,7 @@ def _tensor_chunks(plan: TensorPlan, seed: int, pool: ThreadPoolExecutor, window
     pending: deque = deque()
     for index, start in enumerate(starts):
         rows = min(rows_per_chunk, total_rows - start)
-        pending.append(pool.submit(_chunk_bytes, plan, seed, index, rows))
+        pending.append(pool.submit(_chunk_bytes, plan, seed, index, start, rows))
         if len(pending) >= window:
             yield pending.popleft().result()
     while pending:
@@ -452,7 +465,8 @@ def write_synthetic_gguf(
 
     path = Path(path)
     tmp = path.with_name(path.name + ".partial")
-    plans = plan_tensors(spec)
+    token_types = tokenizer_meta.get("tokenizer.ggml.token_type", ((),))[0]
+    plans = plan_tensors(spec, [i for i, kind in enumerate(token_types) if kind == TOKEN_CONTROL])
     writer = GGUFWriter(tmp, spec.arch)
     for key, (value, vtype) in _model_metadata(spec).items():
         writer.add_key_value(key, value, vtype)
