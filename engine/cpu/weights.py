@@ -1,0 +1,144 @@
+"""The cpu loader: GGUF tensors dequantized to float32 matrices, stored [out, in] as in the file.
+
+Matrices stay in GGUF row order so a matmul is `x @ W.T`, one BLAS call. The fusions every
+forward program expects (attn_qkv, ffn_gate_up, ...; see each arch's FUSED) are built here by
+dequantizing each part straight into its rows of one preallocated matrix.
+
+Models whose float32 weights exceed the budget are not dequantized whole: layers are
+dequantized on first use and kept in a small LRU, the embedding is read row by row from the
+quantized data, and an LM head too big for the budget is dequantized in row chunks per call.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections import OrderedDict
+from types import SimpleNamespace
+
+import numpy as np
+
+from memra_engine.model import arch_module
+from memra_engine.model.config import ModelConfig
+from memra_engine.model.gguf_file import GGUFFile, TensorInfo, dequantize
+
+DEFAULT_BUDGET_BYTES = 2 << 30
+DEQUANT_CHUNK_ROWS = 4096   # bounds gguf.quants' temporaries to a few MB per step
+
+
+class QuantizedMatrix:
+    """A [rows, cols] weight left quantized in the memory map; rows are dequantized on demand."""
+
+    def __init__(self, t: TensorInfo):
+        self.tensor = t
+        self.shape = t.shape
+
+    def rows(self, index: np.ndarray) -> np.ndarray:
+        t = self.tensor
+        return dequantize(dataclasses.replace(t, data=t.data[index], shape=(len(index), t.shape[1])))
+
+    def matmul(self, x: np.ndarray) -> np.ndarray:
+        """x @ W.T, one chunk of W's rows at a time."""
+        out = np.empty((x.shape[0], self.shape[0]), dtype=np.float32)
+        for a in range(0, self.shape[0], DEQUANT_CHUNK_ROWS):
+            b = min(a + DEQUANT_CHUNK_ROWS, self.shape[0])
+            out[:, a:b] = x @ dequantize_rows(self.tensor, a, b).T
+        return out
+
+
+def dequantize_rows(t: TensorInfo, a: int, b: int) -> np.ndarray:
+    return dequantize(dataclasses.replace(t, data=t.data[a:b], shape=(b - a,) + t.shape[1:]))
+
+
+def dequantize_into(t: TensorInfo, out: np.ndarray) -> None:
+    """Dequantize t into out (same number of elements) without a full-size temporary."""
+    if len(t.shape) == 1:
+        out[:] = dequantize(t)
+        return
+    for a in range(0, t.shape[0], DEQUANT_CHUNK_ROWS):
+        b = min(a + DEQUANT_CHUNK_ROWS, t.shape[0])
+        out[a:b] = dequantize_rows(t, a, b)
+
+
+def dequantize_stacked(parts: list[TensorInfo]) -> np.ndarray:
+    """The parts' rows stacked into one C-contiguous float32 array."""
+    rows = sum(p.shape[0] for p in parts)
+    out = np.empty((rows,) + parts[0].shape[1:], dtype=np.float32)
+    a = 0
+    for p in parts:
+        dequantize_into(p, out[a:a + p.shape[0]])
+        a += p.shape[0]
+    return out
+
+
+def f32_bytes(t: TensorInfo) -> int:
+    return t.n_elements * 4
+
+
+class CpuWeights:
+    """ModelWeights for the numpy ops (see memra_engine.model.ops)."""
+
+    def __init__(self, g: GGUFFile, cfg: ModelConfig, budget_bytes: int = DEFAULT_BUDGET_BYTES):
+        self.g, self.cfg = g, cfg
+        self.fused = arch_module(cfg.arch).FUSED
+        shapes = arch_module(cfg.arch).tensor_shapes(cfg)
+        self.layer_tensors = [
+            [name for name in shapes if name.startswith(f"blk.{i}.")] for i in range(cfg.n_layer)
+        ]
+        layer_bytes = max(sum(f32_bytes(g.tensors[n]) for n in names) for names in self.layer_tensors)
+        embd = g.tensors["token_embd.weight"]
+        head = embd if cfg.tied_embeddings else g.tensors["output.weight"]
+        global_bytes = f32_bytes(head) + (0 if cfg.tied_embeddings else f32_bytes(embd))
+        self.all_resident = global_bytes + cfg.n_layer * layer_bytes <= budget_bytes
+
+        self.output_norm = self.load_matrix(g.tensors["output_norm.weight"])
+        self.rope_freqs = self.load_matrix(g.tensors["rope_freqs.weight"]) if cfg.has_rope_freqs else None
+        if self.all_resident:
+            self.token_embd = self.load_matrix(embd)
+            self.output = self.token_embd if cfg.tied_embeddings else self.load_matrix(head)
+            self.max_cached_layers = cfg.n_layer
+        else:
+            self.token_embd = QuantizedMatrix(embd)
+            head_fits = f32_bytes(head) <= budget_bytes // 2
+            self.output = self.load_matrix(head) if head_fits else QuantizedMatrix(head)
+            left = budget_bytes - (f32_bytes(head) if head_fits else 0)
+            self.max_cached_layers = max(1, min(cfg.n_layer, left // layer_bytes))
+        self._layers: OrderedDict[int, SimpleNamespace] = OrderedDict()
+        if self.all_resident:
+            for i in range(cfg.n_layer):
+                self.layer(i)
+
+    @staticmethod
+    def load_matrix(t: TensorInfo) -> np.ndarray:
+        """A float32 copy: never a view of the memory map, even for F32 tensors."""
+        out = np.empty(t.shape, dtype=np.float32)
+        dequantize_into(t, out)
+        return out
+
+    @property
+    def nbytes(self) -> int:
+        arrays = [self.output_norm, self.token_embd, self.output, self.rope_freqs]
+        arrays += [a for layer in self._layers.values() for a in vars(layer).values()]
+        seen = {id(a): a.nbytes for a in arrays if isinstance(a, np.ndarray)}
+        return sum(seen.values())
+
+    def layer(self, i: int) -> SimpleNamespace:
+        layer = self._layers.get(i)
+        if layer is not None:
+            self._layers.move_to_end(i)
+            return layer
+        while len(self._layers) >= self.max_cached_layers:
+            self._layers.popitem(last=False)
+        layer = self._layers[i] = self.load_layer(i)
+        return layer
+
+    def load_layer(self, i: int) -> SimpleNamespace:
+        prefix = f"blk.{i}."
+        tensors = {}
+        for name in self.layer_tensors[i]:
+            short = name[len(prefix):].removesuffix(".weight").replace(".bias", "_bias")
+            tensors[short] = self.g.tensors[name]
+        arrays = {}
+        for fused_name, parts in self.fused.items():
+            arrays[fused_name] = dequantize_stacked([tensors.pop(p) for p in parts])
+        for short, t in tensors.items():
+            arrays[short] = self.load_matrix(t)
+        return SimpleNamespace(**arrays)
