@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import os
 import sys
 import time
@@ -30,6 +31,7 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from statistics import NormalDist
 from typing import Any, Iterator, Sequence
 
 import numpy as np
@@ -340,10 +342,25 @@ def plan_tensors(spec: SyntheticSpec, control_ids: Sequence[int] = ()) -> list[T
     return plans
 
 
+@functools.cache
+def _normal_table() -> np.ndarray:
+    """The 65536 quantiles of N(0, 1) at (i + 0.5) / 65536."""
+    quantile = NormalDist().inv_cdf
+    return np.array([quantile((i + 0.5) / 65536) for i in range(65536)], dtype=np.float32)
+
+
+def _standard_normal(rng: np.random.Generator, shape: tuple[int, int]) -> np.ndarray:
+    """N(0, 1) samples through a 16-bit quantile table: 2x faster than rng.standard_normal, which
+    matters for 8B-class models, and as normal as random weights need (tails end at +-4.3)."""
+    count = shape[0] * shape[1]
+    index = np.frombuffer(rng.bytes(2 * count), dtype=np.uint16)
+    return _normal_table()[index].reshape(shape)
+
+
 def _chunk_bytes(plan: TensorPlan, seed: int, index: int, start: int, rows: int) -> bytes:
     name_key = zlib.crc32(plan.name.encode())
     rng = np.random.default_rng([seed, name_key, index])
-    x = rng.standard_normal((rows, plan.shape[-1]), dtype=np.float32)
+    x = _standard_normal(rng, (rows, plan.shape[-1]))
     x *= np.float32(plan.std)
     if plan.quiet_rows:
         quiet = np.asarray(plan.quiet_rows)
