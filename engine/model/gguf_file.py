@@ -124,6 +124,8 @@ def dequantize(t: TensorInfo) -> np.ndarray:
         raise UnsupportedModelError(
             f"tensor {t.name!r}: quant type {t.ggml_type.name} cannot be dequantized"
         ) from None
+    except (ValueError, TypeError, OSError) as e:   # e.g. an I/O error reading the mapped file
+        raise ModelFormatError(f"tensor {t.name!r}: cannot dequantize ({e})") from None
     return np.asarray(values, dtype=np.float32).reshape(t.shape)
 
 

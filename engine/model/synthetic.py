@@ -499,8 +499,9 @@ def write_synthetic_gguf(
     try:
         with ThreadPoolExecutor(max_workers=workers) as pool:
             for plan in plans:
-                if progress is not None and plan.name.endswith("attn_norm.weight"):
-                    progress(f"{plan.name.split('.attn_norm')[0]} / {spec.n_layer}")
+                if progress is not None and plan.name.endswith(".attn_norm.weight"):
+                    layer = int(plan.name.split(".")[1])
+                    progress(f"{path.name}: layer {layer + 1}/{spec.n_layer}")
                 writer.write_padding(out, out.tell())
                 for chunk in _tensor_chunks(plan, seed, pool, window=2 * workers):
                     out.write(chunk)
