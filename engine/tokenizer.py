@@ -97,6 +97,15 @@ class Vocabulary:
     add_bos: bool
     add_space_prefix: bool
 
+    @property
+    def is_gemma(self) -> bool:
+        return self.architecture.startswith("gemma")
+
+    @property
+    def prepends_space(self) -> bool:
+        """Llama-style SentencePiece: one ▁ goes in front of the text, and decoding strips it again."""
+        return self.kind == "llama" and self.add_space_prefix and not self.is_gemma
+
     @classmethod
     def from_metadata(cls, md: Mapping[str, Any], source: str) -> Vocabulary:
         kind = md.get("tokenizer.ggml.model")
@@ -151,8 +160,8 @@ def _pre_tokenizer_splits(pre: str) -> tuple[str, ...]:
 
 def _build_byte_level(v: Vocabulary) -> tuple[HFTokenizer, list[str]]:
     """Byte-level BPE: the file's vocab and merges, with llama.cpp's split regexes for v.pre."""
-    alphabet = set(bytes_to_unicode().values())
     spelling = bytes_to_unicode()
+    alphabet = set(spelling.values())
     # A token written outside the byte alphabet (a mislabelled added token) is respelled byte-wise,
     # so the BPE model can still reach it from its bytes.
     spelled = [t if set(t) <= alphabet else "".join(spelling[b] for b in t.encode()) for t in v.tokens]
@@ -185,8 +194,7 @@ def _build_sentencepiece(v: Vocabulary) -> tuple[HFTokenizer, list[str]]:
     """SentencePiece vocabulary as BPE over ▁-escaped text with <0xNN> byte fallback."""
     tokens = v.tokens
     scores = v.scores
-    gemma = v.architecture.startswith("gemma")
-    if gemma:
+    if v.is_gemma:
         # Gemma files store tokens of two or more spaces with real spaces; the model sees them as ▁▁.
         tokens = ["\u2581" * len(t) if " " in t and not t.strip() else t for t in tokens]
         # Gemma's scores do not follow its merge order; the order of the tokens in the file does.
@@ -197,14 +205,15 @@ def _build_sentencepiece(v: Vocabulary) -> tuple[HFTokenizer, list[str]]:
     hf = HFTokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=_merges_by_score(tokens, scores),
                                 unk_token=unk, fuse_unk=True, byte_fallback=True))
     decode_steps = [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
-    if gemma:
+    if v.is_gemma:
         # Gemma writes every space as ▁ and never prepends one.
         hf.normalizer = normalizers.Replace(" ", "\u2581")
     else:
-        # Llama/Mistral style: ▁ for spaces, one ▁ prepended to the text, stripped again on decode.
+        # Llama/Mistral style: ▁ for spaces, and (add_space_prefix) one ▁ in front of the text, which
+        # decoding strips again. Like transformers, "first" prepends only at the very start of the text.
         hf.pre_tokenizer = pre_tokenizers.Metaspace(
-            replacement="\u2581", prepend_scheme="first" if v.add_space_prefix else "never", split=False)
-        if v.add_space_prefix:
+            replacement="\u2581", prepend_scheme="first" if v.prepends_space else "never", split=False)
+        if v.prepends_space:
             decode_steps.append(decoders.Strip(content=" ", left=1, right=0))
     hf.decoder = decoders.Sequence(decode_steps)
     return hf, tokens
@@ -289,8 +298,7 @@ class Tokenizer:
         self.kind = vocab.kind
         self._token_bytes = token_bytes
         self._tokens = vocab.tokens
-        self._strip_first_space = vocab.kind == "llama" and vocab.add_space_prefix and \
-            not vocab.architecture.startswith("gemma")
+        self._strip_first_space = vocab.prepends_space
 
     def encode(self, text: str, add_special: bool = False) -> list[int]:
         """Token ids for text. Special tokens written in the text are matched whole.
