@@ -3,8 +3,12 @@
 //
 // Cache layout per layer: K and V each [n_kv][n_ctx][HD] half. Query token t sits at position
 // pos[t] (device memory) and sees keys max(0, pos[t] + 1 - window) .. pos[t] (window 0: all).
-// The key range is cut into n_splits chunks (grid.y); each block writes an unnormalized partial
-// output with its running max m and sum l; attn_combine merges the splits (flash-decoding).
+// The key range is cut into chunks of split_len keys (split s: keys start + s*split_len ...); grid.y
+// covers the most splits any row needs, and a block with no keys writes m = -inf, l = 0. Each
+// block writes an unnormalized partial output with its running max m and sum l; attn_combine
+// merges the splits (flash-decoding). Because the chunk boundaries depend only on the row's own
+// position, a row's result is the same bit for bit whatever grid.y is: decode, verify and
+// prefill agree, and a graph captured for a larger KV bucket gives eager's numbers.
 #include "common.cuh"
 
 #define ATTN_WARPS 4
@@ -30,7 +34,7 @@ template <int HD>
 __device__ void attn_split(const float* __restrict__ q, int q_ld, const half* __restrict__ kc,
                            const half* __restrict__ vc, float* __restrict__ opart, float* __restrict__ ml,
                            const int* __restrict__ pos, int n_head, int n_kv, int n_ctx, int window, float scale,
-                           float softcap) {
+                           float softcap, int split_len) {
     constexpr int E = HD / 32;  // dims per lane for V accumulation
     __shared__ float q_s[GMAX][HD];
     __shared__ float m_w[ATTN_WARPS][GMAX], l_w[ATTN_WARPS][GMAX];
@@ -46,9 +50,7 @@ __device__ void attn_split(const float* __restrict__ q, int q_ld, const half* __
 
     const int p = pos[t];
     const int start = window > 0 ? max(0, p + 1 - window) : 0;
-    const int len = p + 1 - start;
-    const int chunk = (len + S - 1) / S;
-    const int j0 = start + s * chunk, j1 = min(p + 1, j0 + chunk);
+    const int j0 = start + s * split_len, j1 = min(p + 1, j0 + split_len);
 
     for (int i = threadIdx.x; i < GMAX * HD; i += blockDim.x) {
         const int hh = i / HD, d = i % HD;
@@ -146,14 +148,14 @@ __device__ void attn_split(const float* __restrict__ q, int q_ld, const half* __
 #define ATTN_KERNEL(HD)                                                                                          \
     extern "C" __global__ void __launch_bounds__(32 * ATTN_WARPS) attn_split_hd##HD(                             \
         const float* q, int q_ld, const half* kc, const half* vc, float* opart, float* ml, const int* pos,       \
-        int n_head, int n_kv, int n_ctx, int window, float scale, float softcap) {                               \
-        attn_split<HD>(q, q_ld, kc, vc, opart, ml, pos, n_head, n_kv, n_ctx, window, scale, softcap);            \
+        int n_head, int n_kv, int n_ctx, int window, float scale, float softcap, int split_len) {                \
+        attn_split<HD>(q, q_ld, kc, vc, opart, ml, pos, n_head, n_kv, n_ctx, window, scale, softcap, split_len); \
     }
-// memra-kernel: attn_split_hd64(PiPPPPPiiiiff)
+// memra-kernel: attn_split_hd64(PiPPPPPiiiiffi)
 ATTN_KERNEL(64)
-// memra-kernel: attn_split_hd128(PiPPPPPiiiiff)
+// memra-kernel: attn_split_hd128(PiPPPPPiiiiffi)
 ATTN_KERNEL(128)
-// memra-kernel: attn_split_hd256(PiPPPPPiiiiff)
+// memra-kernel: attn_split_hd256(PiPPPPPiiiiffi)
 ATTN_KERNEL(256)
 
 // out[t][h*HD + d] = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s. grid (n_head, T), block HD.

@@ -1,29 +1,26 @@
-// Rotary position embedding, in place, on q and k together (one launch per layer).
-// x layout [T][n_heads][head_dim]; token t sits at position pos[t] (device memory, so a captured
-// decode graph picks up the new position every replay). neox: rotate pairs (i, i + rot/2);
-// normal (GPT-J / ggml mode 0): pairs (2i, 2i + 1). Only the first rot_dim dims rotate.
+// Rotary position embedding, out of place: x [T][*] (rows x_ld floats apart, heads of head_dim
+// inside) -> y [T][n_heads][head_dim] (rows y_ld apart). Token t sits at position pos[t] (device
+// memory, so a captured decode graph picks up the new position every replay).
+// neox: rotate pairs (i, i + hd/2); normal (GPT-J / ggml mode 0): pairs (2i, 2i + 1).
+// angle = pos * pos_scale * base^(-2i/hd) / freq_factors[i] (freq_factors may be null).
 #include "common.cuh"
 
-__device__ __forceinline__ void rope_head(float* x, int rot_dim, int pos, float theta_base, int neox) {
-    const int half = rot_dim / 2;
-    for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        // inv_freq = base^(-2i/rot): same formula as the numpy reference, in float.
-        const float inv_freq = powf(theta_base, -2.0f * (float)i / (float)rot_dim);
-        float s, c;
-        sincosf((float)pos * inv_freq, &s, &c);
-        const int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
-        const float x0 = x[a], x1 = x[b];
-        x[a] = x0 * c - x1 * s;
-        x[b] = x0 * s + x1 * c;
-    }
-}
-
-// grid (n_q_heads + n_k_heads, T); block >= 32. q rows are q_ld floats apart per token, k rows k_ld.
-extern "C" __global__ void rope_qk_f32(float* q, float* k, const int* pos, int n_q_heads, int n_k_heads,
-                                       int head_dim, int rot_dim, int q_ld, int k_ld, float theta_base, int neox) {
+// grid (n_heads, T), block >= 32.
+extern "C" __global__ void rope_f32(const float* x, float* y, const int* pos, const float* freq_factors,
+                                    int head_dim, int x_ld, int y_ld, float theta_base, float pos_scale, int neox) {
     const int h = blockIdx.x, t = blockIdx.y;
-    const int p = pos[t];
-    float* x = h < n_q_heads ? q + (size_t)t * q_ld + (size_t)h * head_dim
-                             : k + (size_t)t * k_ld + (size_t)(h - n_q_heads) * head_dim;
-    rope_head(x, rot_dim, p, theta_base, neox);
+    const float* xh = x + (size_t)t * x_ld + (size_t)h * head_dim;
+    float* yh = y + (size_t)t * y_ld + (size_t)h * head_dim;
+    const float p = (float)pos[t] * pos_scale;
+    const int half = head_dim / 2;
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        float inv_freq = powf(theta_base, -2.0f * (float)i / (float)head_dim);
+        if (freq_factors) inv_freq /= freq_factors[i];
+        float s, c;
+        sincosf(p * inv_freq, &s, &c);
+        const int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+        const float x0 = xh[a], x1 = xh[b];
+        yh[a] = x0 * c - x1 * s;
+        yh[b] = x0 * s + x1 * c;
+    }
 }

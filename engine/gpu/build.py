@@ -222,9 +222,12 @@ def _arg_code(arg: str) -> str:
     return _SCALAR_CODES[ctype]
 
 
+_DEFINE = re.compile(r"^[ \t]*#[ \t]*define(?:[^\n]*\\\n)*[^\n]*", re.M)
+
+
 def parse_signatures(text: str) -> dict[str, str]:
     sigs = {}
-    for name, args in _ENTRY.findall(text):
+    for name, args in _ENTRY.findall(_DEFINE.sub("", text)):
         args = re.sub(r"//[^\n]*", "", args).strip()
         sigs[name] = "".join(_arg_code(a) for a in args.split(",")) if args else ""
     for name, codes in _ANNOTATED.findall(text):

@@ -1,0 +1,303 @@
+"""CudaBackend: the Backend protocol (engine/backend.py) on one GPU, running the same forward
+programs as the numpy backend (engine/model/<arch>.py) with GpuOps.
+
+This is the runner: it owns the device state (runtime, pool, weights, KV cache, sampler) and is
+the only place that captures CUDA graphs. A one-token decode is captured once per KV-length
+bucket (the bucket only sets the attention grid; see ops.ATTN_SPLIT_LEN) and replayed with the
+token id and position at fixed device addresses. `decode_sample` captures the sampler too, so a
+step is one graph launch plus an 8-byte readback (token id and its logprob).
+"""
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+import numpy as np
+
+from memra_engine.errors import ContextOverflowError, DeviceError, UnsupportedModelError
+from memra_engine.events import VramStats
+from memra_engine.gpu.graph import CudaGraph
+from memra_engine.gpu.kv_cache import GpuKvCache
+from memra_engine.gpu.memory import MIB, VramPool
+from memra_engine.gpu.ops import ATTN_SPLIT_LEN, Arena, DArray, GpuOps
+from memra_engine.gpu.runtime import GpuRuntime
+from memra_engine.gpu.sampler import OUT_DTYPE, GpuSampler
+from memra_engine.gpu.weights import GpuWeights
+from memra_engine.model import arch_module
+from memra_engine.model.config import config_from_gguf
+from memra_engine.sampling import SamplingParams
+
+PREFILL_CHUNK = 512      # tokens per prefill forward (bounds the scratch arena)
+ALL_LOGITS_CHUNK = 64    # tokens per forward when every row's logits come back
+HEAD_DIMS = (64, 128, 256)
+SCRATCH_SLACK = 4 * MIB
+
+
+def splits_for(n_tokens: int) -> int:
+    """Attention grid.y for a KV length: the power-of-two bucket over ATTN_SPLIT_LEN-key chunks."""
+    bucket = ATTN_SPLIT_LEN
+    while bucket < n_tokens:
+        bucket *= 2
+    return bucket // ATTN_SPLIT_LEN
+
+
+class CudaBackend:
+    def __init__(self, g, n_ctx: int, vram_budget: int | None = None, progress=None, use_graphs: bool = True):
+        cfg = self.config = config_from_gguf(g)
+        if not isinstance(n_ctx, int) or n_ctx < 1:
+            raise ContextOverflowError(f"n_ctx must be a positive number of tokens, got {n_ctx!r}")
+        if cfg.head_dim not in HEAD_DIMS:
+            raise UnsupportedModelError(f"head dimension {cfg.head_dim} has no CUDA attention kernel (have {HEAD_DIMS})")
+        self.n_ctx, self.n_past, self.use_graphs = n_ctx, 0, use_graphs
+        self.forward = arch_module(cfg.arch).forward
+        self.graphs: dict[tuple[int, bool], CudaGraph] = {}
+        self.pool = None
+        self.rt = GpuRuntime(progress=progress)
+        try:
+            self._build(g, vram_budget, progress)
+        except BaseException:
+            self.close()
+            raise
+
+    def _build(self, g, vram_budget, progress) -> None:
+        cfg, rt = self.config, self.rt
+        weights = GpuWeights(g, cfg)
+        regions = {
+            "weights": weights.nbytes(),
+            "kv": GpuKvCache.bytes_needed(cfg.n_layer, cfg.n_kv_head, self.n_ctx, cfg.head_dim),
+            "scratch": self._scratch_bytes(g),
+            "graph": GpuSampler.nbytes(cfg.vocab_size) + 4 * (self.n_ctx + 2 * PREFILL_CHUNK) + 16 * 256,
+        }
+        self.pool = VramPool(regions, budget=vram_budget)
+        if progress:
+            progress(f"uploading weights ({regions['weights'] / MIB:.0f} MiB)")
+        self.weights = weights.upload(rt, self.pool)
+        self.kv = GpuKvCache(self.pool, cfg.n_layer, cfg.n_kv_head, self.n_ctx, cfg.head_dim)
+        scratch = self.pool.alloc("scratch", regions["scratch"], "arena")
+        self.ops = GpuOps(rt, cfg, self.kv, Arena(scratch.ptr, scratch.nbytes))
+        alloc = lambda n, name: self.pool.alloc("graph", n, name).ptr  # noqa: E731
+        self.history_ptr = alloc(4 * self.n_ctx, "token_history")
+        self.tokens_ptr = alloc(4 * PREFILL_CHUNK, "tokens")
+        self.positions_ptr = alloc(4 * PREFILL_CHUNK, "positions")
+        self.step_ptr = alloc(8, "step")  # decode graph inputs: int32 token, int32 position
+        self.sampler = GpuSampler(rt, self.pool, cfg.vocab_size)
+        self.step_host = rt.pinned(2, np.int32)
+        self.out_host = rt.pinned(1, OUT_DTYPE)
+        self.logits_host = rt.pinned((1, cfg.vocab_size), np.float32)
+        rt.resolve_all()
+        rt.synchronize()
+
+    def _scratch_bytes(self, g) -> int:
+        """Run the forward dry (no launches) at the largest shapes and take the arena's peak."""
+        cfg = self.config
+        dry_weights = GpuWeights(g, cfg).upload(None, None, dry=True)
+        kv = GpuKvCache(None, cfg.n_layer, cfg.n_kv_head, self.n_ctx, cfg.head_dim)
+        arena = Arena(0, 1 << 62)
+        ops = GpuOps(None, cfg, kv, arena, dry=True)
+        for T, last_only in ((min(PREFILL_CHUNK, self.n_ctx), True), (min(ALL_LOGITS_CHUNK, self.n_ctx), False)):
+            ops.begin(splits_for(self.n_ctx))
+            tokens = DArray(0, (T,), 1)
+            self.forward(ops, dry_weights, cfg, tokens, tokens, last_only)
+        return arena.peak + SCRATCH_SLACK
+
+    # ---- Backend protocol ------------------------------------------------------------------
+    def prefill(self, tokens: Sequence[int], all_logits: bool = False) -> np.ndarray:
+        ids = self._check(tokens)
+        chunk = ALL_LOGITS_CHUNK if all_logits else PREFILL_CHUNK
+        rows = []
+        for a in range(0, len(ids), chunk):
+            part = ids[a:a + chunk]
+            last = a + chunk >= len(ids)
+            if len(part) == 1 and not all_logits:
+                rows.append(self.decode(int(part[0]))[None])
+                continue
+            logits = self._run_eager(part, last_only=not all_logits, want_logits=all_logits or last)
+            if all_logits or last:
+                rows.append(logits)
+        return np.concatenate(rows) if all_logits else rows[-1][0]
+
+    def decode(self, token: int) -> np.ndarray:
+        ids = self._check([token])
+        if not self.use_graphs:
+            return self._run_eager(ids, last_only=True, want_logits=True)[0]
+        graph = self._graph(splits_for(self.n_past + 1), sample=False)
+        self._write_step(int(ids[0]))
+        graph.launch(self.rt)
+        self.rt.cuda.memcpy_dtoh_async(self.logits_host, graph.logits_ptr, self.rt.stream)
+        self.rt.synchronize()
+        self.n_past += 1
+        return self.logits_host[0].copy()
+
+    def verify(self, tokens: Sequence[int]) -> np.ndarray:
+        """All rows in one forward: batched matvec columns and attention rows are computed as in
+        one-token decode, so each row equals the decode of that token (tests/gpu/test_backend.py)."""
+        ids = self._check(tokens)
+        if len(ids) > 16:
+            return self.prefill(ids, all_logits=True)
+        return self._run_eager(ids, last_only=False, want_logits=True)
+
+    def truncate(self, n: int) -> None:
+        if not 0 <= n <= self.n_past:
+            raise ValueError(f"cannot truncate to {n}: the cache holds {self.n_past} tokens")
+        self.n_past = n
+
+    def memory_stats(self) -> VramStats:
+        return self.pool.stats() if self.pool is not None else VramStats()
+
+    def close(self) -> None:
+        rt = getattr(self, "rt", None)
+        if rt is None:
+            return
+        try:
+            if rt.context is not None:
+                rt.synchronize()
+        finally:
+            for graph in self.graphs.values():
+                graph.destroy()
+            self.graphs.clear()
+            if self.pool is not None:
+                self.pool.close()
+                self.pool = None
+            rt.close()
+            self.rt = None
+
+    # ---- sampling on the device --------------------------------------------------------------
+    def set_sampling(self, params: SamplingParams, seed: int | None = None, mask: np.ndarray | None = None) -> int:
+        """Write the device parameter block (no recapture); returns the seed in use."""
+        self.sampler.set_mask(mask)
+        return self.sampler.set_params(params, seed, use_mask=mask is not None)
+
+    def decode_sample(self, token: int) -> tuple[int, float]:
+        """Decode `token` at n_past and sample the next one on the device, in one graph launch.
+        Returns (next token id, its logprob) with the semantics of memra_engine.sampling.sample."""
+        ids = self._check([token])
+        graph = self._graph(splits_for(self.n_past + 1), sample=True)
+        self._write_step(int(ids[0]))
+        graph.launch(self.rt)
+        self.rt.cuda.memcpy_dtoh_async(self.out_host, self.sampler.out_ptr, self.rt.stream)
+        self.rt.synchronize()
+        self.n_past += 1
+        return int(self.out_host[0]["token"]), float(self.out_host[0]["logprob"])
+
+    def sample_logits(self, logits: np.ndarray) -> tuple[int, float]:
+        """Sample from host logits (the prefill's last row) with the device sampler."""
+        self._check([0])
+        buf = self.ops.arena.alloc(logits.nbytes)  # arena is free between forwards
+        self.rt.upload(buf, np.ascontiguousarray(logits, np.float32))
+        self._write_step(0, pos=self.n_past - 1)
+        self.sampler.launch(buf, self.history_ptr, self.step_ptr + 4)
+        self.rt.cuda.memcpy_dtoh_async(self.out_host, self.sampler.out_ptr, self.rt.stream)
+        self.rt.synchronize()
+        self.ops.arena.reset()
+        return int(self.out_host[0]["token"]), float(self.out_host[0]["logprob"])
+
+    # ---- internals ---------------------------------------------------------------------------
+    def _check(self, tokens) -> np.ndarray:
+        ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        if len(ids) == 0:
+            raise ValueError("no tokens given")
+        if ids.min() < 0 or ids.max() >= self.config.vocab_size:
+            raise ValueError(f"token id out of range 0..{self.config.vocab_size - 1}")
+        if self.n_past + len(ids) > self.n_ctx:
+            raise ContextOverflowError(
+                f"{len(ids)} more tokens do not fit: {self.n_past} of the {self.n_ctx}-token context are used")
+        return ids.astype(np.int32)
+
+    def _write_step(self, token: int, pos: int | None = None) -> None:
+        self.step_host[0] = token
+        self.step_host[1] = self.n_past if pos is None else pos
+        self.rt.upload_async(self.step_ptr, self.step_host)
+
+    def _forward(self, n_tokens: int, tokens_ptr: int, positions_ptr: int, n_splits: int, last_only: bool) -> DArray:
+        self.ops.begin(n_splits, self.history_ptr)
+        self.ops._positions_ptr = positions_ptr
+        tokens = DArray(tokens_ptr, (n_tokens,), 1)
+        positions = DArray(positions_ptr, (n_tokens,), 1)
+        return self.forward(self.ops, self.weights, self.config, tokens, positions, last_only)
+
+    def _run_eager(self, ids: np.ndarray, last_only: bool, want_logits: bool) -> np.ndarray | None:
+        T = len(ids)
+        self.rt.upload(self.tokens_ptr, ids)
+        self.rt.upload(self.positions_ptr, np.arange(self.n_past, self.n_past + T, dtype=np.int32))
+        logits = self._forward(T, self.tokens_ptr, self.positions_ptr, splits_for(self.n_past + T), last_only)
+        out = self.rt.download(logits.ptr, (logits.rows, self.config.vocab_size), np.float32) if want_logits else None
+        self.rt.synchronize()
+        self.n_past += T
+        return out
+
+    def _graph(self, n_splits: int, sample: bool) -> CudaGraph:
+        key = (n_splits, sample)
+        graph = self.graphs.get(key)
+        if graph is not None:
+            return graph
+        graph = CudaGraph()
+        self.rt.synchronize()
+        with graph.capture(self.rt):
+            logits = self._forward(1, self.step_ptr, self.step_ptr + 4, n_splits, last_only=True)
+            if sample:
+                self.sampler.launch(logits.ptr, self.history_ptr, self.step_ptr + 4,
+                                    token_io_ptr=self.step_ptr, pos_io_ptr=self.step_ptr + 4)
+        graph.logits_ptr = logits.ptr
+        self.graphs[key] = graph
+        return graph
+
+    # ---- memra-bench extras (engine/bench.py calls bench_extras(runs)) -------------------------
+    def graph_step_us(self, n: int = 128) -> tuple[float, int]:
+        """Device time per replayed greedy decode+sample graph (events around n back-to-back
+        replays, no host work in between) and the graph's node count."""
+        cuda = self.rt.cuda
+        self.set_sampling(SamplingParams(temperature=0.0), seed=0)
+        n = min(n, self.n_ctx - self.n_past - 1)
+        graph = self._graph(splits_for(self.n_past + n), sample=True)
+        self._write_step(1)
+        start, stop = cuda.Event(), cuda.Event()
+        start.record(self.rt.stream)
+        for _ in range(n):
+            graph.launch(self.rt)
+        stop.record(self.rt.stream)
+        stop.synchronize()
+        self.n_past += n
+        return stop.time_since(start) * 1000.0 / n, graph.n_nodes
+
+    def bench_extras(self, runs: int) -> dict:
+        import statistics
+
+        out: dict = {}
+        self.truncate(0)
+        steps = min(128, self.n_ctx - 2)
+        times = []
+        for _ in range(runs):
+            self.truncate(0)
+            self.prefill([1])
+            us, nodes = self.graph_step_us(steps)
+            times.append(us)
+        out["tg128_graph_tok_s"] = 1e6 / statistics.median(times)
+        out["graph_kernels_per_token"] = nodes
+        depth = 4096
+        if self.n_ctx >= depth + steps + 1:
+            times = []
+            rng = np.random.default_rng(0)
+            for _ in range(runs):
+                self.truncate(0)
+                self.prefill(rng.integers(0, self.config.vocab_size, depth).tolist())
+                us, _ = self.graph_step_us(steps)
+                times.append(us)
+            out["tg128_graph_at_4096_tok_s"] = 1e6 / statistics.median(times)
+        # host share: wall time per decode_sample call vs device time per replay
+        self.truncate(0)
+        self.prefill([1])
+        token = 1
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            token, _ = self.decode_sample(token)
+        wall_us = (time.perf_counter() - t0) * 1e6 / steps
+        self.truncate(0)
+        self.prefill([1])
+        dev_us, _ = self.graph_step_us(steps)
+        out["tg128_decode_sample_tok_s"] = 1e6 / wall_us
+        out["outside_graph_share"] = max(0.0, 1.0 - dev_us / wall_us)
+        stats = self.memory_stats()
+        out["vram_used_mib"] = round(sum(stats.used.values()) / MIB, 1)
+        out["vram_reserved_mib"] = round(sum(stats.reserved.values()) / MIB, 1)
+        self.truncate(0)
+        return out

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Everything the GPU machine does for memra, in one call (see shared/device/README.md):
+#   install the carried wheels (.whl) and memra itself into /tmp/site, build the fatbins for
+#   this GPU, run `pytest -m gpu` (all of tests/gpu, or the tests given as arguments), generate
+#   the synthetic benchmark models, run memra-bench --backend cuda on the SmolLM2 and Gemma3
+#   shapes, and print a short table last. Logs go to $OUT (the device tool brings them back).
+# Usage: bash scripts/device_run.sh [pytest args...]     MEMRA_BENCH=0 skips the benchmarks,
+#        MEMRA_TESTS=0 skips the tests.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/memra-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+SITE=/tmp/site
+t0=$(date +%s)
+stamp() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
+
+stamp "install"
+python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$SITE" .whl/*.whl || exit 1
+python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --upgrade --target "$SITE" . \
+  > "$OUT/install.log" 2>&1 || { tail -20 "$OUT/install.log"; exit 1; }
+export PYTHONPATH="$SITE"
+nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv,noheader
+
+stamp "build fatbins (sm_90a, all families in parallel)"
+arch=$(python3 -c "import pycuda.driver as c; c.init(); from memra_engine.gpu.build import arch_for_capability as a; print(a(*c.Device(0).compute_capability()))")
+python3 -m memra_engine.gpu.build "$arch" 2>&1 | grep -v '^building' | tee "$OUT/build.log"
+
+test_rc=skipped
+if [ "${MEMRA_TESTS:-1}" != 0 ]; then
+  stamp "pytest -m gpu ${*:-tests/gpu}"
+  python3 -m pytest -m gpu -q -p no:cacheprovider -rfE --durations=8 -s "${@:-tests/gpu}" > "$OUT/pytest.log" 2>&1
+  test_rc=$?
+  grep -E "rel err|passed|failed|error|FAILED|ERROR|Error" "$OUT/pytest.log" | tail -40
+fi
+
+bench_rows=()
+if [ "${MEMRA_BENCH:-1}" != 0 ]; then
+  mkdir -p /tmp/models
+  for shape in smollm2-135m gemma3-270m; do
+    stamp "synthetic $shape"
+    [ -f "/tmp/models/$shape.gguf" ] || python3 -m memra_engine.model.synthetic "/tmp/models/$shape.gguf" \
+        --preset "$shape" --quiet > "$OUT/gen-$shape.log" 2>&1 || { tail -5 "$OUT/gen-$shape.log"; continue; }
+    stamp "memra-bench --backend cuda $shape"
+    python3 -m memra_engine.bench "/tmp/models/$shape.gguf" --backend cuda --ctx-depth 4096 --runs 3 --json \
+      > "$OUT/bench-$shape.json" 2> "$OUT/bench-$shape.err" || { tail -5 "$OUT/bench-$shape.err"; continue; }
+    bench_rows+=("$shape")
+  done
+fi
+
+stamp "done"
+echo "== memra on $(nvidia-smi --query-gpu=name --format=csv,noheader) =="
+[ -f "$OUT/pytest.log" ] && echo "pytest -m gpu: $(tail -1 "$OUT/pytest.log") (rc $test_rc)"
+for shape in "${bench_rows[@]}"; do
+  python3 - "$OUT/bench-$shape.json" "$shape" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+keys = ["pp512_tok_s", "tg128_tok_s", "tg128_at_4096_tok_s", "tg128_graph_tok_s", "tg128_graph_at_4096_tok_s",
+        "tg128_decode_sample_tok_s", "outside_graph_share", "graph_kernels_per_token", "vram_used_mib"]
+print(f"{sys.argv[2]:<14}" + "  ".join(f"{k.replace('_tok_s', '')}={r[k]:.1f}" if isinstance(r.get(k), float)
+                                       else f"{k.replace('_tok_s', '')}={r.get(k)}" for k in keys))
+PY
+done
+[ "$test_rc" = 0 ] || [ "$test_rc" = skipped ]
