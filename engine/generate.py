@@ -43,7 +43,9 @@ Progress = Callable[[str], None]
 Event = TokenEvent | StatsEvent | DoneEvent
 
 STATS_INTERVAL_S = 0.25
-PREFILL_CHUNK = 256  # tokens per prefill call: bounds scratch memory and how long cancel() waits
+# Tokens per prefill call: bounds scratch memory and how long cancel() waits during a prefill.
+# A backend may set its own `prefill_chunk` attribute (a GPU prefills thousands of tokens in ms).
+PREFILL_CHUNK = 128
 
 
 # ---------------------------------------------------------------------------------------- jobs
@@ -343,6 +345,8 @@ class Engine:
                     job._put(DoneEvent("cancelled"))
                     continue
                 self._current = job
+                if self._closed:  # close() ran between get() and here and may have missed the job
+                    job.cancel()
                 self._run(model, job)
                 self._current = None
             while not self._jobs.empty():  # jobs submitted while closing
@@ -440,10 +444,11 @@ class Generation:
         backend.truncate(keep)
         model.cached_tokens = model.cached_tokens[:keep]
         logits = None
-        for start in range(keep, len(prompt), PREFILL_CHUNK):
+        step = getattr(backend, "prefill_chunk", PREFILL_CHUNK)
+        for start in range(keep, len(prompt), step):
             if self.job.cancelled:
                 return None
-            chunk = prompt[start : start + PREFILL_CHUNK]
+            chunk = prompt[start : start + step]
             t0 = time.perf_counter()
             logits = backend.prefill(chunk)
             self.prefill_s += time.perf_counter() - t0

@@ -362,3 +362,12 @@ def test_context_is_capped_at_the_training_context(tiny_llama_path):
     with Engine.load(tiny_llama_path, backend="cpu", n_ctx=4096, progress=notes.append) as eng:
         assert eng.info.n_ctx == 256
     assert any("256-token context" in note for note in notes)
+
+
+def test_long_prompts_are_prefilled_in_chunks():
+    from memra_engine.generate import PREFILL_CHUNK
+
+    backend = ScriptedBackend(n_ctx=1024)
+    with fake_engine(backend) as eng:
+        run(eng, "y" * (2 * PREFILL_CHUNK + 9), SamplingParams(temperature=0.0, max_tokens=2))
+    assert backend.prefill_calls == [PREFILL_CHUNK, PREFILL_CHUNK, 10]  # + BOS
