@@ -96,3 +96,28 @@ def test_default_model_replies_and_a_seed_reproduces(smollm2_path):
     second = memra_chat(*args)
     assert second.returncode == 0, second.stderr
     assert second.stdout == first.stdout
+
+
+def test_a_bug_prints_one_line_and_logs_the_traceback(monkeypatch, tmp_path, capsys):
+    from memra_tui import cli
+
+    def broken(args):
+        raise RuntimeError("boom")
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    monkeypatch.setattr(cli, "run_headless", broken)
+    assert cli.main(["--prompt", "hi"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("memra-chat: internal error: RuntimeError: boom")
+    logs = list(tmp_path.rglob("memra-chat.log"))
+    assert len(logs) == 1 and "Traceback" in logs[0].read_text() and "boom" in logs[0].read_text()
+
+
+def test_no_prompt_hands_over_to_the_ui(monkeypatch):
+    import memra_tui.app
+    from memra_tui import cli
+
+    calls = []
+    monkeypatch.setattr(memra_tui.app, "run_app", lambda *args: calls.append(args) or 7)
+    assert cli.main(["model.gguf", "--backend", "cpu", "--ctx", "2048", "--resume"]) == 7
+    assert calls == [("model.gguf", "cpu", 2048, True)]
