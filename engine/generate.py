@@ -17,6 +17,9 @@ Choices this module makes, so callers know what to expect:
   the start of a stop string is held back until it is clear. The stop string itself is not emitted.
   EOS/EOT tokens yield no text; if text was held back when one arrives, a last TokenEvent carrying
   it (with the EOS id) is sent first.
+- Sampling knobs are read at the start of a job; Job.update_sampling() swaps them at the next step.
+- Not here yet: grammar= ends the job with an error naming the gap; spec= and draft= are accepted
+  and ignored until speculative decoding lands.
 """
 from __future__ import annotations
 
