@@ -1,0 +1,225 @@
+"""The memra Textual app: load the engine on a worker thread, then chat.
+
+`run_app` is what `memra-chat` calls when there is no --prompt. `MemraApp` takes everything it
+needs as arguments (paths, the engine loader, a clock), so tests run it on tmp dirs with a
+scripted engine.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+from textual import work
+from textual.app import App
+from textual.binding import Binding
+from textual.message import Message
+
+from memra_engine.errors import MemraError
+from memra_engine.sampling import SamplingParams
+from memra_tui.chats import Chat, ChatStore
+from memra_tui.commands import MemraCommands
+from memra_tui.screens.chat import ChatScreen
+from memra_tui.screens.chat_list import ChatListScreen
+from memra_tui.screens.help import HelpScreen
+from memra_tui.screens.load_error import LoadErrorScreen
+from memra_tui.screens.loading import LoadingScreen
+from memra_tui.settings import AppPaths, load_sampling_defaults, save_sampling_defaults
+from memra_tui.widgets.composer import Composer
+from memra_tui.widgets.knobs import KnobsPane
+
+log = logging.getLogger("memra_tui")
+
+EngineLoader = Callable[..., object]  # Engine.load's signature: (path, backend=, n_ctx=, progress=) -> Engine
+
+
+class LoadProgress(Message):
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+
+
+class EngineLoaded(Message):
+    def __init__(self, engine, model: str) -> None:
+        super().__init__()
+        self.engine = engine
+        self.model = model
+
+
+class LoadFailed(Message):
+    def __init__(self, error: str, model: str) -> None:
+        super().__init__()
+        self.error = error
+        self.model = model
+
+
+class MemraApp(App[int]):
+    CSS_PATH = Path(__file__).with_name("app.tcss")
+    TITLE = "memra"
+    COMMANDS = App.COMMANDS | {MemraCommands}
+    BINDINGS = [
+        Binding("ctrl+q", "quit", "Quit", priority=True),
+        Binding("f1", "help", "Help"),
+    ]
+
+    def __init__(self, model: str | None, backend: str = "auto", n_ctx: int = 4096, resume: bool = False, *,
+                 paths: AppPaths, load_engine: EngineLoader, clock: Callable[[], float] = time.time,
+                 picker_root: Path | None = None) -> None:
+        super().__init__()
+        self.model = model
+        self.backend = backend
+        self.n_ctx = n_ctx
+        self.resume = resume
+        self.paths = paths
+        self.load_engine = load_engine
+        self.clock = clock
+        self.picker_root = picker_root or Path.cwd()
+        self.store = ChatStore(paths.chats_dir, paths.exports_dir, clock)
+        self.sampling, settings_note = load_sampling_defaults(paths)
+        self._settings_note = settings_note
+        self.engine = None
+        self._engine_closing = False
+        self._crash_line = ""
+
+    # -- loading -------------------------------------------------------------------------------
+    def on_mount(self) -> None:
+        if self._settings_note:
+            self.notify(self._settings_note, severity="warning", timeout=8)
+        self.load_model(self.model)
+
+    def load_model(self, model: str | None) -> None:
+        screen = LoadingScreen(model or "the default model (SmolLM2-135M-Instruct Q4_1)")
+        if len(self.screen_stack) > 1:
+            self.switch_screen(screen)
+        else:
+            self.push_screen(screen)
+        self._load(model)
+
+    @work(thread=True, exclusive=True, group="load", exit_on_error=False)
+    def _load(self, model: str | None) -> None:
+        shown = model or "default model"
+        try:
+            engine = self.load_engine(model, backend=self.backend, n_ctx=self.n_ctx,
+                                      progress=lambda text: self.post_message(LoadProgress(text)))
+        except MemraError as e:
+            log.info("load failed: %s", e)
+            self.post_message(LoadFailed(str(e).splitlines()[0] if str(e) else type(e).__name__, shown))
+            return
+        except Exception as e:  # a bug: full traceback to the log, one line on screen
+            log.exception("load crashed")
+            self.post_message(LoadFailed(f"internal error ({type(e).__name__}: {e}); details in {self.paths.log_file}",
+                                         shown))
+            return
+        if self._engine_closing or not self.post_message(EngineLoaded(engine, model or "")):
+            engine.close()  # the app went away while we were loading
+
+    def on_load_progress(self, message: LoadProgress) -> None:
+        if isinstance(self.screen, LoadingScreen):
+            self.screen.add_step(message.text)
+
+    def on_load_failed(self, message: LoadFailed) -> None:
+        self.switch_screen(LoadErrorScreen(message.error, "" if message.model == "default model" else message.model,
+                                           self.picker_root))
+
+    def on_engine_loaded(self, message: EngineLoaded) -> None:
+        if self._engine_closing:
+            message.engine.close()
+            return
+        self.engine = message.engine
+        self.model = message.model or self.model
+        chat = None
+        if self.resume:
+            chat, problems = self.store.latest()
+            for line in problems:
+                self.notify(line, severity="warning", timeout=10)
+            if chat is None:
+                self.notify("no saved chat to resume; starting a new one", timeout=4)
+        self.switch_screen(ChatScreen(chat or self.new_chat(), self.engine.info, self.sampling))
+
+    # -- chats and settings --------------------------------------------------------------------
+    def new_chat(self) -> Chat:
+        model_path = self.model or (self.engine.info.model_name if self.engine else "")
+        return self.store.new_chat(str(model_path), self.sampling.to_dict())
+
+    def save_chat(self, chat: Chat) -> None:
+        chat.sampling = self.sampling.to_dict()
+        try:
+            self.store.save(chat)
+        except OSError as e:
+            self.notify(f"could not save the chat: {e}", severity="error", timeout=10)
+
+    def set_sampling_defaults(self, params: SamplingParams) -> None:
+        self.sampling = params
+        try:
+            save_sampling_defaults(self.paths, params)
+        except OSError as e:
+            self.notify(f"could not save settings: {e}", severity="error")
+
+    # -- app-wide actions ----------------------------------------------------------------------
+    def action_help(self) -> None:
+        if isinstance(self.screen, HelpScreen):
+            return
+        self.push_screen(HelpScreen([
+            ("app", self.BINDINGS),
+            ("chat", ChatScreen.BINDINGS),
+            ("composer", Composer.BINDINGS),
+            ("chat list", ChatListScreen.BINDINGS),
+            ("knobs", [Binding("tab", "", "next field"), Binding("shift+tab", "", "previous field")]),
+            ("palette", [Binding("ctrl+p", "", "command palette")]),
+        ]))
+
+    def action_save_svg(self) -> None:
+        path = self.save_screenshot(path=str(self.paths.screenshots_dir))
+        self.notify(f"screenshot saved to {path}", timeout=4)
+
+    async def action_quit(self) -> None:
+        await self.shutdown_engine()
+        self.exit(0)
+
+    async def shutdown_engine(self) -> None:
+        """Stop the reply in flight (saving it, marked stopped) and close the engine's thread."""
+        self._engine_closing = True
+        for screen in self.screen_stack:
+            if isinstance(screen, ChatScreen):
+                screen.abandon_reply()
+        engine, self.engine = self.engine, None
+        if engine is not None:
+            await asyncio.to_thread(engine.close)
+
+    async def on_unmount(self) -> None:
+        await self.shutdown_engine()
+
+    # -- errors: a bug goes to the log file, the terminal gets one line ------------------------
+    def _handle_exception(self, error: Exception) -> None:
+        log.error("unhandled error in the UI", exc_info=error)
+        self._crash_line = f"memra: internal error ({type(error).__name__}: {error}); details in {self.paths.log_file}"
+        super()._handle_exception(error)
+
+    def _print_error_renderables(self) -> None:
+        if self._crash_line:
+            self._exit_renderables.clear()
+            print(self._crash_line, file=sys.stderr)
+        super()._print_error_renderables()
+
+
+def setup_logging(log_file: Path) -> None:
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(log_file, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+
+
+def run_app(model: str | None, backend: str, n_ctx: int, resume: bool) -> int:
+    """Open the chat app on `model` (None: the default model). Returns the process exit code."""
+    from memra_engine.generate import Engine
+
+    paths = AppPaths.default()
+    setup_logging(paths.log_file)
+    app = MemraApp(model, backend, n_ctx, resume, paths=paths, load_engine=Engine.load)
+    code = app.run()
+    return app.return_code if code is None else int(code)

@@ -1,0 +1,333 @@
+"""The chat: transcript, composer and the side panes (engine, knobs). It owns the reply in flight.
+
+A reply runs in a thread worker that iterates the engine's Job and fills a ReplyBuffer; this
+screen moves buffered text into the streaming message (at most FLUSH_HZ times a second) and stats
+into the panes (at most STATS_HZ times a second).
+"""
+from __future__ import annotations
+
+import logging
+import re
+import time
+
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.reactive import reactive
+from textual.screen import Screen
+from textual.timer import Timer
+from textual.widgets import Footer, Label, TabbedContent, TabPane
+
+from memra_engine.events import DoneEvent, EngineInfo, EngineStats, StatsEvent, TokenEvent
+from memra_engine.sampling import SamplingParams
+from memra_tui.chats import Chat, ChatMessage, title_from
+from memra_tui.screens.chat_list import ChatListScreen
+from memra_tui.screens.text_prompt import TextPromptScreen
+from memra_tui.streaming import FLUSH_HZ, STATS_HZ, ReplyBuffer, ReplyFinished, ReplyProgress
+from memra_tui.widgets.composer import Composer
+from memra_tui.widgets.engine_header import EngineHeader
+from memra_tui.widgets.engine_panes import EnginePanes
+from memra_tui.widgets.knobs import KnobsPane
+from memra_tui.widgets.message_view import MessageView
+from memra_tui.widgets.transcript import Transcript
+
+log = logging.getLogger("memra_tui")
+
+DONE_STATUS = {"eos": "done", "stop": "done", "length": "length", "cancelled": "stopped", "error": "error"}
+CODE_BLOCK_RE = re.compile(r"```[^\n]*\n(.*?)```", re.S)
+
+
+def describe_knobs(p: SamplingParams) -> str:
+    seed = "random" if p.seed is None else str(p.seed)
+    return (f"T {p.temperature:g} · top-k {p.top_k} · top-p {p.top_p:g} · min-p {p.min_p:g} · rep {p.repeat_penalty:g}"
+            f"/{p.repeat_last_n} · pres {p.presence_penalty:g} · freq {p.frequency_penalty:g} · seed {seed}"
+            f" · max {p.max_tokens}")
+
+
+class ChatScreen(Screen):
+    BINDINGS = [
+        Binding("escape", "stop", "Stop"),
+        Binding("ctrl+r", "regenerate", "Regenerate"),
+        Binding("ctrl+e", "edit_last", "Edit last"),
+        Binding("ctrl+n", "new_chat", "New chat"),
+        Binding("f2", "toggle_panes", "Panes"),
+        Binding("f3", "knobs", "Knobs"),
+        Binding("f4", "chats", "Chats"),
+        Binding("f5", "system_prompt", "System prompt"),
+        Binding("ctrl+y", "copy_reply", "Copy reply"),
+        Binding("ctrl+k", "copy_code", "Copy code"),
+    ]
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-wide")]
+
+    streaming: reactive[bool] = reactive(False)
+    panes_shown: reactive[bool | None] = reactive(None)  # None: decided by the terminal width
+
+    def __init__(self, chat: Chat, info: EngineInfo, sampling: SamplingParams) -> None:
+        super().__init__()
+        self.chat = chat
+        self.info = info
+        self.sampling = sampling
+        self.editing_index: int | None = None  # index of the user message being edited
+        self.decode_history: list[float] = []
+        self._job = None
+        self._buffer: ReplyBuffer | None = None
+        self._reply_view: MessageView | None = None
+        self._reply_started = 0.0
+        self._last_stats_shown = 0.0
+        self._last_stats: EngineStats | None = None
+        self._last_flush = 0.0
+        self._flush_timer: Timer | None = None  # a pending one-shot flush, while throttled
+
+    # -- layout --------------------------------------------------------------------------------
+    def compose(self) -> ComposeResult:
+        yield EngineHeader(self.info)
+        with Horizontal(id="body"):
+            with Vertical(id="chat-column"):
+                yield Transcript(id="transcript")
+                yield Label("", id="edit-banner")
+                yield Composer(id="composer")
+                yield Label(describe_knobs(self.sampling), id="knob-summary")
+            with TabbedContent(id="sidebar", initial="engine-tab"):
+                with TabPane("Engine", id="engine-tab"):
+                    yield EnginePanes(self.info.n_ctx, id="engine-panes")
+                with TabPane("Knobs", id="knobs-tab"):
+                    yield KnobsPane(self.sampling, id="knobs")
+        yield Footer()
+
+    async def on_mount(self) -> None:
+        await self.query_one(Transcript).show_chat(self.chat)
+        self.query_one(Composer).focus()
+
+    def watch_panes_shown(self, shown: bool | None) -> None:
+        self.set_class(shown is True, "-panes-shown")
+        self.set_class(shown is False, "-panes-hidden")
+
+    # -- sending and streaming -----------------------------------------------------------------
+    @on(Composer.Send)
+    async def _send(self, event: Composer.Send) -> None:
+        if self.streaming:
+            self.notify("a reply is still streaming: Esc stops it", severity="warning")
+            return
+        composer = self.query_one(Composer)
+        composer.clear()
+        transcript = self.query_one(Transcript)
+        if self.editing_index is not None:
+            del self.chat.messages[self.editing_index:]
+            await transcript.remove_from(self.editing_index)
+            self._end_edit()
+        message = ChatMessage("user", event.text, created=self.app.clock())
+        if not self.chat.messages:
+            self.chat.title = title_from(event.text)
+            transcript.border_title = self.chat.title
+        self.chat.messages.append(message)
+        await transcript.add_message(message)
+        self.app.save_chat(self.chat)
+        await self._start_reply()
+
+    async def _start_reply(self) -> None:
+        engine = self.app.engine
+        self._buffer = ReplyBuffer()
+        self._reply_view = await self.query_one(Transcript).add_message(ChatMessage("assistant", ""))
+        self._reply_view.start_stream()
+        self._reply_started = time.perf_counter()
+        self._job = engine.chat(self.chat.engine_messages(), sampling=self.sampling)
+        self.streaming = True
+        self._stream_job(self._job, self._buffer)
+
+    @work(thread=True, group="reply", exit_on_error=False)
+    def _stream_job(self, job, buffer: ReplyBuffer) -> None:
+        done = DoneEvent("error", "the engine ended the reply without saying why")
+        try:
+            for event in job:
+                if isinstance(event, TokenEvent):
+                    wake = buffer.push_text(event.text)
+                elif isinstance(event, StatsEvent):
+                    wake = buffer.push_stats(event.stats)
+                else:
+                    wake = False
+                if wake:
+                    self.post_message(ReplyProgress())
+                elif isinstance(event, DoneEvent):
+                    done = event
+        except Exception as e:  # a bug in the engine: log it, show one line
+            log.exception("reply stream failed")
+            done = DoneEvent("error", f"internal error ({type(e).__name__}: {e}); see the log file")
+        self.post_message(ReplyFinished(job, done))
+
+    @on(ReplyProgress)
+    async def _reply_progress(self) -> None:
+        if self._flush_timer is not None:
+            return  # a flush is already scheduled
+        wait = self._last_flush + 1 / FLUSH_HZ - time.perf_counter()
+        if wait <= 0:
+            await self._flush_reply()
+        else:
+            self._flush_timer = self.set_timer(wait, self._flush_reply)
+
+    async def _flush_reply(self, final: bool = False) -> None:
+        self._flush_timer = None
+        if self._buffer is None or self._reply_view is None:
+            return
+        self._last_flush = time.perf_counter()
+        text, stats = self._buffer.drain()
+        if text:
+            await self._reply_view.write(text)
+        if stats is not None:
+            self._last_stats = stats
+        now = time.perf_counter()
+        if self._last_stats is not None and (final or now - self._last_stats_shown >= 1 / STATS_HZ):
+            self._show_stats(self._last_stats)
+            self._last_stats_shown = now
+
+    def _show_stats(self, stats: EngineStats) -> None:
+        self.query_one(EnginePanes).stats = stats
+
+    @on(ReplyFinished)
+    async def _reply_finished(self, event: ReplyFinished) -> None:
+        if event.job is not self._job:
+            return
+        if self._flush_timer is not None:
+            self._flush_timer.stop()
+        await self._flush_reply(final=True)
+        view, done = self._reply_view, event.done
+        status = DONE_STATUS.get(done.reason, "error")
+        await view.end_stream(status, done.error)
+        if view.text or status != "error":
+            self.chat.messages.append(ChatMessage("assistant", view.text, status=status, error=done.error,
+                                                  created=self.app.clock(), sampling=self.sampling.to_dict()))
+        else:  # nothing came back: keep the error on screen, but do not save an empty reply
+            self.notify(f"reply failed: {done.error}", severity="error", timeout=8)
+        if self._last_stats is not None and status in ("done", "length", "stopped") and self._last_stats.n_generated:
+            self.decode_history.append(self._last_stats.decode_tok_s)
+            self.query_one(EnginePanes).history = list(self.decode_history)
+        self._job = self._buffer = self._reply_view = None
+        self.streaming = False
+        self.app.save_chat(self.chat)
+
+    def abandon_reply(self) -> None:
+        """On quit: cancel the reply in flight and save what arrived, marked stopped."""
+        if self._job is None:
+            return
+        self._job.cancel()
+        self.chat.messages.append(ChatMessage("assistant", self._buffer.text, status="stopped",
+                                              created=self.app.clock(), sampling=self.sampling.to_dict()))
+        self._job = None
+        self.streaming = False
+        self.app.save_chat(self.chat)
+
+    # -- actions -------------------------------------------------------------------------------
+    def action_stop(self) -> None:
+        if self._job is not None:
+            self._job.cancel()
+        elif self.editing_index is not None:
+            self._end_edit()
+            self.query_one(Composer).clear()
+
+    def _refuse_while_streaming(self) -> bool:
+        if self.streaming:
+            self.notify("a reply is streaming: Esc stops it first", severity="warning")
+        return self.streaming
+
+    async def action_regenerate(self) -> None:
+        if self._refuse_while_streaming():
+            return
+        if not self.chat.messages:
+            self.notify("nothing to regenerate yet")
+            return
+        if self.chat.messages[-1].role == "assistant":
+            self.chat.messages.pop()
+            await self.query_one(Transcript).remove_from(len(self.chat.messages))
+        await self._start_reply()
+
+    def action_edit_last(self) -> None:
+        if self._refuse_while_streaming():
+            return
+        users = [i for i, m in enumerate(self.chat.messages) if m.role == "user"]
+        if not users:
+            self.notify("no message to edit yet")
+            return
+        self.editing_index = users[-1]
+        composer = self.query_one(Composer)
+        composer.text = self.chat.messages[self.editing_index].content
+        composer.move_cursor(composer.document.end)
+        composer.focus()
+        banner = self.query_one("#edit-banner", Label)
+        banner.update("editing your last message: Enter resends it (the replies after it are replaced), Esc cancels")
+        banner.add_class("-shown")
+
+    def _end_edit(self) -> None:
+        self.editing_index = None
+        self.query_one("#edit-banner", Label).remove_class("-shown")
+
+    async def action_new_chat(self) -> None:
+        if self._refuse_while_streaming():
+            return
+        await self.open_chat(self.app.new_chat())
+        self.notify("new chat (the previous one is saved: F4 lists chats)", timeout=3)
+
+    async def open_chat(self, chat: Chat) -> None:
+        self._end_edit()
+        self.chat = chat
+        await self.query_one(Transcript).show_chat(chat)
+        self.query_one(Composer).focus()
+
+    def action_toggle_panes(self) -> None:
+        shown = self.panes_shown if self.panes_shown is not None else self.has_class("-wide")
+        self.panes_shown = not shown
+
+    def action_knobs(self) -> None:
+        self.panes_shown = True
+        self.query_one(TabbedContent).active = "knobs-tab"
+        self.query_one("#knob-temperature").focus()
+
+    def action_chats(self) -> None:
+        if self._refuse_while_streaming():
+            return
+
+        async def chosen(chat: Chat | None) -> None:
+            if chat is not None and chat.id != self.chat.id:
+                await self.open_chat(chat)
+
+        self.app.push_screen(ChatListScreen(self.app.store, self.chat.id), chosen)
+
+    def action_system_prompt(self) -> None:
+        def chosen(text: str | None) -> None:
+            if text is None:
+                return
+            self.chat.system_prompt = text
+            self.app.save_chat(self.chat)
+            self.run_worker(self.query_one(Transcript).show_chat(self.chat))
+            self.notify("system prompt set" if text else "system prompt cleared", timeout=2)
+
+        self.app.push_screen(TextPromptScreen("System prompt (used from the next reply on)", self.chat.system_prompt,
+                                              multiline=True), chosen)
+
+    def _last_reply(self) -> str | None:
+        if self._reply_view is not None:
+            return self._reply_view.text
+        replies = [m.content for m in self.chat.messages if m.role == "assistant"]
+        return replies[-1] if replies else None
+
+    def action_copy_reply(self) -> None:
+        reply = self._last_reply()
+        if not reply:
+            self.notify("no reply to copy yet")
+            return
+        self.app.copy_to_clipboard(reply)
+        self.notify(f"copied the last reply ({len(reply)} chars)", timeout=2)
+
+    def action_copy_code(self) -> None:
+        blocks = CODE_BLOCK_RE.findall(self._last_reply() or "")
+        if not blocks:
+            self.notify("the last reply has no code block")
+            return
+        self.app.copy_to_clipboard(blocks[-1])
+        self.notify(f"copied the last code block ({len(blocks[-1].splitlines())} lines)", timeout=2)
+
+    # -- knobs -----------------------------------------------------------------------------------
+    @on(KnobsPane.Changed)
+    def _knobs_changed(self, event: KnobsPane.Changed) -> None:
+        self.sampling = event.params
+        self.query_one("#knob-summary", Label).update(describe_knobs(event.params))
+        self.app.set_sampling_defaults(event.params)

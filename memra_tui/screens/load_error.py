@@ -1,0 +1,71 @@
+"""A model that failed to load: the one-line reason, and a picker for another file."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import Screen
+from textual.widgets import Button, DirectoryTree, Footer, Input, Label
+
+
+class GgufTree(DirectoryTree):
+    def filter_paths(self, paths):
+        return [p for p in paths if not p.name.startswith(".") and (p.is_dir() or p.suffix.lower() == ".gguf")]
+
+
+class LoadErrorScreen(Screen):
+    DEFAULT_CSS = """
+    LoadErrorScreen { align: center middle; }
+    LoadErrorScreen > Vertical { width: 90; max-width: 100%; height: 1fr; max-height: 30; border: round $error; padding: 0 1; }
+    LoadErrorScreen #load-error { color: $error; text-style: bold; margin: 0 0 1 0; }
+    LoadErrorScreen #model-path { margin: 0 0 0 0; }
+    LoadErrorScreen GgufTree { height: 1fr; border: round $primary 40%; }
+    LoadErrorScreen Horizontal { height: auto; align-horizontal: right; }
+    """
+    BINDINGS = [Binding("ctrl+o", "load", "Load file"), Binding("ctrl+q", "app.quit", "Quit")]
+
+    def __init__(self, message: str, model: str, picker_root: Path) -> None:
+        super().__init__()
+        self.message = message
+        self.model = model
+        self.picker_root = picker_root
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Label("Could not load the model", classes="title")
+            yield Label(self.message, id="load-error")
+            yield Label("Pick another GGUF file (type a path, or choose below):")
+            yield Input(self.model, id="model-path", placeholder="path/to/model.gguf")
+            yield GgufTree(self.picker_root, id="model-picker")
+            with Horizontal():
+                yield Button("Load", id="load", variant="primary")
+                yield Button("Quit", id="quit", variant="error")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one(Input).focus()
+
+    @on(DirectoryTree.FileSelected)
+    def _file_picked(self, event: DirectoryTree.FileSelected) -> None:
+        self.query_one(Input).value = str(event.path)
+        self.action_load()
+
+    @on(Input.Submitted)
+    def _path_submitted(self) -> None:
+        self.action_load()
+
+    @on(Button.Pressed, "#load")
+    def _load_pressed(self) -> None:
+        self.action_load()
+
+    @on(Button.Pressed, "#quit")
+    async def _quit_pressed(self) -> None:
+        await self.app.run_action("quit")
+
+    def action_load(self) -> None:
+        path = self.query_one(Input).value.strip()
+        if path:
+            self.app.load_model(path)

@@ -1,0 +1,235 @@
+"""A stand-in for memra_engine.generate.Engine that follows the seam (DESIGN.md §3) exactly.
+
+It plays scripted replies at a set token rate from its own background thread, with fake but
+deterministic stats (decode/prefill speed, VRAM pool or process memory, an optional MoE cache),
+so the UI can be developed, snapshot-tested and benchmarked without a model. Every job records
+the messages and SamplingParams it was given.
+"""
+from __future__ import annotations
+
+import queue
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+from memra_engine.errors import ModelFormatError
+from memra_engine.events import DoneEvent, EngineInfo, EngineStats, MoeStats, StatsEvent, TokenEvent, VramStats
+from memra_engine.sampling import SamplingParams
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+DEFAULT_REPLIES = [
+    "Hello! I am a **scripted** engine. Here is a tiny function:\n\n"
+    "```python\ndef add(a: int, b: int) -> int:\n    return a + b\n```\n\n"
+    "Ask me anything else.",
+    "Sure. Three things to check:\n\n1. the *prompt*,\n2. the knobs,\n3. the `engine` panes.\n\n"
+    "That is all.",
+    "A short answer this time.",
+]
+
+_TOKEN_RE = re.compile(r"\s*\S+|\s+")
+
+
+def split_tokens(text: str) -> list[str]:
+    """Words with their leading whitespace: joining them gives the text back exactly."""
+    return _TOKEN_RE.findall(text)
+
+
+@dataclass
+class Script:
+    replies: list[str] = field(default_factory=lambda: list(DEFAULT_REPLIES))
+    tokens_per_s: float = 400.0
+    n_tokens: int | None = None  # cycle the reply's tokens up to this many (benchmarks)
+    pause_after: int | None = None  # every job: emit this many tokens, then hold until cancelled or released
+    pause_at: dict[int, int] = field(default_factory=dict)  # job index -> tokens before holding
+    backend: str = "cpu"  # "cpu" shows process memory, "cuda" a VRAM pool
+    moe: bool = False
+    stats_every: int = 8
+    n_ctx: int | None = None  # None: the n_ctx passed to load
+    fail_paths: dict[str, str] = field(default_factory=dict)  # model path -> ModelFormatError message
+    load_delay_s: float = 0.0
+
+
+class ScriptedJob:
+    def __init__(self, engine: "ScriptedEngine", index: int, messages: list[dict] | None, prompt: str | None,
+                 sampling: SamplingParams, grammar, spec, stop):
+        self.index = index
+        self.messages = [dict(m) for m in messages] if messages is not None else None
+        self.prompt = prompt
+        self.sampling = sampling
+        self.grammar = grammar
+        self.spec = spec
+        self.stop = tuple(stop)
+        self.emitted: list[str] = []  # token texts in the order they were put on the queue
+        self.last_token_time = 0.0
+        self.done_reason = ""
+        self._events: queue.Queue = queue.Queue()
+        self._cancelled = threading.Event()
+        self._released = threading.Event()
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+
+    def release(self) -> None:
+        """Let a job held by Script.pause_after run to its end."""
+        self._released.set()
+
+    @property
+    def emitted_text(self) -> str:
+        return "".join(self.emitted)
+
+    def __iter__(self) -> Iterator[TokenEvent | StatsEvent | DoneEvent]:
+        while True:
+            ev = self._events.get()
+            yield ev
+            if isinstance(ev, DoneEvent):
+                return
+
+
+class ScriptedEngine:
+    def __init__(self, script: Script | None = None, model_path: str = "scripted-tiny.gguf", n_ctx: int = 4096):
+        self.script = script or Script()
+        n_ctx = self.script.n_ctx or n_ctx
+        self.info = EngineInfo(
+            model_name=Path(model_path).stem,
+            arch="qwen3moe" if self.script.moe else "llama",
+            n_params=135_000_000,
+            quant_mix="Q4_1 x210, Q8_0 x1, F32 x61",
+            n_ctx=n_ctx,
+            backend=self.script.backend,
+            device_name="NVIDIA H200 (scripted)" if self.script.backend == "cuda" else "CPU (scripted)",
+            has_chat_template=True,
+        )
+        self.jobs: list[ScriptedJob] = []
+        self._stats = EngineStats(n_ctx=n_ctx, vram=self._memory(0), moe=MoeStats(total_experts=1536) if self.script.moe else None)
+        self._inbox: queue.Queue = queue.Queue()
+        self._current: ScriptedJob | None = None
+        self._closed = False
+        self.thread = threading.Thread(target=self._run, name="scripted-engine", daemon=True)
+        self.thread.start()
+
+    # -- the seam ---------------------------------------------------------------------------
+    @classmethod
+    def loader(cls, script: Script | None = None) -> Callable[..., "ScriptedEngine"]:
+        """A function with Engine.load's signature that builds a ScriptedEngine."""
+        script = script or Script()
+
+        def load(path=None, backend="auto", n_ctx=4096, draft=None, vram_budget=None, progress=None):
+            report = progress or (lambda msg: None)
+            shown = str(path) if path else "scripted-tiny.gguf"
+            for step in ("fetch: using " + shown, "kernel build: nothing to build (scripted)",
+                         "weight upload: 92.0 MiB"):
+                report(step)
+                time.sleep(script.load_delay_s / 3)
+            if shown in script.fail_paths:
+                raise ModelFormatError(script.fail_paths[shown])
+            return cls(script, shown, n_ctx)
+
+        return load
+
+    def chat(self, messages: list[dict], sampling: SamplingParams, grammar=None, spec=None, stop=()) -> ScriptedJob:
+        return self._submit(ScriptedJob(self, len(self.jobs), messages, None, sampling, grammar, spec, stop))
+
+    def complete(self, prompt: str, sampling: SamplingParams, stop=()) -> ScriptedJob:
+        return self._submit(ScriptedJob(self, len(self.jobs), None, prompt, sampling, None, None, stop))
+
+    def stats(self) -> EngineStats:
+        return self._stats
+
+    def close(self) -> None:
+        self._closed = True
+        if self._current is not None:
+            self._current.cancel()
+        self._inbox.put(None)
+        self.thread.join(timeout=1.0)
+
+    # -- the engine thread ------------------------------------------------------------------
+    def _submit(self, job: ScriptedJob) -> ScriptedJob:
+        self.jobs.append(job)
+        if self._closed:
+            job._events.put(DoneEvent("error", "engine is closed"))
+        else:
+            self._inbox.put(job)
+        return job
+
+    def _run(self) -> None:
+        while (job := self._inbox.get()) is not None:
+            self._current = job
+            try:
+                self._play(job)
+            finally:
+                self._current = None
+
+    def _prompt_tokens(self, job: ScriptedJob) -> int:
+        text = job.prompt if job.prompt is not None else "".join(m["content"] for m in job.messages)
+        return len(split_tokens(text)) + 4 * len(job.messages or [])
+
+    def _play(self, job: ScriptedJob) -> None:
+        try:
+            job.sampling.validate()
+        except ValueError as e:
+            return self._finish(job, DoneEvent("error", str(e)))
+        n_prompt = self._prompt_tokens(job)
+        if n_prompt >= self.info.n_ctx:
+            return self._finish(job, DoneEvent("error", f"prompt of {n_prompt} tokens does not fit in n_ctx={self.info.n_ctx}"))
+        tokens = split_tokens(self.script.replies[job.index % len(self.script.replies)])
+        if self.script.n_tokens is not None:
+            tokens = [tokens[i % len(tokens)] for i in range(self.script.n_tokens)]
+        reason = "eos"
+        if len(tokens) > job.sampling.max_tokens:
+            tokens, reason = tokens[: job.sampling.max_tokens], "length"
+        # A steady, deterministic speed per job so the sparkline has a shape.
+        rate = self.script.tokens_per_s * (1.0 - 0.04 * (job.index % 5))
+        hold_at = self.script.pause_at.get(job.index, self.script.pause_after)
+        start = time.perf_counter()
+        for i, text in enumerate(tokens):
+            if hold_at is not None and i == hold_at:
+                job._events.put(StatsEvent(self._make_stats(job, n_prompt, i, rate)))
+                while not (job._cancelled.is_set() or job._released.is_set()):
+                    job._cancelled.wait(0.01)
+                start = time.perf_counter() - i / rate
+            due = start + i / rate
+            while (wait := due - time.perf_counter()) > 0 and not job._cancelled.is_set():
+                time.sleep(min(wait, 0.005))
+            if job._cancelled.is_set():
+                return self._finish(job, DoneEvent("cancelled"), n_prompt, i, rate)
+            job.emitted.append(text)
+            job.last_token_time = time.perf_counter()
+            job._events.put(TokenEvent(text, 1000 + i, -0.25))
+            if (i + 1) % self.script.stats_every == 0:
+                job._events.put(StatsEvent(self._make_stats(job, n_prompt, i + 1, rate)))
+        self._finish(job, DoneEvent(reason), n_prompt, len(tokens), rate)
+
+    def _finish(self, job: ScriptedJob, done: DoneEvent, n_prompt: int = 0, n_gen: int = 0, rate: float = 0.0) -> None:
+        if done.reason != "error":
+            job._events.put(StatsEvent(self._make_stats(job, n_prompt, n_gen, rate)))
+        job.done_reason = done.reason
+        job._events.put(done)
+
+    def _make_stats(self, job: ScriptedJob, n_prompt: int, n_gen: int, rate: float) -> EngineStats:
+        moe = None
+        if self.script.moe:
+            n = n_prompt + n_gen
+            moe = MoeStats(hits=7 * n * 24, misses=n * 24 // 2, bytes_moved=(n * 24 // 2) * 1_179_648,
+                           resident_experts=384, total_experts=1536)
+        self._stats = EngineStats(
+            decode_tok_s=rate, prefill_tok_s=1500.0 + 50.0 * (job.index % 3), time_to_first_token_s=0.042,
+            n_prompt_tokens=n_prompt, n_generated=n_gen, n_ctx_used=n_prompt + n_gen, n_ctx=self.info.n_ctx,
+            spec_accepted=3 * n_gen // 4 if self.script.backend == "cuda" else 0,
+            spec_proposed=n_gen if self.script.backend == "cuda" else 0,
+            moe=moe, vram=self._memory(n_prompt + n_gen),
+        )
+        return self._stats
+
+    def _memory(self, n_tokens: int) -> VramStats:
+        if self.script.backend != "cuda":
+            return VramStats(process_rss=412 * MiB)
+        reserved = {"weights": 4258 * MiB, "kv": 512 * MiB, "scratch": 96 * MiB, "graph": 8 * MiB}
+        used = dict(reserved, kv=min(reserved["kv"], n_tokens * 128 * 1024))
+        total = 141 * GiB
+        return VramStats(reserved=reserved, used=used, device_total=total,
+                         device_free=total - sum(reserved.values()) - 600 * MiB)

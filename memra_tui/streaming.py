@@ -1,0 +1,71 @@
+"""The hand-off between a reply's worker thread and the UI thread.
+
+The worker pushes every token as it arrives and wakes the UI (a ReplyProgress message) only when
+the buffer goes from drained to filled. The UI drains it at most FLUSH_HZ times a second, so the
+number of messages and transcript updates does not grow with the token rate, and nothing runs
+while the engine is quiet.
+"""
+from __future__ import annotations
+
+import threading
+
+from textual.message import Message
+
+from memra_engine.events import DoneEvent, EngineStats
+
+FLUSH_HZ = 30  # transcript updates per second at most
+STATS_HZ = 4  # pane updates per second at most
+
+
+class ReplyBuffer:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pending: list[str] = []
+        self._stats: EngineStats | None = None
+        self._parts: list[str] = []  # everything pushed, for saving a reply cut short
+        self._wake_pending = False
+
+    def push_text(self, text: str) -> bool:
+        """Returns True when the UI must be woken: nothing was waiting for it before."""
+        if not text:
+            return False
+        with self._lock:
+            self._pending.append(text)
+            self._parts.append(text)
+            return self._mark_wake()
+
+    def push_stats(self, stats: EngineStats) -> bool:
+        with self._lock:
+            self._stats = stats
+            return self._mark_wake()
+
+    def _mark_wake(self) -> bool:
+        wake = not self._wake_pending
+        self._wake_pending = True
+        return wake
+
+    def drain(self) -> tuple[str, EngineStats | None]:
+        with self._lock:
+            text, stats = "".join(self._pending), self._stats
+            self._pending.clear()
+            self._stats = None
+            self._wake_pending = False
+        return text, stats
+
+    @property
+    def text(self) -> str:
+        with self._lock:
+            return "".join(self._parts)
+
+
+class ReplyProgress(Message):
+    """Posted by the reply worker: the buffer has new tokens or stats."""
+
+
+class ReplyFinished(Message):
+    """Posted by the reply worker when the job's iterator has ended."""
+
+    def __init__(self, job, done: DoneEvent) -> None:
+        super().__init__()
+        self.job = job
+        self.done = done

@@ -1,0 +1,146 @@
+"""The sampling knobs. Each field is validated as it is typed, using SamplingParams.validate(), so
+the pane and the engine agree on what is allowed; an invalid value is refused with the reason."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from textual import on
+from textual.app import ComposeResult
+from textual.containers import Horizontal, VerticalScroll
+from textual.message import Message
+from textual.reactive import reactive
+from textual.validation import ValidationResult, Validator
+from textual.widgets import Button, Input, Label, Select, Static
+
+from memra_engine.sampling import SamplingParams
+from memra_tui.settings import PRESETS
+
+# (field, label, parser); the parser turns the field text into the SamplingParams value.
+KNOBS = [
+    ("temperature", "temperature", float),
+    ("top_k", "top-k", int),
+    ("top_p", "top-p", float),
+    ("min_p", "min-p", float),
+    ("repeat_penalty", "repeat penalty", float),
+    ("repeat_last_n", "penalty last-n", int),
+    ("presence_penalty", "presence pen.", float),
+    ("frequency_penalty", "frequency pen.", float),
+    ("seed", "seed", "seed"),
+    ("max_tokens", "max tokens", int),
+]
+NOT_YET = "not yet supported by the engine"
+
+
+def parse_knob(kind, text: str):
+    text = text.strip()
+    if kind == "seed":
+        return None if text in ("", "random") else int(text)
+    return kind(text)
+
+
+def show_knob(value) -> str:
+    return "random" if value is None else str(value)
+
+
+class KnobValidator(Validator):
+    def __init__(self, pane: "KnobsPane", field: str, kind) -> None:
+        super().__init__()
+        self.pane, self.field, self.kind = pane, field, kind
+
+    def validate(self, value: str) -> ValidationResult:
+        try:
+            parsed = parse_knob(self.kind, value)
+        except ValueError:
+            expected = "an integer or 'random'" if self.kind == "seed" else f"a{'n integer' if self.kind is int else ' number'}"
+            return self.failure(f"{self.field} must be {expected}")
+        try:
+            replace(self.pane.params, **{self.field: parsed}).validate()
+        except ValueError as e:
+            return self.failure(str(e))
+        return self.success()
+
+
+class KnobsPane(VerticalScroll):
+    DEFAULT_CSS = """
+    KnobsPane { height: 1fr; padding: 0 1; }
+    KnobsPane .knob { height: 1; margin: 0 0 0 0; }
+    KnobsPane .knob > Label { width: 16; color: $text-muted; }
+    KnobsPane .knob > Input { width: 1fr; height: 1; border: none; padding: 0 1; background: $boost; }
+    KnobsPane .knob > Input:focus { background: $accent 30%; }
+    KnobsPane .knob > Input.-invalid { background: $error 35%; }
+    KnobsPane .knob-error { color: $error; height: auto; display: none; }
+    KnobsPane .knob-error.-shown { display: block; }
+    KnobsPane #presets { height: 1; margin: 1 0 0 0; }
+    KnobsPane #presets > Button { min-width: 0; width: 1fr; height: 1; border: none; margin: 0 1 0 0; }
+    KnobsPane .knob > Select { width: 1fr; }
+    KnobsPane .not-yet { color: $text-disabled; text-style: italic; }
+    KnobsPane #knob-grammar { height: 1; }
+    KnobsPane SelectCurrent { border: none; height: 1; padding: 0 1; }
+    """
+
+    params: reactive[SamplingParams] = reactive(SamplingParams, init=False)
+
+    class Changed(Message):
+        """The knobs now hold a new, valid set of parameters."""
+
+        def __init__(self, params: SamplingParams) -> None:
+            super().__init__()
+            self.params = params
+
+    def __init__(self, params: SamplingParams, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.set_reactive(KnobsPane.params, params)
+
+    def compose(self) -> ComposeResult:
+        with Horizontal(id="presets"):
+            for name in PRESETS:
+                yield Button(name, id=f"preset-{name}", compact=True)
+        for field, label, kind in KNOBS:
+            with Horizontal(classes="knob"):
+                yield Label(label)
+                yield Input(show_knob(getattr(self.params, field)), id=f"knob-{field}", compact=True,
+                            validators=[KnobValidator(self, field, kind)], validate_on=["changed", "submitted"])
+            yield Static("", id=f"error-{field}", classes="knob-error")
+        with Horizontal(classes="knob"):
+            yield Label("grammar")
+            yield Select([("off", "off")], value="off", allow_blank=False, disabled=True, id="knob-grammar",
+                         compact=True)
+        with Horizontal(classes="knob"):
+            yield Label("spec depth")
+            yield Input("0", disabled=True, id="knob-spec-depth", compact=True)
+        yield Static(f"grammar and speculative depth: {NOT_YET}", classes="not-yet")
+
+    @on(Input.Changed)
+    def _field_changed(self, event: Input.Changed) -> None:
+        field = (event.input.id or "").removeprefix("knob-")
+        kind = dict((f, k) for f, _, k in KNOBS).get(field)
+        if kind is None:
+            return
+        event.stop()
+        error = self.query_one(f"#error-{field}", Static)
+        result = event.validation_result
+        if result is not None and not result.is_valid:
+            error.update("✗ " + "; ".join(result.failure_descriptions))
+            error.add_class("-shown")
+            return
+        error.remove_class("-shown")
+        new = replace(self.params, **{field: parse_knob(kind, event.value)})
+        if new != self.params:
+            self.params = new
+
+    def watch_params(self, params: SamplingParams) -> None:
+        self.post_message(self.Changed(params))
+
+    @on(Button.Pressed)
+    def _preset_pressed(self, event: Button.Pressed) -> None:
+        name = (event.button.id or "").removeprefix("preset-")
+        if name in PRESETS:
+            event.stop()
+            self.apply(PRESETS[name])
+            self.notify(f"preset {name}", timeout=2)
+
+    def apply(self, params: SamplingParams) -> None:
+        """Show `params` in every field and make them current."""
+        self.params = params
+        for field, _, _ in KNOBS:
+            self.query_one(f"#knob-{field}", Input).value = show_knob(getattr(params, field))

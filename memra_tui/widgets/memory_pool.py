@@ -1,0 +1,55 @@
+"""The VRAM pool as one bar (weights, KV, scratch, other, free) with numbers; process memory on cpu."""
+from __future__ import annotations
+
+from rich.text import Text
+from textual.reactive import reactive
+from textual.widgets import Static
+
+from memra_engine.events import EngineStats
+from memra_tui.format import fmt_bytes
+
+SEGMENTS = [("weights", "#5f87d7"), ("kv", "#5fafaf"), ("scratch", "#d7af5f"), ("other", "#875f87"), ("free", "#3a3a3a")]
+
+
+def pool_segments(s: EngineStats) -> list[tuple[str, int]]:
+    """Bytes per bar segment. `other` is what the device uses outside our pool (context, other processes)."""
+    v = s.vram
+    reserved = dict(v.reserved)
+    weights, kv = reserved.pop("weights", 0), reserved.pop("kv", 0)
+    scratch = sum(reserved.values())  # scratch, graph and any other named region
+    other = max(0, v.device_total - v.device_free - weights - kv - scratch)
+    return [("weights", weights), ("kv", kv), ("scratch", scratch), ("other", other), ("free", v.device_free)]
+
+
+class MemoryPoolPane(Static):
+    stats: reactive[EngineStats | None] = reactive(None, always_update=True, init=False)
+
+    def on_mount(self) -> None:
+        self.border_title = "Memory"
+        self.update("[dim]—[/dim]")
+
+    def watch_stats(self, stats: EngineStats | None) -> None:
+        self.update(self._describe(stats))
+
+    def _describe(self, s: EngineStats | None):
+        if s is None:
+            return "[dim]—[/dim]"
+        if s.vram.device_total == 0:
+            return Text.from_markup(f"process memory [b]{fmt_bytes(s.vram.process_rss)}[/b]\n[dim](cpu backend: no VRAM pool)[/dim]")
+        segments = pool_segments(s)
+        width = max(10, self.content_size.width or 30)
+        total = sum(n for _, n in segments) or 1
+        bar = Text()
+        cells_left = width
+        for i, ((name, n), (_, color)) in enumerate(zip(segments, SEGMENTS)):
+            cells = cells_left if i == len(segments) - 1 else min(cells_left, round(width * n / total))
+            cells = max(cells, 1 if n and cells_left else 0)
+            bar.append("█" * cells, style=color)
+            cells_left -= cells
+        legend = Text()
+        for (name, n), (_, color) in zip(segments, SEGMENTS):
+            legend.append("■ ", style=color)
+            legend.append(f"{name} {fmt_bytes(n)}\n")
+        kv_used = s.vram.used.get("kv", 0)
+        legend.append(f"KV used {fmt_bytes(kv_used)} of {fmt_bytes(s.vram.reserved.get('kv', 0))}", style="dim")
+        return Text("\n").join([bar, legend])
