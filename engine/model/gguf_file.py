@@ -157,11 +157,6 @@ def open_gguf(path: str | os.PathLike[str]) -> GGUFFile:
         raise ModelFormatError(f"{path.name}: unreadable GGUF ({type(e).__name__}: {e})") from None
 
 
-
-class _Truncated(Exception):
-    pass
-
-
 class _HeaderParser:
     """Reads the GGUF header with a cursor; every read is bounds-checked against the file size."""
 
