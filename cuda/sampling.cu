@@ -116,6 +116,7 @@ extern "C" __global__ void __launch_bounds__(S1_THREADS) sample_stage1(
     int imax = 0x7fffffff;
     float gbest = -INFINITY;
     int gidx = 0x7fffffff;
+    const bool want_gumbel = p.temperature > 0.0f && !filters_on(p, vocab);  // Philox only when drawn from
     for (int i = threadIdx.x; i < S1_CHUNK; i += S1_THREADS) {
         const int idx = base + i;
         float l = -INFINITY;
@@ -126,7 +127,7 @@ extern "C" __global__ void __launch_bounds__(S1_THREADS) sample_stage1(
         sv[i] = l;
         si[i] = idx < vocab ? idx : 0x7fffffff;
         if (before(l, idx, vmax, imax) && l > -INFINITY) { vmax = l; imax = idx; }
-        if (l > -INFINITY) {
+        if (want_gumbel && l > -INFINITY) {
             const float gs = l / temp + gumbel(p, idx);
             if (gs > gbest || (gs == gbest && idx < gidx)) { gbest = gs; gidx = idx; }
         }
@@ -212,6 +213,7 @@ extern "C" __global__ void __launch_bounds__(S2_THREADS) sample_finish(
             if (o[0] > -INFINITY) { Z1 += o[2] * expf(o[0] - M); ZT += o[3] * expf((o[0] - M) / temp); }
         }
         if (p.temperature <= 0.0f) {          // greedy; logprob under the penalised softmax at T = 1
+            (void)ZT;
             pick_s = arg;
             logprob_s = -logf(Z1);
         } else if (!filters_on(p, vocab)) {   // plain temperature sampling: Gumbel-max, exact

@@ -18,13 +18,13 @@ stamp() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
 stamp "install"
 python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$SITE" .whl/*.whl || exit 1
 python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --upgrade --target "$SITE" . \
-  > "$OUT/install.log" 2>&1 || { tail -20 "$OUT/install.log"; exit 1; }
+  >> "$OUT/misc.log" 2>&1 || { tail -20 "$OUT/misc.log"; exit 1; }
 export PYTHONPATH="$SITE"
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv,noheader
 
 stamp "build fatbins (sm_90a, all families in parallel)"
 arch=$(python3 -c "import pycuda.driver as c; c.init(); from memra_engine.gpu.build import arch_for_capability as a; print(a(*c.Device(0).compute_capability()))")
-python3 -m memra_engine.gpu.build "$arch" 2>&1 | grep -v '^building' | tee "$OUT/build.log"
+python3 -m memra_engine.gpu.build "$arch" 2>&1 | grep -v '^building' | tee -a "$OUT/misc.log"
 
 test_rc=skipped
 if [ "${MEMRA_TESTS:-1}" != 0 ]; then
@@ -40,17 +40,22 @@ if [ "${MEMRA_BENCH:-1}" != 0 ]; then
   for shape in smollm2-135m gemma3-270m; do
     stamp "synthetic $shape"
     [ -f "/tmp/models/$shape.gguf" ] || python3 -m memra_engine.model.synthetic "/tmp/models/$shape.gguf" \
-        --preset "$shape" --quiet > "$OUT/gen-$shape.log" 2>&1 || { tail -5 "$OUT/gen-$shape.log"; continue; }
+        --preset "$shape" --quiet >> "$OUT/misc.log" 2>&1 || { tail -5 "$OUT/misc.log"; continue; }
     stamp "memra-bench --backend cuda $shape"
     python3 -m memra_engine.bench "/tmp/models/$shape.gguf" --backend cuda --ctx-depth 4096 --runs 3 --json \
-      > "$OUT/bench-$shape.json" 2> "$OUT/bench-$shape.err" || { tail -5 "$OUT/bench-$shape.err"; continue; }
+      > "$OUT/bench-$shape.json" 2>> "$OUT/misc.log" || { tail -5 "$OUT/misc.log"; continue; }
     bench_rows+=("$shape")
+    if [ "${MEMRA_PROFILE:-0}" != 0 ]; then
+      stamp "profile $shape"
+      python3 scripts/profile_decode.py "/tmp/models/$shape.gguf" --ctx 128 --ctx 4096 > "$OUT/profile-$shape.txt" 2>&1
+    fi
   done
 fi
 
 stamp "done"
 echo "== memra on $(nvidia-smi --query-gpu=name --format=csv,noheader) =="
 [ -f "$OUT/pytest.log" ] && echo "pytest -m gpu: $(tail -1 "$OUT/pytest.log") (rc $test_rc)"
+for f in "$OUT"/profile-*.txt; do [ -f "$f" ] && head -28 "$f"; done
 for shape in "${bench_rows[@]}"; do
   python3 - "$OUT/bench-$shape.json" "$shape" <<'PY'
 import json, sys
