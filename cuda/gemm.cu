@@ -16,34 +16,44 @@
 
 using namespace nvcuda;
 
-#define GEMM_BM 64   // tokens per tile
-#define GEMM_BN 64   // weight rows per tile
-#define GEMM_BK 128  // K values per step
-#define GEMM_LDS (GEMM_BK + 8)  // padded f16 row: 272 bytes, rows land on different banks
-#define GEMM_THREADS 128
+#define GEMM_BK 128                 // K values per step
+#define GEMM_LDS (GEMM_BK + 8)      // padded f16 row: 272 bytes, rows land on different banks
 
-template <class T>
+// BM tokens x BN rows per block, warps arranged WM x WN, each warp (BM/WM) x (BN/WN) of y.
+// Shared memory (dynamic): x tile BM x LDS f16, then w tile BN x LDS f16; the f32 y tile is
+// staged through the same space at the end.
+template <int BM, int BN, int WM, int WN>
+struct GemmTile {
+    static constexpr int THREADS = 32 * WM * WN;
+    static constexpr int FM = BM / WM / 16, FN = BN / WN / 16;  // 16x16 fragments per warp
+    static constexpr int LDC = BN + 4;
+    static constexpr int SMEM_AB = (BM + BN) * GEMM_LDS * 2;
+    static constexpr int SMEM = SMEM_AB > BM * LDC * 4 ? SMEM_AB : BM * LDC * 4;
+};
+
+template <class T, class G, int BM, int BN, int WN>
 __device__ __forceinline__ void gemm_tile(const uint8_t* __restrict__ wq, const uint8_t* __restrict__ wm,
                                           const float* __restrict__ x, float* __restrict__ y,
                                           int rows, int cols, int n_tokens) {
-    __shared__ __align__(32) half xs[GEMM_BM * GEMM_LDS];
-    __shared__ __align__(32) half ws[GEMM_BN * GEMM_LDS];
+    extern __shared__ int4 gemm_smem[];
+    half* xs = reinterpret_cast<half*>(gemm_smem);
+    half* ws = xs + BM * GEMM_LDS;
     constexpr int UPT = GEMM_BK / T::UE;  // weight units per row per K step
     const int tid = threadIdx.x, warp = tid >> 5;
-    const int t0 = blockIdx.y * GEMM_BM, r0 = blockIdx.x * GEMM_BN;
+    const int t0 = blockIdx.y * BM, r0 = blockIdx.x * BN;
     const int nb = (cols + T::QK - 1) / T::QK;  // float types: rows padded to multiples of 8
     const bool xvec = (cols & 3) == 0;
-    const int wt = (warp >> 1) * 32, wr = (warp & 1) * 32;
+    const int wt = (warp / WN) * (BM / (G::THREADS / 32 / WN)), wr = (warp % WN) * (BN / WN);
 
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[G::FM][G::FN];
 #pragma unroll
-    for (int i = 0; i < 2; ++i)
+    for (int i = 0; i < G::FM; ++i)
 #pragma unroll
-        for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
+        for (int j = 0; j < G::FN; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
 
     for (int k0 = 0; k0 < cols; k0 += GEMM_BK) {
         // activation tile, f32 -> f16, 4 values per thread per step
-        for (int i = tid; i < GEMM_BM * GEMM_BK / 4; i += GEMM_THREADS) {
+        for (int i = tid; i < BM * GEMM_BK / 4; i += G::THREADS) {
             const int tt = i / (GEMM_BK / 4), kk = (i % (GEMM_BK / 4)) * 4;
             const int t = t0 + tt, k = k0 + kk;
             float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -63,7 +73,7 @@ __device__ __forceinline__ void gemm_tile(const uint8_t* __restrict__ wq, const 
             dst[1] = __floats2half2_rn(v.z, v.w);
         }
         // weight tile, dequantized unit by unit
-        for (int i = tid; i < GEMM_BN * UPT; i += GEMM_THREADS) {
+        for (int i = tid; i < BN * UPT; i += G::THREADS) {
             const int rr = i / UPT, uu = i % UPT;
             const int r = r0 + rr;
             const int gu = k0 / T::UE + uu;
@@ -75,48 +85,57 @@ __device__ __forceinline__ void gemm_tile(const uint8_t* __restrict__ wq, const 
             } else {
                 // this unit's values all lie in [uu*UE, (uu+1)*UE) or, for Q6_K, the pair of
                 // units of one half super-block covers the same 128 values: both are out together
-                for (int e = 0; e < T::UE; ++e) row[uu * T::UE + e] = __float2half(0.0f);
+                for (int e = 0; e < T::UE; e += 8) *reinterpret_cast<int4*>(row + uu * T::UE + e) = make_int4(0, 0, 0, 0);
             }
         }
         __syncthreads();
 #pragma unroll
         for (int kk = 0; kk < GEMM_BK; kk += 16) {
-            wmma::fragment<wmma::matrix_a, 16, 16, 16, half, wmma::row_major> a[2];
-            wmma::fragment<wmma::matrix_b, 16, 16, 16, half, wmma::col_major> b[2];
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, half, wmma::row_major> a[G::FM];
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, half, wmma::col_major> b[G::FN];
 #pragma unroll
-            for (int i = 0; i < 2; ++i) wmma::load_matrix_sync(a[i], xs + (wt + 16 * i) * GEMM_LDS + kk, GEMM_LDS);
+            for (int i = 0; i < G::FM; ++i) wmma::load_matrix_sync(a[i], xs + (wt + 16 * i) * GEMM_LDS + kk, GEMM_LDS);
 #pragma unroll
-            for (int j = 0; j < 2; ++j) wmma::load_matrix_sync(b[j], ws + (wr + 16 * j) * GEMM_LDS + kk, GEMM_LDS);
+            for (int j = 0; j < G::FN; ++j) wmma::load_matrix_sync(b[j], ws + (wr + 16 * j) * GEMM_LDS + kk, GEMM_LDS);
 #pragma unroll
-            for (int i = 0; i < 2; ++i)
+            for (int i = 0; i < G::FM; ++i)
 #pragma unroll
-                for (int j = 0; j < 2; ++j) wmma::mma_sync(acc[i][j], a[i], b[j], acc[i][j]);
+                for (int j = 0; j < G::FN; ++j) wmma::mma_sync(acc[i][j], a[i], b[j], acc[i][j]);
         }
         __syncthreads();
     }
-    // stage the f32 tile through shared memory (xs is free now) for guarded, coalesced stores
-    constexpr int LDC = GEMM_BN + 4;
-    static_assert(GEMM_BM * LDC * 4 <= GEMM_BM * GEMM_LDS * 2, "staging tile must fit in xs");
-    float* cs = reinterpret_cast<float*>(xs);
+    // stage the f32 tile through shared memory for guarded, coalesced stores
+    float* cs = reinterpret_cast<float*>(gemm_smem);
 #pragma unroll
-    for (int i = 0; i < 2; ++i)
+    for (int i = 0; i < G::FM; ++i)
 #pragma unroll
-        for (int j = 0; j < 2; ++j)
-            wmma::store_matrix_sync(cs + (wt + 16 * i) * LDC + wr + 16 * j, acc[i][j], LDC, wmma::mem_row_major);
+        for (int j = 0; j < G::FN; ++j)
+            wmma::store_matrix_sync(cs + (wt + 16 * i) * G::LDC + wr + 16 * j, acc[i][j], G::LDC, wmma::mem_row_major);
     __syncthreads();
-    for (int i = tid; i < GEMM_BM * GEMM_BN; i += GEMM_THREADS) {
-        const int tt = i / GEMM_BN, rr = i % GEMM_BN;
+    for (int i = tid; i < BM * BN; i += G::THREADS) {
+        const int tt = i / BN, rr = i % BN;
         const int t = t0 + tt, r = r0 + rr;
-        if (t < n_tokens && r < rows) y[(size_t)t * rows + r] = cs[tt * LDC + rr];
+        if (t < n_tokens && r < rows) y[(size_t)t * rows + r] = cs[tt * G::LDC + rr];
     }
 }
 
+// Two tile shapes; bench_kernels.py times both (docs/gpu-notes.md has the numbers):
+//   gemm_<type>:  64 tokens x  64 rows, 4 warps of 32x32 (34.8 KB shared)
+//   gemm2_<type>: 128 tokens x 128 rows, 8 warps of 64x32 (69.6 KB shared, needs the opt-in)
+typedef GemmTile<64, 64, 2, 2> Tile1;
+typedef GemmTile<128, 128, 2, 4> Tile2;
+
 // gemm_<type>(wq, wm, x, y, rows, cols, n_tokens): grid (ceil(rows/64), ceil(n_tokens/64)),
-// block 128. Float types pass wm = wq (no meta plane).
-#define GEMM_ENTRY(TYPE)                                                                                   \
-    extern "C" __global__ __launch_bounds__(GEMM_THREADS) void gemm_##TYPE(                                \
-        const uint8_t* wq, const uint8_t* wm, const float* x, float* y, int rows, int cols, int n_tokens) { \
-        gemm_tile<TYPE##_t>(wq, wm, x, y, rows, cols, n_tokens);                                           \
+// block 128, dynamic shared Tile1::SMEM; gemm2_<type>: grid (ceil(rows/128), ceil(n_tokens/128)),
+// block 256, dynamic shared Tile2::SMEM. Float types pass wm = wq (no meta plane).
+#define GEMM_ENTRY(TYPE)                                                                                    \
+    extern "C" __global__ __launch_bounds__(128) void gemm_##TYPE(                                          \
+        const uint8_t* wq, const uint8_t* wm, const float* x, float* y, int rows, int cols, int n_tokens) {  \
+        gemm_tile<TYPE##_t, Tile1, 64, 64, 2>(wq, wm, x, y, rows, cols, n_tokens);                          \
+    }                                                                                                       \
+    extern "C" __global__ __launch_bounds__(256, 2) void gemm2_##TYPE(                                      \
+        const uint8_t* wq, const uint8_t* wm, const float* x, float* y, int rows, int cols, int n_tokens) {  \
+        gemm_tile<TYPE##_t, Tile2, 128, 128, 4>(wq, wm, x, y, rows, cols, n_tokens);                        \
     }
 
 GEMM_ENTRY(q4_0)
@@ -132,13 +151,24 @@ GEMM_ENTRY(bf16)
 GEMM_ENTRY(f32)
 
 // memra-kernel: gemm_q4_0(PPPPiii)
+// memra-kernel: gemm2_q4_0(PPPPiii)
 // memra-kernel: gemm_q4_1(PPPPiii)
+// memra-kernel: gemm2_q4_1(PPPPiii)
 // memra-kernel: gemm_q5_0(PPPPiii)
+// memra-kernel: gemm2_q5_0(PPPPiii)
 // memra-kernel: gemm_q5_1(PPPPiii)
+// memra-kernel: gemm2_q5_1(PPPPiii)
 // memra-kernel: gemm_q8_0(PPPPiii)
+// memra-kernel: gemm2_q8_0(PPPPiii)
 // memra-kernel: gemm_q4_K(PPPPiii)
+// memra-kernel: gemm2_q4_K(PPPPiii)
 // memra-kernel: gemm_q5_K(PPPPiii)
+// memra-kernel: gemm2_q5_K(PPPPiii)
 // memra-kernel: gemm_q6_K(PPPPiii)
+// memra-kernel: gemm2_q6_K(PPPPiii)
 // memra-kernel: gemm_f16(PPPPiii)
+// memra-kernel: gemm2_f16(PPPPiii)
 // memra-kernel: gemm_bf16(PPPPiii)
+// memra-kernel: gemm2_bf16(PPPPiii)
 // memra-kernel: gemm_f32(PPPPiii)
+// memra-kernel: gemm2_f32(PPPPiii)

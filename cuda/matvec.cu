@@ -18,28 +18,56 @@
 #define MV_WARPS 4
 
 // ---- quantize_q8_1: x f32 [T][K] -> q8_1 rows -----------------------------------------------
-// One warp per 32-value block. q = roundf(x / d), d = amax / 127 (ggml quantize_q8_1).
+// One warp per 32-value block, quantize_block_q8_1 (quants.cuh) per lane.
 extern "C" __global__ void quantize_q8_1(const float* __restrict__ x, int8_t* __restrict__ xq, int cols, int stride) {
     const int t = blockIdx.y;
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     const int kq = (cols + 31) & ~31;
     if (i >= kq) return;  // whole warps only: kq is a multiple of 32
-    const float xi = i < cols ? x[(size_t)t * cols + i] : 0.0f;
-    const float amax = warp_max(fabsf(xi));
-    const float sum = warp_sum(xi);
-    const float d = amax / 127.0f;
-    const int8_t q = amax == 0.0f ? 0 : (int8_t)roundf(xi / d);
     int8_t* row = xq + (size_t)t * stride;
-    row[i] = q;
-    if ((threadIdx.x & 31) == 0) reinterpret_cast<float2*>(row + kq)[i >> 5] = make_float2(d, sum);
+    quantize_block_q8_1(i < cols ? x[(size_t)t * cols + i] : 0.0f, row + i, reinterpret_cast<float2*>(row + kq) + (i >> 5));
 }
 
 // ---- int8 matvec -----------------------------------------------------------------------------
-template <class T, int R, int C>
+// U units per lane per step: all their weight loads are issued before the first dot, so more
+// bytes are in flight per thread (lane order of the units, hence every sum, is unchanged).
+// FUSED: x is f32 and the block first quantizes it into shared memory (C rows of `stride` bytes,
+// dynamic shared memory), saving the quantize_q8_1 launch; worth it for small K only.
+template <class T, int R, int C, int U, bool FUSED>
 __device__ __forceinline__ void matvec_q(const uint8_t* __restrict__ wq, const uint8_t* __restrict__ wm,
-                                         const int8_t* __restrict__ xq, float* __restrict__ y,
+                                         const void* __restrict__ xsrc, float* __restrict__ y,
                                          int rows, int cols, int n_tokens, int stride) {
+    extern __shared__ int4 xq_shared[];
     const int lane = threadIdx.x & 31;
+    const int8_t* xq;
+    if (FUSED) {
+        const float* x = static_cast<const float*>(xsrc);
+        int8_t* sq = reinterpret_cast<int8_t*>(xq_shared);
+        const int kq = (cols + 31) & ~31;
+        // all of a warp's loads of x first (up to 8 blocks per batch), then the reductions:
+        // one L2 round trip per batch instead of one per block
+        constexpr int PRE = 8;
+        for (int t = 0; t < n_tokens && t < C; ++t)
+            for (int blk0 = threadIdx.x >> 5; blk0 < kq >> 5; blk0 += PRE * MV_WARPS) {
+                float xi[PRE];
+#pragma unroll
+                for (int p = 0; p < PRE; ++p) {
+                    const int i = (blk0 + p * MV_WARPS) * 32 + lane;
+                    xi[p] = i < cols ? x[(size_t)t * cols + i] : 0.0f;
+                }
+#pragma unroll
+                for (int p = 0; p < PRE; ++p) {
+                    const int blk = blk0 + p * MV_WARPS;
+                    if (blk < kq >> 5)
+                        quantize_block_q8_1(xi[p], sq + t * stride + blk * 32 + lane,
+                                            reinterpret_cast<float2*>(sq + t * stride + kq) + blk);
+                }
+            }
+        __syncthreads();
+        xq = sq;
+    } else {
+        xq = static_cast<const int8_t*>(xsrc);
+    }
     const int row0 = (blockIdx.x * MV_WARPS + (threadIdx.x >> 5)) * R;
     if (row0 >= rows) return;
     const int nb = cols / T::QK;
@@ -50,22 +78,36 @@ __device__ __forceinline__ void matvec_q(const uint8_t* __restrict__ wq, const u
 #pragma unroll
         for (int c = 0; c < C; ++c) acc[r][c] = 0.0f;
 
-    for (int u = lane; u < nu; u += 32) {
-        const int b = u / T::UNITS, j = u % T::UNITS;
-        typename T::W w[R];
+    for (int u0 = lane; u0 < nu; u0 += 32 * U) {
+        typename T::W w[U][R];
 #pragma unroll
-        for (int r = 0; r < R; ++r) {
-            const size_t blk = (size_t)min(row0 + r, rows - 1) * nb + b;
-            T::load_w(w[r], wq + blk * T::QB, wm + blk * T::MB, j);
+        for (int i = 0; i < U; ++i) {
+            const int u = min(u0 + 32 * i, nu - 1);  // clamped: loads stay in bounds, dots skipped
+            const int b = u / T::UNITS, j = u % T::UNITS;
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                const size_t blk = (size_t)min(row0 + r, rows - 1) * nb + b;
+                T::load_w(w[i][r], wq + blk * T::QB, wm + blk * T::MB, j);
+            }
         }
 #pragma unroll
         for (int c = 0; c < C; ++c) {
             if (c < n_tokens) {
                 const int8_t* xrow = xq + (size_t)c * stride;
-                typename T::A a;
-                T::load_a(a, xrow, reinterpret_cast<const float2*>(xrow + nb * T::QK), b, j);
+                const float2* ds = reinterpret_cast<const float2*>(xrow + nb * T::QK);
+                typename T::A a[U];
 #pragma unroll
-                for (int r = 0; r < R; ++r) acc[r][c] += T::dot(w[r], a);
+                for (int i = 0; i < U; ++i) {
+                    const int u = min(u0 + 32 * i, nu - 1);
+                    T::load_a(a[i], xrow, ds, u / T::UNITS, u % T::UNITS);
+                }
+#pragma unroll
+                for (int i = 0; i < U; ++i) {
+                    if (u0 + 32 * i < nu) {
+#pragma unroll
+                        for (int r = 0; r < R; ++r) acc[r][c] = fadd(acc[r][c], T::dot(w[i][r], a[i]));
+                    }
+                }
             }
         }
     }
@@ -111,7 +153,7 @@ __device__ __forceinline__ void matvec_f(const uint8_t* __restrict__ w, const fl
                 float s = 0.0f;
 #pragma unroll
                 for (int e = 0; e < 8; ++e) s = fmaf(wv[e], xv[e], s);
-                acc[c] += s;
+                acc[c] = fadd(acc[c], s);
             }
         }
     }
@@ -123,23 +165,28 @@ __device__ __forceinline__ void matvec_f(const uint8_t* __restrict__ w, const fl
 }
 
 // ---- entry points ----------------------------------------------------------------------------
-// matvec_<type>_r<R>_c<C>(wq, wm, xq, y, rows, cols, n_tokens, stride): grid ceil(rows / (4R)),
-// block 128. C is the most columns the launch handles (n_tokens <= C).
-#define MATVEC_Q(TYPE, R, C)                                                                              \
-    extern "C" __global__ __launch_bounds__(MV_WARPS * 32) void matvec_##TYPE##_r##R##_c##C(              \
+// matvec_<type>_r<R>u<U>_c<C>(wq, wm, xq, y, rows, cols, n_tokens, stride): grid ceil(rows / (4R)),
+// block 128; C is the most columns the launch handles (n_tokens <= C).
+// matvec_<type>_fused_r<R>u<U>(wq, wm, x, y, rows, cols, n_tokens, stride): one column from f32 x,
+// dynamic shared memory = stride bytes.
+#define MATVEC_Q(TYPE, R, U, C)                                                                          \
+    extern "C" __global__ __launch_bounds__(MV_WARPS * 32) void matvec_##TYPE##_r##R##u##U##_c##C(      \
         const uint8_t* wq, const uint8_t* wm, const int8_t* xq, float* y, int rows, int cols, int n_tokens, \
+        int stride) {                                                                                    \
+        matvec_q<TYPE##_t, R, C, U, false>(wq, wm, xq, y, rows, cols, n_tokens, stride);                 \
+    }
+#define MATVEC_QF(TYPE, R, U)                                                                             \
+    extern "C" __global__ __launch_bounds__(MV_WARPS * 32) void matvec_##TYPE##_fused_r##R##u##U(         \
+        const uint8_t* wq, const uint8_t* wm, const float* x, float* y, int rows, int cols, int n_tokens,  \
         int stride) {                                                                                     \
-        matvec_q<TYPE##_t, R, C>(wq, wm, xq, y, rows, cols, n_tokens, stride);                            \
+        matvec_q<TYPE##_t, R, 1, U, true>(wq, wm, x, y, rows, cols, n_tokens, stride);                    \
     }
 
-#define MATVEC_Q_ALL(TYPE) \
-    MATVEC_Q(TYPE, 1, 1)   \
-    MATVEC_Q(TYPE, 2, 1)   \
-    MATVEC_Q(TYPE, 4, 1)   \
-    MATVEC_Q(TYPE, 1, 2)   \
-    MATVEC_Q(TYPE, 1, 4)   \
-    MATVEC_Q(TYPE, 1, 8)   \
-    MATVEC_Q(TYPE, 1, 16)
+#define MATVEC_Q_ALL(TYPE)                                                                              \
+    MATVEC_Q(TYPE, 1, 1, 1) MATVEC_Q(TYPE, 1, 2, 1) MATVEC_Q(TYPE, 1, 4, 1) MATVEC_Q(TYPE, 2, 1, 1)     \
+    MATVEC_Q(TYPE, 2, 2, 1) MATVEC_Q(TYPE, 4, 1, 1)                                                     \
+    MATVEC_Q(TYPE, 1, 1, 2) MATVEC_Q(TYPE, 1, 1, 4) MATVEC_Q(TYPE, 1, 1, 8) MATVEC_Q(TYPE, 1, 1, 16)    \
+    MATVEC_QF(TYPE, 1, 1) MATVEC_QF(TYPE, 2, 1)
 
 MATVEC_Q_ALL(q4_0)
 MATVEC_Q_ALL(q4_1)
@@ -169,62 +216,102 @@ MATVEC_F_ALL(bf16)
 MATVEC_F_ALL(f32)
 
 // Registry signatures of the macro-made entry points (engine/gpu/build.py reads these lines).
-// memra-kernel: matvec_q4_0_r1_c1(PPPPiiii)
-// memra-kernel: matvec_q4_0_r2_c1(PPPPiiii)
-// memra-kernel: matvec_q4_0_r4_c1(PPPPiiii)
-// memra-kernel: matvec_q4_0_r1_c2(PPPPiiii)
-// memra-kernel: matvec_q4_0_r1_c4(PPPPiiii)
-// memra-kernel: matvec_q4_0_r1_c8(PPPPiiii)
-// memra-kernel: matvec_q4_0_r1_c16(PPPPiiii)
-// memra-kernel: matvec_q4_1_r1_c1(PPPPiiii)
-// memra-kernel: matvec_q4_1_r2_c1(PPPPiiii)
-// memra-kernel: matvec_q4_1_r4_c1(PPPPiiii)
-// memra-kernel: matvec_q4_1_r1_c2(PPPPiiii)
-// memra-kernel: matvec_q4_1_r1_c4(PPPPiiii)
-// memra-kernel: matvec_q4_1_r1_c8(PPPPiiii)
-// memra-kernel: matvec_q4_1_r1_c16(PPPPiiii)
-// memra-kernel: matvec_q5_0_r1_c1(PPPPiiii)
-// memra-kernel: matvec_q5_0_r2_c1(PPPPiiii)
-// memra-kernel: matvec_q5_0_r4_c1(PPPPiiii)
-// memra-kernel: matvec_q5_0_r1_c2(PPPPiiii)
-// memra-kernel: matvec_q5_0_r1_c4(PPPPiiii)
-// memra-kernel: matvec_q5_0_r1_c8(PPPPiiii)
-// memra-kernel: matvec_q5_0_r1_c16(PPPPiiii)
-// memra-kernel: matvec_q5_1_r1_c1(PPPPiiii)
-// memra-kernel: matvec_q5_1_r2_c1(PPPPiiii)
-// memra-kernel: matvec_q5_1_r4_c1(PPPPiiii)
-// memra-kernel: matvec_q5_1_r1_c2(PPPPiiii)
-// memra-kernel: matvec_q5_1_r1_c4(PPPPiiii)
-// memra-kernel: matvec_q5_1_r1_c8(PPPPiiii)
-// memra-kernel: matvec_q5_1_r1_c16(PPPPiiii)
-// memra-kernel: matvec_q8_0_r1_c1(PPPPiiii)
-// memra-kernel: matvec_q8_0_r2_c1(PPPPiiii)
-// memra-kernel: matvec_q8_0_r4_c1(PPPPiiii)
-// memra-kernel: matvec_q8_0_r1_c2(PPPPiiii)
-// memra-kernel: matvec_q8_0_r1_c4(PPPPiiii)
-// memra-kernel: matvec_q8_0_r1_c8(PPPPiiii)
-// memra-kernel: matvec_q8_0_r1_c16(PPPPiiii)
-// memra-kernel: matvec_q4_K_r1_c1(PPPPiiii)
-// memra-kernel: matvec_q4_K_r2_c1(PPPPiiii)
-// memra-kernel: matvec_q4_K_r4_c1(PPPPiiii)
-// memra-kernel: matvec_q4_K_r1_c2(PPPPiiii)
-// memra-kernel: matvec_q4_K_r1_c4(PPPPiiii)
-// memra-kernel: matvec_q4_K_r1_c8(PPPPiiii)
-// memra-kernel: matvec_q4_K_r1_c16(PPPPiiii)
-// memra-kernel: matvec_q5_K_r1_c1(PPPPiiii)
-// memra-kernel: matvec_q5_K_r2_c1(PPPPiiii)
-// memra-kernel: matvec_q5_K_r4_c1(PPPPiiii)
-// memra-kernel: matvec_q5_K_r1_c2(PPPPiiii)
-// memra-kernel: matvec_q5_K_r1_c4(PPPPiiii)
-// memra-kernel: matvec_q5_K_r1_c8(PPPPiiii)
-// memra-kernel: matvec_q5_K_r1_c16(PPPPiiii)
-// memra-kernel: matvec_q6_K_r1_c1(PPPPiiii)
-// memra-kernel: matvec_q6_K_r2_c1(PPPPiiii)
-// memra-kernel: matvec_q6_K_r4_c1(PPPPiiii)
-// memra-kernel: matvec_q6_K_r1_c2(PPPPiiii)
-// memra-kernel: matvec_q6_K_r1_c4(PPPPiiii)
-// memra-kernel: matvec_q6_K_r1_c8(PPPPiiii)
-// memra-kernel: matvec_q6_K_r1_c16(PPPPiiii)
+// memra-kernel: matvec_q4_0_r1u1_c1(PPPPiiii)
+// memra-kernel: matvec_q4_0_r1u2_c1(PPPPiiii)
+// memra-kernel: matvec_q4_0_r1u4_c1(PPPPiiii)
+// memra-kernel: matvec_q4_0_r2u1_c1(PPPPiiii)
+// memra-kernel: matvec_q4_0_r2u2_c1(PPPPiiii)
+// memra-kernel: matvec_q4_0_r4u1_c1(PPPPiiii)
+// memra-kernel: matvec_q4_0_r1u1_c2(PPPPiiii)
+// memra-kernel: matvec_q4_0_r1u1_c4(PPPPiiii)
+// memra-kernel: matvec_q4_0_r1u1_c8(PPPPiiii)
+// memra-kernel: matvec_q4_0_r1u1_c16(PPPPiiii)
+// memra-kernel: matvec_q4_0_fused_r1u1(PPPPiiii)
+// memra-kernel: matvec_q4_0_fused_r2u1(PPPPiiii)
+// memra-kernel: matvec_q4_1_r1u1_c1(PPPPiiii)
+// memra-kernel: matvec_q4_1_r1u2_c1(PPPPiiii)
+// memra-kernel: matvec_q4_1_r1u4_c1(PPPPiiii)
+// memra-kernel: matvec_q4_1_r2u1_c1(PPPPiiii)
+// memra-kernel: matvec_q4_1_r2u2_c1(PPPPiiii)
+// memra-kernel: matvec_q4_1_r4u1_c1(PPPPiiii)
+// memra-kernel: matvec_q4_1_r1u1_c2(PPPPiiii)
+// memra-kernel: matvec_q4_1_r1u1_c4(PPPPiiii)
+// memra-kernel: matvec_q4_1_r1u1_c8(PPPPiiii)
+// memra-kernel: matvec_q4_1_r1u1_c16(PPPPiiii)
+// memra-kernel: matvec_q4_1_fused_r1u1(PPPPiiii)
+// memra-kernel: matvec_q4_1_fused_r2u1(PPPPiiii)
+// memra-kernel: matvec_q5_0_r1u1_c1(PPPPiiii)
+// memra-kernel: matvec_q5_0_r1u2_c1(PPPPiiii)
+// memra-kernel: matvec_q5_0_r1u4_c1(PPPPiiii)
+// memra-kernel: matvec_q5_0_r2u1_c1(PPPPiiii)
+// memra-kernel: matvec_q5_0_r2u2_c1(PPPPiiii)
+// memra-kernel: matvec_q5_0_r4u1_c1(PPPPiiii)
+// memra-kernel: matvec_q5_0_r1u1_c2(PPPPiiii)
+// memra-kernel: matvec_q5_0_r1u1_c4(PPPPiiii)
+// memra-kernel: matvec_q5_0_r1u1_c8(PPPPiiii)
+// memra-kernel: matvec_q5_0_r1u1_c16(PPPPiiii)
+// memra-kernel: matvec_q5_0_fused_r1u1(PPPPiiii)
+// memra-kernel: matvec_q5_0_fused_r2u1(PPPPiiii)
+// memra-kernel: matvec_q5_1_r1u1_c1(PPPPiiii)
+// memra-kernel: matvec_q5_1_r1u2_c1(PPPPiiii)
+// memra-kernel: matvec_q5_1_r1u4_c1(PPPPiiii)
+// memra-kernel: matvec_q5_1_r2u1_c1(PPPPiiii)
+// memra-kernel: matvec_q5_1_r2u2_c1(PPPPiiii)
+// memra-kernel: matvec_q5_1_r4u1_c1(PPPPiiii)
+// memra-kernel: matvec_q5_1_r1u1_c2(PPPPiiii)
+// memra-kernel: matvec_q5_1_r1u1_c4(PPPPiiii)
+// memra-kernel: matvec_q5_1_r1u1_c8(PPPPiiii)
+// memra-kernel: matvec_q5_1_r1u1_c16(PPPPiiii)
+// memra-kernel: matvec_q5_1_fused_r1u1(PPPPiiii)
+// memra-kernel: matvec_q5_1_fused_r2u1(PPPPiiii)
+// memra-kernel: matvec_q8_0_r1u1_c1(PPPPiiii)
+// memra-kernel: matvec_q8_0_r1u2_c1(PPPPiiii)
+// memra-kernel: matvec_q8_0_r1u4_c1(PPPPiiii)
+// memra-kernel: matvec_q8_0_r2u1_c1(PPPPiiii)
+// memra-kernel: matvec_q8_0_r2u2_c1(PPPPiiii)
+// memra-kernel: matvec_q8_0_r4u1_c1(PPPPiiii)
+// memra-kernel: matvec_q8_0_r1u1_c2(PPPPiiii)
+// memra-kernel: matvec_q8_0_r1u1_c4(PPPPiiii)
+// memra-kernel: matvec_q8_0_r1u1_c8(PPPPiiii)
+// memra-kernel: matvec_q8_0_r1u1_c16(PPPPiiii)
+// memra-kernel: matvec_q8_0_fused_r1u1(PPPPiiii)
+// memra-kernel: matvec_q8_0_fused_r2u1(PPPPiiii)
+// memra-kernel: matvec_q4_K_r1u1_c1(PPPPiiii)
+// memra-kernel: matvec_q4_K_r1u2_c1(PPPPiiii)
+// memra-kernel: matvec_q4_K_r1u4_c1(PPPPiiii)
+// memra-kernel: matvec_q4_K_r2u1_c1(PPPPiiii)
+// memra-kernel: matvec_q4_K_r2u2_c1(PPPPiiii)
+// memra-kernel: matvec_q4_K_r4u1_c1(PPPPiiii)
+// memra-kernel: matvec_q4_K_r1u1_c2(PPPPiiii)
+// memra-kernel: matvec_q4_K_r1u1_c4(PPPPiiii)
+// memra-kernel: matvec_q4_K_r1u1_c8(PPPPiiii)
+// memra-kernel: matvec_q4_K_r1u1_c16(PPPPiiii)
+// memra-kernel: matvec_q4_K_fused_r1u1(PPPPiiii)
+// memra-kernel: matvec_q4_K_fused_r2u1(PPPPiiii)
+// memra-kernel: matvec_q5_K_r1u1_c1(PPPPiiii)
+// memra-kernel: matvec_q5_K_r1u2_c1(PPPPiiii)
+// memra-kernel: matvec_q5_K_r1u4_c1(PPPPiiii)
+// memra-kernel: matvec_q5_K_r2u1_c1(PPPPiiii)
+// memra-kernel: matvec_q5_K_r2u2_c1(PPPPiiii)
+// memra-kernel: matvec_q5_K_r4u1_c1(PPPPiiii)
+// memra-kernel: matvec_q5_K_r1u1_c2(PPPPiiii)
+// memra-kernel: matvec_q5_K_r1u1_c4(PPPPiiii)
+// memra-kernel: matvec_q5_K_r1u1_c8(PPPPiiii)
+// memra-kernel: matvec_q5_K_r1u1_c16(PPPPiiii)
+// memra-kernel: matvec_q5_K_fused_r1u1(PPPPiiii)
+// memra-kernel: matvec_q5_K_fused_r2u1(PPPPiiii)
+// memra-kernel: matvec_q6_K_r1u1_c1(PPPPiiii)
+// memra-kernel: matvec_q6_K_r1u2_c1(PPPPiiii)
+// memra-kernel: matvec_q6_K_r1u4_c1(PPPPiiii)
+// memra-kernel: matvec_q6_K_r2u1_c1(PPPPiiii)
+// memra-kernel: matvec_q6_K_r2u2_c1(PPPPiiii)
+// memra-kernel: matvec_q6_K_r4u1_c1(PPPPiiii)
+// memra-kernel: matvec_q6_K_r1u1_c2(PPPPiiii)
+// memra-kernel: matvec_q6_K_r1u1_c4(PPPPiiii)
+// memra-kernel: matvec_q6_K_r1u1_c8(PPPPiiii)
+// memra-kernel: matvec_q6_K_r1u1_c16(PPPPiiii)
+// memra-kernel: matvec_q6_K_fused_r1u1(PPPPiiii)
+// memra-kernel: matvec_q6_K_fused_r2u1(PPPPiiii)
 // memra-kernel: matvec_f16_c1(PPPiii)
 // memra-kernel: matvec_f16_c2(PPPiii)
 // memra-kernel: matvec_f16_c4(PPPiii)

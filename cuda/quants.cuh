@@ -80,6 +80,31 @@ QDEV int dp4a(int a, int b, int c) {
 #endif
 }
 
+// Float steps of the dot products, each rounded on its own (never contracted into an FMA the
+// compiler picks): every matvec instantiation (rows per warp, columns) must give the same bits,
+// so that speculative verify reproduces decode exactly.
+QDEV float fmul(float a, float b) {
+#ifdef __CUDA_ARCH__
+    return __fmul_rn(a, b);
+#else
+    return a * b;
+#endif
+}
+QDEV float fadd(float a, float b) {
+#ifdef __CUDA_ARCH__
+    return __fadd_rn(a, b);
+#else
+    return a + b;
+#endif
+}
+QDEV float ffma(float a, float b, float c) {
+#ifdef __CUDA_ARCH__
+    return __fmaf_rn(a, b, c);
+#else
+    return fmaf(a, b, c);
+#endif
+}
+
 // Per-byte a - b (no saturation needed: callers stay in int8 range).
 QDEV int vsub4(int a, int b) {
 #ifdef __CUDA_ARCH__
@@ -93,6 +118,19 @@ QDEV int vsub4(int a, int b) {
 
 QDEV int lane_of(const int4& v, int i) {
     return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+QDEV int byte_of(const int4& v, int i) { return (lane_of(v, i >> 2) >> (8 * (i & 3))) & 0xFF; }
+QDEV int nibble(const int4& v, int i, int high) { return (byte_of(v, i) >> (4 * high)) & 0xF; }
+
+// Eight f16 values in one 16-byte shared-memory store (the GEMM's dequantized tiles).
+QDEV void store8(half* dst, const float* v) {
+    half2 h[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) h[i] = __floats2half2_rn(v[2 * i], v[2 * i + 1]);
+    int4 out;
+    memcpy(&out, h, sizeof out);  // not a pointer cast: that breaks strict aliasing on the host
+    *reinterpret_cast<int4*>(dst) = out;
 }
 
 QDEV int4 ld16(const void* p) { return *reinterpret_cast<const int4*>(p); }
@@ -114,6 +152,24 @@ QDEV void scale_min_k4(int j, const uint8_t* q, int& sc, int& m) {
         m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
     }
 }
+
+#ifdef __CUDACC__
+// q8_1 quantization of one 32-value block, one value per lane of a full warp: q = roundf(x / d),
+// d = amax / 127, ds = (d, sum of x) (ggml's quantize_q8_1). Every kernel that emits q8_1
+// (quantize_q8_1, the fused matvec, a norm or activation that writes q8_1 directly) must use
+// this function, so that all of them produce the same bytes. Lane 0 writes ds.
+__device__ __forceinline__ void quantize_block_q8_1(float xi, int8_t* qs, float2* ds) {
+    float amax = fabsf(xi), sum = xi;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    }
+    const float d = amax / 127.0f;
+    *qs = amax == 0.0f ? 0 : (int8_t)roundf(xi / d);
+    if ((threadIdx.x & 31) == 0) *ds = make_float2(d, sum);
+}
+#endif
 
 // One 32-value q8_1 activation block: 8 ints of int8 and (d, sum).
 struct act32 { int4 lo, hi; float2 ds; };
@@ -137,8 +193,6 @@ QDEV int dot_nibbles(const int4& q, const int4& hbits_lo, const int4& hbits_hi, 
     return s;
 }
 
-// 32-wide nibble dequant: value i of the block from byte i%16, nibble i/16.
-QDEV int nib32(const uint8_t* qs, int i) { return (qs[i & 15] >> ((i >> 4) << 2)) & 0xF; }
 
 // ---- 2. per-type traits ----------------------------------------------------------------------
 
@@ -153,12 +207,18 @@ struct q4_0_t {  // w = d * (q - 8)
     static QDEV void load_a(A& a, const int8_t* xq, const float2* ds, int b, int) { load_act32(a, xq, ds, b); }
     static QDEV float dot(const W& w, const A& a) {
         const int4 z = make_int4(0, 0, 0, 0);
-        return w.d * (a.ds.x * (float)dot_nibbles(w.q, z, z, a) - 8.0f * a.ds.y);
+        return fmul(w.d, ffma(a.ds.x, (float)dot_nibbles(w.q, z, z, a), -8.0f * a.ds.y));
     }
-    static QDEV void dequant(const uint8_t* q, const uint8_t* m, int, half* dst) {
-        const float d = ld_half(m);
-#pragma unroll 8
-        for (int i = 0; i < 32; ++i) dst[i] = __float2half(d * (float)(nib32(q, i) - 8));
+    static QDEV void dequant(const uint8_t* q, const uint8_t* m, int j, half* dst) {
+        W w;
+        load_w(w, q, m, j);
+#pragma unroll
+        for (int g = 0; g < 4; ++g) {
+            float v[8];
+#pragma unroll
+            for (int e = 0; e < 8; ++e) v[e] = w.d * (float)(nibble(w.q, (8 * g + e) & 15, g >> 1) - 8);
+            store8(dst + 8 * g, v);
+        }
     }
 };
 
@@ -175,12 +235,18 @@ struct q4_1_t {  // w = d * q + m
     static QDEV void load_a(A& a, const int8_t* xq, const float2* ds, int b, int) { load_act32(a, xq, ds, b); }
     static QDEV float dot(const W& w, const A& a) {
         const int4 z = make_int4(0, 0, 0, 0);
-        return w.d * a.ds.x * (float)dot_nibbles(w.q, z, z, a) + w.m * a.ds.y;
+        return ffma(w.m, a.ds.y, fmul(fmul(w.d, a.ds.x), (float)dot_nibbles(w.q, z, z, a)));
     }
-    static QDEV void dequant(const uint8_t* q, const uint8_t* m, int, half* dst) {
-        const float d = ld_half(m), mn = ld_half(m + 2);
-#pragma unroll 8
-        for (int i = 0; i < 32; ++i) dst[i] = __float2half(d * (float)nib32(q, i) + mn);
+    static QDEV void dequant(const uint8_t* q, const uint8_t* m, int j, half* dst) {
+        W w;
+        load_w(w, q, m, j);
+#pragma unroll
+        for (int g = 0; g < 4; ++g) {
+            float v[8];
+#pragma unroll
+            for (int e = 0; e < 8; ++e) v[e] = w.d * (float)nibble(w.q, (8 * g + e) & 15, g >> 1) + w.m;
+            store8(dst + 8 * g, v);
+        }
     }
 };
 
@@ -204,13 +270,21 @@ struct q5_0_t {  // w = d * (q5 - 16)
     static QDEV float dot(const W& w, const A& a) {
         int4 hl, hh;
         q5_high_bits(w.qh, hl, hh);
-        return w.d * (a.ds.x * (float)dot_nibbles(w.q, hl, hh, a) - 16.0f * a.ds.y);
+        return fmul(w.d, ffma(a.ds.x, (float)dot_nibbles(w.q, hl, hh, a), -16.0f * a.ds.y));
     }
-    static QDEV void dequant(const uint8_t* q, const uint8_t* m, int, half* dst) {
-        const float d = ld_half(m);
-        const unsigned qh = *reinterpret_cast<const unsigned*>(m + 4);
-#pragma unroll 8
-        for (int i = 0; i < 32; ++i) dst[i] = __float2half(d * (float)((nib32(q, i) | (int)(((qh >> i) & 1) << 4)) - 16));
+    static QDEV void dequant(const uint8_t* q, const uint8_t* m, int j, half* dst) {
+        W w;
+        load_w(w, q, m, j);
+#pragma unroll
+        for (int g = 0; g < 4; ++g) {
+            float v[8];
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                const int i = 8 * g + e;
+                v[e] = w.d * (float)((nibble(w.q, i & 15, g >> 1) | (int)(((w.qh >> i) & 1) << 4)) - 16);
+            }
+            store8(dst + 8 * g, v);
+        }
     }
 };
 
@@ -229,13 +303,21 @@ struct q5_1_t {  // w = d * q5 + m
     static QDEV float dot(const W& w, const A& a) {
         int4 hl, hh;
         q5_high_bits(w.qh, hl, hh);
-        return w.d * a.ds.x * (float)dot_nibbles(w.q, hl, hh, a) + w.m * a.ds.y;
+        return ffma(w.m, a.ds.y, fmul(fmul(w.d, a.ds.x), (float)dot_nibbles(w.q, hl, hh, a)));
     }
-    static QDEV void dequant(const uint8_t* q, const uint8_t* m, int, half* dst) {
-        const float d = ld_half(m), mn = ld_half(m + 2);
-        const unsigned qh = *reinterpret_cast<const unsigned*>(m + 4);
-#pragma unroll 8
-        for (int i = 0; i < 32; ++i) dst[i] = __float2half(d * (float)(nib32(q, i) | (((qh >> i) & 1) << 4)) + mn);
+    static QDEV void dequant(const uint8_t* q, const uint8_t* m, int j, half* dst) {
+        W w;
+        load_w(w, q, m, j);
+#pragma unroll
+        for (int g = 0; g < 4; ++g) {
+            float v[8];
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                const int i = 8 * g + e;
+                v[e] = w.d * (float)(nibble(w.q, i & 15, g >> 1) | (int)(((w.qh >> i) & 1) << 4)) + w.m;
+            }
+            store8(dst + 8 * g, v);
+        }
     }
 };
 
@@ -256,12 +338,18 @@ struct q8_0_t {  // w = d * q
             s = dp4a(lane_of(w.lo, i), lane_of(a.lo, i), s);
             s = dp4a(lane_of(w.hi, i), lane_of(a.hi, i), s);
         }
-        return w.d * a.ds.x * (float)s;
+        return fmul(fmul(w.d, a.ds.x), (float)s);
     }
-    static QDEV void dequant(const uint8_t* q, const uint8_t* m, int, half* dst) {
-        const float d = ld_half(m);
-#pragma unroll 8
-        for (int i = 0; i < 32; ++i) dst[i] = __float2half(d * (float)(int8_t)q[i]);
+    static QDEV void dequant(const uint8_t* q, const uint8_t* m, int j, half* dst) {
+        W w;
+        load_w(w, q, m, j);
+#pragma unroll
+        for (int g = 0; g < 4; ++g) {
+            float v[8];
+#pragma unroll
+            for (int e = 0; e < 8; ++e) v[e] = w.d * (float)(int8_t)byte_of(g < 2 ? w.lo : w.hi, (8 * g + e) & 15);
+            store8(dst + 8 * g, v);
+        }
     }
 };
 
@@ -278,15 +366,35 @@ QDEV void load_act64(act64& a, const int8_t* xq, const float2* ds, int blk) {
 }
 
 // Scales of sub-blocks 2j, 2j+1, folded with d / dmin.
+// One 16-byte load of the K-quant meta (d, dmin, 12 scale bytes), then get_scale_min_k4 on
+// registers: byte loads of the scales one by one cost more instructions than the dot itself.
 QDEV void kquant_scales(const uint8_t* meta, int j, float& dsc0, float& dsc1, float& dmn0, float& dmn1) {
-    const float d = ld_half(meta), dmin = ld_half(meta + 2);
-    int sc, m;
-    scale_min_k4(2 * j, meta + 4, sc, m);
-    dsc0 = d * (float)sc;
-    dmn0 = dmin * (float)m;
-    scale_min_k4(2 * j + 1, meta + 4, sc, m);
-    dsc1 = d * (float)sc;
-    dmn1 = dmin * (float)m;
+    const int4 mv = ld16(meta);
+    const float d = __half2float(__ushort_as_half((unsigned short)(mv.x & 0xFFFF)));
+    const float dmin = __half2float(__ushort_as_half((unsigned short)((unsigned)mv.x >> 16)));
+    int sc[2], mn[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int s = 2 * j + h;  // sub-block; scale byte k of the 12 is meta byte 4 + k
+        if (s < 4) {
+            sc[h] = byte_of(mv, 4 + s) & 63;
+            mn[h] = byte_of(mv, 8 + s) & 63;
+        } else {
+            sc[h] = (byte_of(mv, 8 + s) & 0xF) | ((byte_of(mv, s) >> 6) << 4);
+            mn[h] = (byte_of(mv, 8 + s) >> 4) | ((byte_of(mv, 4 + s) >> 6) << 4);
+        }
+    }
+    dsc0 = fmul(d, (float)sc[0]);
+    dmn0 = fmul(dmin, (float)mn[0]);
+    dsc1 = fmul(d, (float)sc[1]);
+    dmn1 = fmul(dmin, (float)mn[1]);
+}
+
+// d*sc*dx*sumi - dmin*m*s for the unit's two sub-blocks.
+QDEV float kquant_combine(float dsc0, float dmn0, float dsc1, float dmn1, const act64& a, int s0, int s1) {
+    const float t0 = ffma(-dmn0, a.ds0.y, fmul(fmul(dsc0, a.ds0.x), (float)s0));
+    const float t1 = ffma(-dmn1, a.ds1.y, fmul(fmul(dsc1, a.ds1.x), (float)s1));
+    return fadd(t0, t1);
 }
 
 struct q4_K_t {  // w = d*sc[s]*q - dmin*m[s]
@@ -307,17 +415,23 @@ struct q4_K_t {  // w = d*sc[s]*q - dmin*m[s]
             s0 = dp4a(v & 0x0F0F0F0F, lane_of(a.x[i >> 2], i & 3), s0);
             s1 = dp4a((v >> 4) & 0x0F0F0F0F, lane_of(a.x[2 + (i >> 2)], i & 3), s1);
         }
-        return w.dsc0 * a.ds0.x * (float)s0 - w.dmn0 * a.ds0.y + w.dsc1 * a.ds1.x * (float)s1 - w.dmn1 * a.ds1.y;
+        return kquant_combine(w.dsc0, w.dmn0, w.dsc1, w.dmn1, a, s0, s1);
     }
     static QDEV void dequant(const uint8_t* q, const uint8_t* m, int j, half* dst) {
-        float dsc0, dsc1, dmn0, dmn1;
-        kquant_scales(m, j, dsc0, dsc1, dmn0, dmn1);
-        const uint8_t* qs = q + 32 * j;
+        W w;
+        load_w(w, q, m, j);
         dst += 64 * j;
-#pragma unroll 8
-        for (int l = 0; l < 32; ++l) {
-            dst[l] = __float2half(dsc0 * (float)(qs[l] & 0xF) - dmn0);
-            dst[32 + l] = __float2half(dsc1 * (float)(qs[l] >> 4) - dmn1);
+#pragma unroll
+        for (int g = 0; g < 8; ++g) {  // g < 4: low nibbles (sub-block 2j), else high (2j+1)
+            const int hi = g >> 2;
+            float v[8];
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                const int l = 8 * (g & 3) + e;
+                const int n = nibble(l < 16 ? w.q0 : w.q1, l & 15, hi);
+                v[e] = hi ? w.dsc1 * (float)n - w.dmn1 : w.dsc0 * (float)n - w.dmn0;
+            }
+            store8(dst + 8 * g, v);
         }
     }
 };
@@ -346,20 +460,24 @@ struct q5_K_t {  // as Q4_K with a fifth bit: qh[l] bit s is value l of sub-bloc
             s0 = dp4a(v0, lane_of(a.x[i >> 2], i & 3), s0);
             s1 = dp4a(v1, lane_of(a.x[2 + (i >> 2)], i & 3), s1);
         }
-        return w.dsc0 * a.ds0.x * (float)s0 - w.dmn0 * a.ds0.y + w.dsc1 * a.ds1.x * (float)s1 - w.dmn1 * a.ds1.y;
+        return kquant_combine(w.dsc0, w.dmn0, w.dsc1, w.dmn1, a, s0, s1);
     }
     static QDEV void dequant(const uint8_t* q, const uint8_t* m, int j, half* dst) {
-        float dsc0, dsc1, dmn0, dmn1;
-        kquant_scales(m, j, dsc0, dsc1, dmn0, dmn1);
-        const uint8_t* qh = q;
-        const uint8_t* qs = q + 32 + 32 * j;
+        W w;
+        load_w(w, q, m, j);
         dst += 64 * j;
-#pragma unroll 8
-        for (int l = 0; l < 32; ++l) {
-            const int lo = (qs[l] & 0xF) | (((qh[l] >> (2 * j)) & 1) << 4);
-            const int hi = (qs[l] >> 4) | (((qh[l] >> (2 * j + 1)) & 1) << 4);
-            dst[l] = __float2half(dsc0 * (float)lo - dmn0);
-            dst[32 + l] = __float2half(dsc1 * (float)hi - dmn1);
+#pragma unroll
+        for (int g = 0; g < 8; ++g) {
+            const int hi = g >> 2;
+            float v[8];
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                const int l = 8 * (g & 3) + e;
+                const int h5 = (byte_of(l < 16 ? w.h0 : w.h1, l & 15) >> (2 * j + hi)) & 1;
+                const int n = nibble(l < 16 ? w.q0 : w.q1, l & 15, hi) | (h5 << 4);
+                v[e] = hi ? w.dsc1 * (float)n - w.dmn1 : w.dsc0 * (float)n - w.dmn0;
+            }
+            store8(dst + 8 * g, v);
         }
     }
 };
@@ -407,22 +525,28 @@ struct q6_K_t {
                 const int hi = ((lane_of(w.h, i) >> (2 * k)) & 0x03030303) << 4;
                 s = dp4a(vsub4(lo | hi, 0x20202020), lane_of(a.x[k], i), s);
             }
-            sum += (float)w.sc[k] * a.d[k] * (float)s;
+            sum = ffma(fmul((float)w.sc[k], a.d[k]), (float)s, sum);
         }
-        return w.d * sum;
+        return fmul(w.d, sum);
     }
     static QDEV void dequant(const uint8_t* q, const uint8_t* m, int j, half* dst) {
-        const int h = j >> 1, l0 = 16 * (j & 1);
-        const float d = ld_half(m);
-        const int8_t* sc = reinterpret_cast<const int8_t*>(q + 192);
+        W w;
+        load_w(w, q, m, j);
+        dst += 128 * (j >> 1) + 16 * (j & 1);
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
-            const float dk = d * (float)sc[8 * h + 2 * k + (l0 >> 4)];
-#pragma unroll 4
-            for (int l = l0; l < l0 + 16; ++l) {
-                const int lo = (q[64 * h + l + 32 * (k & 1)] >> (4 * (k >> 1))) & 0xF;
-                const int hi = (q[128 + 32 * h + l] >> (2 * k)) & 3;
-                dst[128 * h + 32 * k + l] = __float2half(dk * (float)((lo | (hi << 4)) - 32));
+            const float dk = w.d * (float)w.sc[k];
+#pragma unroll
+            for (int g = 0; g < 2; ++g) {
+                float v[8];
+#pragma unroll
+                for (int e = 0; e < 8; ++e) {
+                    const int l = 8 * g + e;
+                    const int lo = nibble((k & 1) ? w.b : w.a, l, k >> 1);
+                    const int hb = (byte_of(w.h, l) >> (2 * k)) & 3;
+                    v[e] = dk * (float)((lo | (hb << 4)) - 32);
+                }
+                store8(dst + 32 * k + 8 * g, v);
             }
         }
     }
@@ -442,7 +566,8 @@ struct f16_t {
     static constexpr int QK = 8, UNITS = 1, QB = 16, MB = 0, UE = 8;
     static QDEV void load8(const uint8_t* q, float* v) {
         const int4 raw = ld16(q);
-        const half2* h = reinterpret_cast<const half2*>(&raw);
+        half2 h[4];
+        memcpy(h, &raw, sizeof h);
 #pragma unroll
         for (int i = 0; i < 4; ++i) { const float2 f = __half22float2(h[i]); v[2 * i] = f.x; v[2 * i + 1] = f.y; }
     }
@@ -455,15 +580,15 @@ struct bf16_t {
     static constexpr int QK = 8, UNITS = 1, QB = 16, MB = 0, UE = 8;
     static QDEV void load8(const uint8_t* q, float* v) {
         const int4 raw = ld16(q);
-        const unsigned* u = reinterpret_cast<const unsigned*>(&raw);
+        unsigned u[4];
+        memcpy(u, &raw, sizeof u);
 #pragma unroll
         for (int i = 0; i < 4; ++i) { v[2 * i] = bits_to_float(u[i] << 16); v[2 * i + 1] = bits_to_float(u[i] & 0xFFFF0000u); }
     }
     static QDEV void dequant(const uint8_t* q, const uint8_t*, int, half* dst) {
         float v[8];
         load8(q, v);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) dst[i] = __float2half(v[i]);
+        store8(dst, v);
     }
 };
 
@@ -476,7 +601,6 @@ struct f32_t {
     static QDEV void dequant(const uint8_t* q, const uint8_t*, int, half* dst) {
         float v[8];
         load8(q, v);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) dst[i] = __float2half(v[i]);
+        store8(dst, v);
     }
 };

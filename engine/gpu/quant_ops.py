@@ -20,7 +20,6 @@ from memra_engine.errors import ModelFormatError, UnsupportedModelError
 
 MATVEC_WARPS = 4          # MV_WARPS in matvec.cu
 MATVEC_MAX_COLUMNS = 16   # widest batched matvec; more tokens go in chunks of 16
-GEMM_TILE = 64            # GEMM_BM = GEMM_BN in gemm.cu
 PLANE_ALIGN = 256
 
 # ggml type -> (kernel suffix, q plane byte ranges of the block, meta plane parts).
@@ -153,6 +152,10 @@ def quantize_q8_1(rt, x_ptr: int, xq_ptr: int, n_cols: int, n_tokens: int = 1) -
 
 
 # ---- matvec (decode, verify) -------------------------------------------------------------------
+ONE_COLUMN_VARIANTS = ((1, 1), (1, 2), (1, 4), (2, 1), (2, 2), (4, 1))  # (rows per warp, units per step)
+FUSED_VARIANTS = ((1, 1), (2, 1))
+
+
 def _columns_variant(n: int) -> int:
     for c in (1, 2, 4, 8, 16):
         if n <= c:
@@ -160,51 +163,90 @@ def _columns_variant(n: int) -> int:
     return MATVEC_MAX_COLUMNS
 
 
-def matvec_rows_per_warp(w: GpuWeight) -> int:
-    """Rows per warp for one-token decode (bench_kernels.py measures 1, 2 and 4)."""
-    return 2 if w.rows >= 2048 else 1
+def matvec_variant(w: GpuWeight, fused: bool = False) -> tuple[int, int]:
+    """(rows per warp, units per lane step) for one-token decode, picked from bench_kernels.py on
+    the H200 (docs/gpu-notes.md): short rows (K <= 1024) want one unit per step and, for many
+    rows, two rows per warp; long rows want more loads in flight (u2, Q8_0 u4); the K-quants,
+    heavier per unit, want u1, with two rows per warp for tall matrices (Q6_K: r2u2)."""
+    kind = w.layout.kernel_type
+    if fused:
+        return (2, 1) if w.rows >= 16384 else (1, 1)
+    if kind in ("q4_K", "q5_K"):
+        return (2, 1) if w.rows >= 8192 else (1, 1)
+    if kind == "q6_K":
+        return (2, 2) if w.rows >= 2048 and w.cols >= 2048 else (1, 1)
+    if w.cols <= 1024:
+        return (2, 1) if w.rows >= 16384 else (1, 1)
+    return (1, 4) if kind == "q8_0" else (1, 2)
 
 
-def matvec(rt, w: GpuWeight, x_ptr: int, xq_ptr: int, y_ptr: int, n_tokens: int = 1, rows_per_warp: int | None = None) -> None:
-    """y[t, rows] = W @ x[t] for t < n_tokens. Quant weights read xq (from quantize_q8_1 over the
-    same n_tokens), float weights read x. Up to 16 tokens share one pass over the weight; each
-    column's arithmetic is the one-token kernel's, so results are bit-identical to n_tokens=1."""
+def matvec(rt, w: GpuWeight, x_ptr: int, xq_ptr: int | None, y_ptr: int, n_tokens: int = 1,
+           variant: tuple[int, int] | None = None) -> None:
+    """y[t, rows] = W @ x[t] for t < n_tokens (x f32 [n_tokens, cols], y f32 [n_tokens, rows]).
+
+    Quant weights read xq, written by quantize_q8_1 over the same n_tokens; xq_ptr=None instead
+    quantizes x inside the matvec (one launch instead of two, the same bytes, so the same y: worth
+    it for small K, see docs/gpu-notes.md). Float weights read x. Up to 16 tokens share one pass
+    over the weight; each column's arithmetic is the one-token kernel's, so results are
+    bit-identical to n_tokens=1 whatever the variant."""
     lay = w.layout
+    if lay.is_float:
+        for t0 in range(0, n_tokens, MATVEC_MAX_COLUMNS):
+            n = min(MATVEC_MAX_COLUMNS, n_tokens - t0)
+            rt.launch(f"matvec_{lay.kernel_type}_c{_columns_variant(n)}", -(-w.rows // MATVEC_WARPS), 32 * MATVEC_WARPS,
+                      (w.q_ptr, int(x_ptr) + t0 * w.cols * 4, int(y_ptr) + t0 * w.rows * 4, w.rows, w.cols, n))
+        return
+    stride = q8_1_stride(w.cols)
+    if xq_ptr is None:
+        r, u = variant or matvec_variant(w, fused=True)
+        for t in range(n_tokens):
+            rt.launch(f"matvec_{lay.kernel_type}_fused_r{r}u{u}", -(-w.rows // (MATVEC_WARPS * r)), 32 * MATVEC_WARPS,
+                      (w.q_ptr, w.meta_ptr, int(x_ptr) + t * w.cols * 4, int(y_ptr) + t * w.rows * 4,
+                       w.rows, w.cols, 1, stride), shared=stride)
+        return
     for t0 in range(0, n_tokens, MATVEC_MAX_COLUMNS):
         n = min(MATVEC_MAX_COLUMNS, n_tokens - t0)
         c = _columns_variant(n)
-        y = int(y_ptr) + t0 * w.rows * 4
-        if lay.is_float:
-            grid = -(-w.rows // MATVEC_WARPS)
-            rt.launch(f"matvec_{lay.kernel_type}_c{c}", grid, 32 * MATVEC_WARPS,
-                      (w.q_ptr, int(x_ptr) + t0 * w.cols * 4, y, w.rows, w.cols, n))
-            continue
-        r = (rows_per_warp or matvec_rows_per_warp(w)) if c == 1 else 1
-        grid = -(-w.rows // (MATVEC_WARPS * r))
-        stride = q8_1_stride(w.cols)
-        rt.launch(f"matvec_{lay.kernel_type}_r{r}_c{c}", grid, 32 * MATVEC_WARPS,
-                  (w.q_ptr, w.meta_ptr, int(xq_ptr) + t0 * stride, y, w.rows, w.cols, n, stride))
+        r, u = (variant or matvec_variant(w)) if c == 1 else (1, 1)
+        rt.launch(f"matvec_{lay.kernel_type}_r{r}u{u}_c{c}", -(-w.rows // (MATVEC_WARPS * r)), 32 * MATVEC_WARPS,
+                  (w.q_ptr, w.meta_ptr, int(xq_ptr) + t0 * stride, int(y_ptr) + t0 * w.rows * 4, w.rows, w.cols, n, stride))
 
 
 # ---- GEMM (prefill) ----------------------------------------------------------------------------
-def gemm(rt, w: GpuWeight, x_ptr: int, y_ptr: int, n_tokens: int, scratch=None) -> None:
+# kernel prefix -> (tokens per tile, rows per tile, threads, dynamic shared bytes); see gemm.cu
+GEMM_TILES = {"gemm": (64, 64, 128, 34816), "gemm2": (128, 128, 256, 69632)}
+SHARED_OPT_IN = 48 * 1024
+
+
+def gemm_variant(w: GpuWeight, n_tokens: int) -> str:
+    """The tile shape for a prefill chunk: the 128x128 tile wins once there are enough tiles to
+    keep two blocks per SM busy (bench_kernels.py times both; docs/gpu-notes.md)."""
+    return "gemm2" if n_tokens >= 256 and w.rows >= 4096 else "gemm"
+
+
+def gemm(rt, w: GpuWeight, x_ptr: int, y_ptr: int, n_tokens: int, scratch=None, variant: str | None = None) -> None:
     """y[t, rows] = W @ x[t] on tensor cores (f16 operands, f32 accumulate), for prefill chunks.
     x is f32 [n_tokens, cols]. `scratch` is not needed: the weight is dequantized tile by tile in
     shared memory and x is converted on the fly (kept in the signature for the backend's seam)."""
-    grid = (-(-w.rows // GEMM_TILE), -(-n_tokens // GEMM_TILE))
+    prefix = variant or gemm_variant(w, n_tokens)
+    bm, bn, threads, smem = GEMM_TILES[prefix]
+    name = f"{prefix}_{w.layout.kernel_type}"
+    if smem > SHARED_OPT_IN:
+        rt.set_max_dynamic_shared(name, smem)  # a function attribute, not a stream operation
     meta = w.meta_ptr if not w.layout.is_float else w.q_ptr
-    rt.launch(f"gemm_{w.layout.kernel_type}", grid, 128,
-              (w.q_ptr, meta, int(x_ptr), int(y_ptr), w.rows, w.cols, n_tokens))
+    rt.launch(name, (-(-w.rows // bn), -(-n_tokens // bm)), threads,
+              (w.q_ptr, meta, int(x_ptr), int(y_ptr), w.rows, w.cols, n_tokens), shared=smem)
 
 
 def kernel_names() -> list[str]:
     """Every entry point this module may launch (resolve them before graph capture)."""
     names = ["quantize_q8_1"]
     for name, _, _ in QUANT_PLANES.values():
-        names += [f"matvec_{name}_r{r}_c1" for r in (1, 2, 4)]
-        names += [f"matvec_{name}_r1_c{c}" for c in (2, 4, 8, 16)]
-        names.append(f"gemm_{name}")
+        names += [f"matvec_{name}_r{r}u{u}_c1" for r, u in ONE_COLUMN_VARIANTS]
+        names += [f"matvec_{name}_r1u1_c{c}" for c in (2, 4, 8, 16)]
+        names += [f"matvec_{name}_fused_r{r}u{u}" for r, u in FUSED_VARIANTS]
+        names += [f"{prefix}_{name}" for prefix in GEMM_TILES]
     for name, _ in FLOAT_TYPES.values():
         names += [f"matvec_{name}_c{c}" for c in (1, 2, 4, 8, 16)]
-        names.append(f"gemm_{name}")
+        names += [f"{prefix}_{name}" for prefix in GEMM_TILES]
     return names

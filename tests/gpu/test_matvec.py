@@ -1,0 +1,139 @@
+"""Decode matvec and quantize_q8_1 on the GPU against numpy (cuda/matvec.cu, engine/gpu/quant_ops.py).
+
+Random weights (random bytes for the quants, so every code appears; random d/m), random
+activations, odd row counts, outputs poisoned with NaN before each launch. Bounds:
+- quantize_q8_1: bytes identical to quant_ref.quantize_q8_1_ref (same division, roundf, warp tree);
+- int8 matvec vs the float64 emulation of the q8_1 path: ||gpu-emul|| <= 1e-5 * S (float32
+  summation order only); vs the f32 dequantized reference: <= 2e-2 * S (q8_1 rounding of x, ~0.5%),
+  where S = ||sqrt(x^2 @ W^2.T)||, the size of y without cancellation (a single row of 256 random
+  products can cancel to near zero, making ||ref|| a poor yardstick);
+- float matvec (F16/BF16/F32) vs the f32 reference: <= 1e-3 (measured ~1e-7);
+- batched columns (verify) are bit-identical to one-column launches, and so are every one-column
+  variant (rows per warp, units per step) and the fused quantize+matvec kernels.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf.constants import GGMLQuantizationType as QT
+
+from memra_engine.gpu import quant_ops
+from memra_engine.gpu.quant_ref import (dequantize_weight, matvec_q8_1_ref, q8_1_bytes, quantize_q8_1_ref,
+                                        random_weight_bytes, supported_types)
+from memra_engine.model.gguf_file import TensorInfo
+
+pytestmark = pytest.mark.gpu
+NAN_BITS = 0x7FC00000
+QUANT_TYPES = list(quant_ops.QUANT_PLANES)
+FLOAT_TYPES = list(quant_ops.FLOAT_TYPES)
+
+
+def upload(rt, pool, ggml_type, rows, cols, rng):
+    data = random_weight_bytes(ggml_type, rows, cols, rng)
+    w = quant_ops.upload_weight(rt, pool, TensorInfo("w", (rows, cols), ggml_type, data))
+    return w, data
+
+
+def put(rt, pool, host: np.ndarray):
+    buf = pool.alloc("scratch", max(host.nbytes, 16), "t")
+    rt.upload(buf.ptr, host)
+    return buf
+
+
+def run_matvec(rt, pool, w, x: np.ndarray, variant=None, fused=False) -> np.ndarray:
+    t, cols = x.shape
+    xb = put(rt, pool, x)
+    xq = pool.alloc("scratch", quant_ops.q8_1_nbytes(cols, t), "xq")
+    y = pool.alloc("scratch", t * w.rows * 4, "y")
+    rt.memset_u32(y.ptr, NAN_BITS, t * w.rows)
+    if not w.layout.is_float and not fused:
+        quant_ops.quantize_q8_1(rt, xb.ptr, xq.ptr, cols, t)
+    quant_ops.matvec(rt, w, xb.ptr, None if fused else xq.ptr, y.ptr, t, variant=variant)
+    out = rt.download(y.ptr, (t, w.rows), np.float32)
+    rt.check()
+    return out
+
+
+def rel(a, b, w=None, x=None) -> float:
+    """||a-b|| over ||b||, or, given w and x, over the size the products can reach without
+    cancellation, ||sqrt(x^2 @ w^2.T)|| (a single random dot product can sum to near zero)."""
+    scale = np.linalg.norm(b) if w is None else np.linalg.norm(np.sqrt((x.astype(np.float64) ** 2) @ (w.astype(np.float64) ** 2).T))
+    return float(np.linalg.norm(np.asarray(a, np.float64) - b) / scale)
+
+
+@pytest.mark.parametrize("cols,tokens", [(576, 1), (2048, 3), (1000, 2)])
+def test_quantize_q8_1_bytes_exact(gpu, cols, tokens):
+    rt, pool = gpu.rt, gpu.pool
+    rng = np.random.default_rng(cols)
+    x = (rng.standard_normal((tokens, cols)) * rng.uniform(0.1, 10, (tokens, 1))).astype(np.float32)
+    x[0, :32] = 0.0  # an all-zero block: d = 0, q = 0
+    xb = put(rt, pool, x)
+    stride = quant_ops.q8_1_stride(cols)
+    xq = pool.alloc("scratch", quant_ops.q8_1_nbytes(cols, tokens), "xq")
+    rt.memset_u32(xq.ptr, 0xDEADBEEF, quant_ops.q8_1_nbytes(cols, tokens) // 4)
+    quant_ops.quantize_q8_1(rt, xb.ptr, xq.ptr, cols, tokens)
+    got = rt.download(xq.ptr, (tokens, stride), np.uint8)
+    qs, ds = quantize_q8_1_ref(x)
+    want = q8_1_bytes(qs, ds, stride)
+    used = qs.shape[1] + ds[0].nbytes
+    assert np.array_equal(got[:, :used], want[:, :used])
+
+
+@pytest.mark.parametrize("ggml_type", QUANT_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("rows,cols,tokens", [(301, 768, 1), (77, 1536, 5), (1, 256, 1), (2053, 512, 1)])
+def test_quant_matvec(gpu, ggml_type, rows, cols, tokens):
+    rt, pool = gpu.rt, gpu.pool
+    rng = np.random.default_rng(rows * cols + int(ggml_type))
+    w, data = upload(rt, pool, ggml_type, rows, cols, rng)
+    x = rng.standard_normal((tokens, cols)).astype(np.float32)
+    y = run_matvec(rt, pool, w, x)
+    assert np.isfinite(y).all(), "unwritten (NaN-poisoned) outputs"
+    emul = matvec_q8_1_ref(ggml_type, data, rows, cols, x)
+    wf = dequantize_weight(ggml_type, data, rows, cols)
+    ref = x.astype(np.float64) @ wf.T.astype(np.float64)
+    assert rel(y, emul, wf, x) <= 1e-5
+    assert rel(y, ref, wf, x) <= 2e-2
+
+
+@pytest.mark.parametrize("ggml_type", [QT.Q4_1, QT.Q8_0], ids=lambda t: t.name)
+def test_smollm2_shape_576(gpu, ggml_type):
+    """K = 576 is 18 blocks of 32: fewer units than lanes."""
+    rt, pool = gpu.rt, gpu.pool
+    rng = np.random.default_rng(576)
+    w, data = upload(rt, pool, ggml_type, 1536, 576, rng)
+    x = rng.standard_normal((1, 576)).astype(np.float32)
+    y = run_matvec(rt, pool, w, x)
+    assert rel(y, matvec_q8_1_ref(ggml_type, data, 1536, 576, x)) <= 1e-5
+    assert np.array_equal(run_matvec(rt, pool, w, x, fused=True), y)
+
+
+@pytest.mark.parametrize("ggml_type", FLOAT_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("rows,cols,tokens", [(301, 77, 1), (129, 576, 3), (33, 1000, 17)])
+def test_float_matvec(gpu, ggml_type, rows, cols, tokens):
+    rt, pool = gpu.rt, gpu.pool
+    rng = np.random.default_rng(rows + cols + int(ggml_type))
+    w, data = upload(rt, pool, ggml_type, rows, cols, rng)
+    x = rng.standard_normal((tokens, cols)).astype(np.float32)
+    y = run_matvec(rt, pool, w, x)
+    assert np.isfinite(y).all()
+    ref = x.astype(np.float64) @ dequantize_weight(ggml_type, data, rows, cols).T.astype(np.float64)
+    assert rel(y, ref) <= 1e-3
+
+
+@pytest.mark.parametrize("ggml_type", supported_types(), ids=lambda t: t.name)
+def test_batched_columns_bit_identical_to_single(gpu, ggml_type):
+    """Verify (2..16 columns, and >16 in chunks) must reproduce decode exactly, row by row."""
+    rt, pool = gpu.rt, gpu.pool
+    rng = np.random.default_rng(99 + int(ggml_type))
+    rows, cols = 333, 512
+    w, _ = upload(rt, pool, ggml_type, rows, cols, rng)
+    x = rng.standard_normal((19, cols)).astype(np.float32)
+    singles = np.stack([run_matvec(rt, pool, w, x[i:i + 1])[0] for i in range(x.shape[0])])
+    for n in (2, 3, 4, 7, 8, 16, 19):
+        assert np.array_equal(run_matvec(rt, pool, w, x[:n]), singles[:n]), f"{n} columns differ"
+    if not w.layout.is_float:
+        for v in quant_ops.ONE_COLUMN_VARIANTS:
+            assert np.array_equal(run_matvec(rt, pool, w, x[:1], variant=v), singles[:1]), f"variant {v} differs"
+        for v in quant_ops.FUSED_VARIANTS:  # quantize inside the matvec: same bytes, same sums
+            assert np.array_equal(run_matvec(rt, pool, w, x[:2], variant=v, fused=True), singles[:2]), f"fused {v} differs"
+
