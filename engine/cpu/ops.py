@@ -38,14 +38,17 @@ class CpuOps:
         return x * np.float32(s)
 
     def split(self, x: np.ndarray, sizes: Sequence[int]) -> tuple[np.ndarray, ...]:
-        bounds = np.cumsum(sizes)[:-1]
-        return tuple(np.split(x, bounds, axis=-1))
+        parts, start = [], 0
+        for size in sizes:
+            parts.append(x[..., start:start + size])
+            start += size
+        return tuple(parts)
 
     def heads(self, x: np.ndarray, n_head: int) -> np.ndarray:
         return x.reshape(x.shape[0], n_head, -1)
 
     def rms_norm(self, x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
-        mean_square = np.mean(np.square(x), axis=-1, keepdims=True)
+        mean_square = np.square(x).sum(axis=-1, keepdims=True) / np.float32(x.shape[-1])
         return x * (1.0 / np.sqrt(mean_square + np.float32(eps))) * w
 
     def rope(self, x: np.ndarray, positions: np.ndarray, base: float, neox: bool,
