@@ -289,6 +289,24 @@ def test_rope_is_a_rotation_by_relative_position(neox):
     np.testing.assert_allclose(np.linalg.norm(rotated, axis=-1), np.linalg.norm(q, axis=-1), rtol=1e-5)
 
 
+def test_rope_frequency_divisors_and_linear_scaling():
+    """llama 3.1's rope_freqs divide each frequency; linear scaling multiplies all of them."""
+    rng = np.random.default_rng(24)
+    ops = CpuOps(KvCache(1, 1, 64, 8))
+    x = rng.standard_normal((2, 3, 8)).astype(np.float32)
+    positions = np.array([9, 10])
+    halved = ops.rope(x, positions, 10000.0, neox=True, scale=0.5)
+    divided = ops.rope(x, positions, 10000.0, neox=True, freq_factors=np.full(4, 2.0, np.float32))
+    np.testing.assert_allclose(divided, halved, rtol=1e-6, atol=1e-6)
+    # Only the frequency with divisor != 1 changes: pair (i, i + 4) for i = 3.
+    ff = np.array([1, 1, 1, 8], np.float32)
+    mixed = ops.rope(x, positions, 10000.0, neox=True, freq_factors=ff)
+    plain = ops.rope(x, positions, 10000.0, neox=True)
+    same = [0, 1, 2, 4, 5, 6]
+    np.testing.assert_array_equal(mixed[..., same], plain[..., same])
+    assert not np.allclose(mixed[..., [3, 7]], plain[..., [3, 7]])
+
+
 def test_rope_pair_layouts_are_the_same_rotation_up_to_a_permutation():
     """llama GGUFs interleave each head's halves (llama.cpp permutes q/k rows): rope on adjacent
     pairs of the permuted vector equals NeoX rope on the original, permuted."""

@@ -130,6 +130,23 @@ def model(request):
     return request.getfixturevalue(f"{name}_oracle"), request.getfixturevalue(f"{name}_backend")
 
 
+def test_real_model_configs(smollm2_path, gemma3_path):
+    """The figures DESIGN.md §6 gives for the two real models, read from their metadata."""
+    from memra_engine.model.config import config_from_gguf
+
+    s = config_from_gguf(open_gguf(smollm2_path))
+    assert (s.arch, s.n_layer, s.d_model, s.n_head, s.n_kv_head, s.head_dim, s.vocab_size) == \
+        ("llama", 30, 576, 9, 3, 64, 49152)
+    assert s.tied_embeddings and not s.rope_neox and s.sliding_window == 0
+    g = config_from_gguf(open_gguf(gemma3_path))
+    assert (g.arch, g.n_layer, g.d_model, g.n_head, g.n_kv_head, g.head_dim, g.vocab_size) == \
+        ("gemma3", 18, 640, 4, 1, 256, 262144)
+    assert g.head_dim != g.d_model // g.n_head and g.tied_embeddings and g.rope_neox
+    assert (g.sliding_window, g.rope_base_local, g.rope_base) == (512, 10000.0, 1e6)
+    assert [i for i in range(18) if not g.is_sliding(i)] == [5, 11, 17]
+    assert g.embed_scale == pytest.approx(640 ** 0.5) and g.attn_scale == 1 / 16
+
+
 def test_logits_match_transformers_at_every_position(model):
     oracle, backend = model
     worst = []

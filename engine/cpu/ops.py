@@ -70,7 +70,7 @@ class CpuOps:
     def rope_table(self, base: float, scale: float, freq_factors: np.ndarray | None,
                    head_dim: int) -> tuple[np.ndarray, np.ndarray]:
         """cos and sin [n_ctx, hd/2] for every position, built once per (base, scale)."""
-        key = (base, scale, head_dim, freq_factors is not None)
+        key = (base, scale, head_dim, None if freq_factors is None else freq_factors.tobytes())
         table = self._rope_tables.get(key)
         if table is None:
             exponents = np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)

@@ -197,8 +197,10 @@ class _FieldReader:
 
     def integer(self, key: str, maximum: int, default: int | None = None) -> int:
         value = self.get(key, default)
-        if isinstance(value, list) and value and all(v == value[0] for v in value):
-            value = value[0]  # per-layer arrays with one value are common for head counts
+        if isinstance(value, list) and value:
+            if any(v != value[0] for v in value):
+                raise UnsupportedModelError(f"per-layer values of '{self.arch}.{key}' differ ({value[:8]}…)")
+            value = value[0]  # per-layer arrays holding one value are common for head counts
         if isinstance(value, bool) or not isinstance(value, int):
             raise self.bad(f"metadata '{self.arch}.{key}' is {value!r}, expected an integer")
         if not 1 <= value <= maximum:
