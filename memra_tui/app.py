@@ -165,7 +165,8 @@ class MemraApp(App[int]):
         self.push_screen(HelpScreen([
             ("app", self.BINDINGS),
             ("chat", ChatScreen.BINDINGS),
-            ("composer", Composer.BINDINGS),
+            ("chat (also while typing)", Composer.BINDINGS[3:]),
+            ("composer", Composer.BINDINGS[:3]),
             ("chat list", ChatListScreen.BINDINGS),
             ("knobs", [Binding("tab", "", "next field"), Binding("shift+tab", "", "previous field")]),
             ("palette", [Binding("ctrl+p", "", "command palette")]),

@@ -64,6 +64,7 @@ class ScriptedJob:
         self.grammar = grammar
         self.spec = spec
         self.stop = tuple(stop)
+        self.sampling_updates: list[SamplingParams] = []  # from update_sampling, in order
         self.emitted: list[str] = []  # token texts in the order they were put on the queue
         self.last_token_time = 0.0
         self.done_reason = ""
@@ -73,6 +74,10 @@ class ScriptedJob:
 
     def cancel(self) -> None:
         self._cancelled.set()
+
+    def update_sampling(self, sampling: SamplingParams) -> None:
+        sampling.validate()
+        self.sampling_updates.append(sampling)
 
     def release(self) -> None:
         """Let a job held by Script.pause_after run to its end."""

@@ -18,11 +18,13 @@ from memra_engine.sampling import SamplingParams
 @dataclass(frozen=True)
 class AppPaths:
     config_dir: Path  # settings.json
-    data_dir: Path  # chats/, exports/, memra.log
+    data_dir: Path  # chats/, exports/, screenshots/
+    log_dir: Path | None = None  # memra-chat.log (the CLI logs crashes there too); None: data_dir
 
     @classmethod
     def default(cls) -> "AppPaths":
-        return cls(Path(platformdirs.user_config_dir("memra")), Path(platformdirs.user_data_dir("memra")))
+        return cls(Path(platformdirs.user_config_dir("memra")), Path(platformdirs.user_data_dir("memra")),
+                   Path(platformdirs.user_log_dir("memra")))
 
     @property
     def settings_file(self) -> Path:
@@ -42,7 +44,7 @@ class AppPaths:
 
     @property
     def log_file(self) -> Path:
-        return self.data_dir / "memra.log"
+        return (self.log_dir or self.data_dir) / "memra-chat.log"
 
 
 def atomic_write_text(path: Path, text: str) -> None:

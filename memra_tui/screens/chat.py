@@ -47,6 +47,7 @@ def describe_knobs(p: SamplingParams) -> str:
 
 class ChatScreen(Screen):
     BINDINGS = [
+        Binding("f1", "app.help", "Help"),  # repeated from the app so the footer shows it early
         Binding("escape", "stop", "Stop"),
         Binding("ctrl+r", "regenerate", "Regenerate"),
         Binding("ctrl+e", "edit_last", "Edit last"),
@@ -76,6 +77,8 @@ class ChatScreen(Screen):
         self._reply_started = 0.0
         self._last_stats_shown = 0.0
         self._last_stats: EngineStats | None = None
+        self._stats_unshown = False
+        self._stats_timer: Timer | None = None
         self._last_flush = 0.0
         self._flush_timer: Timer | None = None  # a pending one-shot flush, while throttled
 
@@ -174,14 +177,20 @@ class ChatScreen(Screen):
         if text:
             await self._reply_view.write(text)
         if stats is not None:
-            self._last_stats = stats
-        now = time.perf_counter()
-        if self._last_stats is not None and (final or now - self._last_stats_shown >= 1 / STATS_HZ):
-            self._show_stats(self._last_stats)
-            self._last_stats_shown = now
+            self._last_stats, self._stats_unshown = stats, True
+        if self._stats_unshown:
+            wait = self._last_stats_shown + 1 / STATS_HZ - time.perf_counter()
+            if final or wait <= 0:
+                self._show_stats()
+            elif self._stats_timer is None:  # throttled: show them when the interval is up
+                self._stats_timer = self.set_timer(wait, self._show_stats)
 
-    def _show_stats(self, stats: EngineStats) -> None:
-        self.query_one(EnginePanes).stats = stats
+    def _show_stats(self) -> None:
+        self._stats_timer = None
+        if self._stats_unshown and self._last_stats is not None:
+            self.query_one(EnginePanes).stats = self._last_stats
+            self._stats_unshown = False
+            self._last_stats_shown = time.perf_counter()
 
     @on(ReplyFinished)
     async def _reply_finished(self, event: ReplyFinished) -> None:
@@ -330,4 +339,6 @@ class ChatScreen(Screen):
     def _knobs_changed(self, event: KnobsPane.Changed) -> None:
         self.sampling = event.params
         self.query_one("#knob-summary", Label).update(describe_knobs(event.params))
+        if self._job is not None and hasattr(self._job, "update_sampling"):
+            self._job.update_sampling(event.params)  # the reply in flight takes them at its next step
         self.app.set_sampling_defaults(event.params)

@@ -9,17 +9,18 @@ from textual.widgets import DataTable, Label
 
 
 def key_rows(sections: list[tuple[str, list]]) -> list[tuple[str, str, str]]:
-    rows = []
+    """(where, key, description) for every binding with a description; a key listed in an earlier
+    section (the composer repeats some chat keys so they work while it has focus) is not repeated."""
+    rows, seen = [], set()
     for where, bindings in sections:
-        seen = set()
         for b in bindings:
             if not isinstance(b, Binding) or b.system or not b.description:
                 continue
-            for key in b.key.split(","):
-                if (key, b.action) in seen:
+            for key in (k.strip() for k in b.key.split(",")):
+                if (key, b.description) in seen:
                     continue
-                seen.add((key, b.action))
-                rows.append((where, key.strip(), b.description))
+                seen.add((key, b.description))
+                rows.append((where, key, b.description))
     return rows
 
 

@@ -110,21 +110,39 @@ class KnobsPane(VerticalScroll):
             yield Input("0", disabled=True, id="knob-spec-depth", compact=True)
         yield Static(f"grammar and speculative depth: {NOT_YET}", classes="not-yet")
 
-    @on(Input.Changed)
-    def _field_changed(self, event: Input.Changed) -> None:
-        field = (event.input.id or "").removeprefix("knob-")
+    def _field_of(self, field_input: Input):
+        field = (field_input.id or "").removeprefix("knob-")
         kind = dict((f, k) for f, _, k in KNOBS).get(field)
-        if kind is None:
+        return (field, kind) if kind is not None else (None, None)
+
+    @on(Input.Changed)
+    def _field_edited(self, event: Input.Changed) -> None:
+        """Say at once whether the text is acceptable; apply it only when the user is done."""
+        field, _ = self._field_of(event.input)
+        if field is None:
             return
         event.stop()
         error = self.query_one(f"#error-{field}", Static)
         result = event.validation_result
         if result is not None and not result.is_valid:
-            error.update("✗ " + "; ".join(result.failure_descriptions))
+            error.update("✗ " + "; ".join(result.failure_descriptions) + " (not applied)")
             error.add_class("-shown")
+        else:
+            error.remove_class("-shown")
+
+    @on(Input.Submitted)
+    @on(Input.Blurred)
+    def _field_done(self, event: Input.Submitted | Input.Blurred) -> None:
+        # Applying on each keystroke would apply "1" on the way to typing "1.7"; so a value applies
+        # on Enter or when the field loses focus, and only if it is valid.
+        field, kind = self._field_of(event.input)
+        if field is None:
             return
-        error.remove_class("-shown")
-        new = replace(self.params, **{field: parse_knob(kind, event.value)})
+        event.stop()
+        result = event.input.validate(event.input.value)
+        if result is not None and not result.is_valid:
+            return
+        new = replace(self.params, **{field: parse_knob(kind, event.input.value)})
         if new != self.params:
             self.params = new
 

@@ -184,3 +184,56 @@ async def test_quit_mid_reply_stops_the_engine_thread_within_a_second(make_app, 
     reply = chats[0].messages[-1]
     assert reply.role == "assistant" and reply.status == "stopped"
     assert reply.content == engine.jobs[0].emitted_text[: len(reply.content)] and reply.content
+
+
+async def test_help_lists_every_key(make_app):
+    from memra_tui.app import MemraApp
+    from memra_tui.screens.chat import ChatScreen
+    from memra_tui.screens.chat_list import ChatListScreen
+    from memra_tui.screens.help import HelpScreen
+
+    app = make_app(Script(tokens_per_s=3000))
+    async with app.run_test(size=(100, 50)) as pilot:
+        await wait_ready(pilot)
+        await pilot.press("f1")
+        await pilot.pause()
+        assert isinstance(app.screen, HelpScreen)
+        listed = {(key, does) for _, key, does in app.screen.rows}
+        for bindings in (MemraApp.BINDINGS, ChatScreen.BINDINGS, Composer.BINDINGS, ChatListScreen.BINDINGS):
+            for b in bindings:
+                for key in b.key.split(","):
+                    assert (key, b.description) in listed, (key, b.description)
+        await pilot.press("escape")
+        assert isinstance(app.screen, ChatScreen)
+
+
+async def test_command_palette_runs_the_main_actions(make_app):
+    app = make_app(Script(tokens_per_s=3000))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_ready(pilot)
+        await send(pilot, "hi")
+        await pilot.press("ctrl+p")
+        await pilot.pause()
+        await pilot.press(*"Regenerate")
+        await pilot.pause(0.5)
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: len(app.engine.jobs) == 2 and not app.screen.streaming)
+        assert [m.content for m in app.screen.chat.messages] == ["hi", DEFAULT_REPLIES[1]]
+
+
+async def test_toggle_panes_and_narrow_layout(make_app):
+    app = make_app(Script(tokens_per_s=3000))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_ready(pilot)
+        sidebar = app.screen.query_one("#sidebar")
+        assert not sidebar.display  # narrow: the transcript gets the width
+        await pilot.press("f2")
+        await pilot.pause()
+        assert sidebar.display and sidebar.size.width > 0
+        assert app.screen.query_one(Composer).size.width >= 30
+        await pilot.resize_terminal(140, 40)
+        await pilot.pause()
+        assert sidebar.display
+        await pilot.press("f2")
+        await pilot.pause()
+        assert not sidebar.display

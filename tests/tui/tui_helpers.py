@@ -42,9 +42,22 @@ async def send(pilot, text: str, wait_done: bool = True) -> None:
     n_jobs = len(pilot.app.engine.jobs)
     composer = pilot.app.screen.query_one(Composer)
     composer.focus()
+    await pilot.pause()  # let a knob field that lost focus apply its value, as it would for a user
     composer.text = text  # typing key by key is slow under the pilot; test_newline_key_does_not_send types
     await pilot.press("enter")
     await wait_for(pilot, lambda: len(pilot.app.engine.jobs) > n_jobs)
     if wait_done:
         await wait_for(pilot, lambda: not pilot.app.screen.streaming)
         await pilot.pause()
+
+
+async def hold_still(pilot) -> None:
+    """Before a snapshot: stop cursor blinking (its phase depends on timing) and drop toasts."""
+    from textual.widgets import Input, TextArea
+
+    for screen in pilot.app.screen_stack:
+        for widget in screen.query("Input, TextArea"):
+            if isinstance(widget, (Input, TextArea)):
+                widget.cursor_blink = False
+    pilot.app.clear_notifications()
+    await pilot.pause(0.1)

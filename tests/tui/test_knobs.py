@@ -1,0 +1,106 @@
+"""The knobs pane: a change reaches the next job exactly, bad values are refused at the field,
+presets apply, and the knobs are the defaults at the next start."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from textual.widgets import Input, Static
+from tui_helpers import send, wait_for, wait_ready
+
+from memra_engine.sampling import SamplingParams
+from memra_tui.scripted_engine import Script
+from memra_tui.settings import PRESETS
+
+pytestmark = pytest.mark.anyio
+
+
+async def set_field(pilot, field: str, text: str) -> None:
+    """Type into a knob field the way a user does: focus, clear, type."""
+    field_input = pilot.app.screen.query_one(f"#knob-{field}", Input)
+    field_input.focus()
+    field_input.value = ""
+    await pilot.press(*text)
+    await pilot.pause()
+
+
+async def test_a_knob_change_reaches_the_next_job_exactly(make_app, paths):
+    app = make_app(Script(tokens_per_s=3000))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_ready(pilot)
+        await pilot.press("f3")
+        await set_field(pilot, "temperature", "0.3")
+        await set_field(pilot, "top_k", "7")
+        await set_field(pilot, "top_p", "0.8")
+        await set_field(pilot, "repeat_last_n", "-1")
+        await set_field(pilot, "seed", "1234")
+        await set_field(pilot, "max_tokens", "99")
+        await send(pilot, "hi")
+        expected = SamplingParams(temperature=0.3, top_k=7, top_p=0.8, repeat_last_n=-1, seed=1234, max_tokens=99)
+        assert app.engine.jobs[0].sampling == expected
+        summary = str(app.screen.query_one("#knob-summary").render())
+        assert "T 0.3" in summary and "top-k 7" in summary and "seed 1234" in summary
+    saved = json.loads(paths.settings_file.read_text())
+    assert SamplingParams.from_dict(saved["sampling"]) == expected
+
+    # The next start uses them as defaults, in the pane and in the first job.
+    app2 = make_app(Script(tokens_per_s=3000))
+    async with app2.run_test(size=(120, 40)) as pilot:
+        await wait_ready(pilot)
+        assert app2.screen.query_one("#knob-top_k", Input).value == "7"
+        await send(pilot, "again")
+        assert app2.engine.jobs[0].sampling == expected
+
+
+@pytest.mark.parametrize("field, text, message", [
+    ("top_p", "1.7", "top_p must be in (0, 1]"),
+    ("top_k", "-3", "top_k must be >= 0 (0 = off)"),
+    ("temperature", "warm", "temperature must be a number"),
+    ("seed", "1.5", "seed must be an integer or 'random'"),
+])
+async def test_an_invalid_value_is_refused_at_the_field(make_app, paths, field, text, message):
+    app = make_app(Script(tokens_per_s=3000))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_ready(pilot)
+        await pilot.press("f3")
+        await set_field(pilot, field, text)
+        error = app.screen.query_one(f"#error-{field}", Static)
+        assert error.has_class("-shown") and message in str(error.render())
+        assert app.screen.query_one(f"#knob-{field}", Input).has_class("-invalid")
+        await send(pilot, "hi")
+        assert app.engine.jobs[0].sampling == SamplingParams()  # the bad value never left the field
+    assert not paths.settings_file.exists()
+
+
+async def test_presets_fill_the_fields_and_apply(make_app):
+    app = make_app(Script(tokens_per_s=3000))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_ready(pilot)
+        await pilot.press("f3")
+        await pilot.click("#preset-creative")
+        await pilot.pause()
+        assert app.screen.query_one("#knob-temperature", Input).value == str(PRESETS["creative"].temperature)
+        await send(pilot, "hi")
+        assert app.engine.jobs[0].sampling == PRESETS["creative"]
+
+
+async def test_a_change_mid_reply_reaches_the_running_job(make_app):
+    app = make_app(Script(tokens_per_s=3000, pause_at={0: 3}))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_ready(pilot)
+        await send(pilot, "hi", wait_done=False)
+        await wait_for(pilot, lambda: len(app.engine.jobs[0].emitted) == 3)
+        await pilot.press("f3")
+        await set_field(pilot, "temperature", "0.1")
+        await pilot.press("enter")
+        assert app.engine.jobs[0].sampling_updates[-1] == SamplingParams(temperature=0.1)
+        app.engine.jobs[0].release()
+
+
+async def test_grammar_and_spec_depth_are_shown_disabled(make_app):
+    app = make_app(Script(tokens_per_s=3000))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_ready(pilot)
+        assert app.screen.query_one("#knob-grammar").disabled
+        assert app.screen.query_one("#knob-spec-depth").disabled
+        assert "not yet supported by the engine" in str(app.screen.query_one(".not-yet").render())
