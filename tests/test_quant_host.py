@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 from gguf.constants import GGMLQuantizationType as QT
 
-from memra_engine.errors import ModelFormatError, UnsupportedModelError
 from memra_engine.gpu import build, quant_ops
 from memra_engine.gpu.quant_ref import (dequantize_weight, matvec_q8_1_ref, q8_1_bytes, quantize_q8_1_ref,
                                         random_weight_bytes, supported_types)
@@ -75,9 +74,3 @@ def test_repack_is_a_byte_permutation():
         assert np.array_equal(np.sort(used), np.sort(np.concatenate(
             [data.reshape(-1), np.zeros(nblocks * (lay.q_bytes + lay.meta_bytes) - data.size, np.uint8)])))
 
-
-def test_unsupported_type_is_one_line_error():
-    with pytest.raises(UnsupportedModelError, match="IQ2_XXS"):
-        quant_ops.weight_layout(QT.IQ2_XXS, 4, 256)
-    with pytest.raises(ModelFormatError, match="multiple of 256"):
-        quant_ops.weight_layout(QT.Q4_K, 4, 576)
