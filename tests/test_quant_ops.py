@@ -135,3 +135,5 @@ def test_bad_weights_are_one_line_errors():
         quant_ops.weight_layout(QT.Q4_K, 4, 576)
     with pytest.raises(ModelFormatError, match="empty"):
         quant_ops.weight_layout(QT.Q8_0, 0, 32)
+    with pytest.raises(ModelFormatError, match="expected 68"):  # a truncated tensor
+        quant_ops.repack(QT.Q8_0, np.zeros(60, np.uint8), 2, 32)

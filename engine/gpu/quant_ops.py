@@ -102,6 +102,10 @@ def weight_layout(ggml_type: QT, rows: int, cols: int) -> WeightLayout:
 def repack(ggml_type: QT, data: np.ndarray, rows: int, cols: int) -> np.ndarray:
     """GGUF tensor bytes -> the bytes of GpuWeight.buf (uint8, 1-D). Pure numpy."""
     layout = weight_layout(ggml_type, rows, cols)
+    expected = rows * cols * FLOAT_TYPES[ggml_type][1] if ggml_type in FLOAT_TYPES else \
+        rows * (cols // layout.block_values) * GGML_QUANT_SIZES[ggml_type][1]
+    if data.nbytes != expected:
+        raise ModelFormatError(f"{ggml_type.name} weight of shape ({rows}, {cols}) has {data.nbytes} bytes, expected {expected}")
     if ggml_type in FLOAT_TYPES:
         esize = FLOAT_TYPES[ggml_type][1]
         raw = np.ascontiguousarray(data).view(np.uint8).reshape(rows, cols * esize)
