@@ -1,23 +1,44 @@
 // Elementwise ops: gated activations, residual add, bias add, scale, softcap, column copy.
 #include "common.cuh"
 
-// Gated FFN activations over rows of n: g and u rows are ld_in apart (so the fused [gate|up]
-// matvec output is read in place), y rows are n apart. grid (ceil(n/256), rows).
-extern "C" __global__ void silu_mul_f32(const float* g, const float* u, float* y, int n, int ld_in) {
-    const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    const size_t r = blockIdx.y;
-    const float a = g[r * ld_in + i];
-    y[r * n + i] = a / (1.0f + expf(-a)) * u[r * ld_in + i];
+// q8_1 of a warp's 32 values: byte for byte matvec.cu's quantize_block_q8_1 (see norm.cu).
+__device__ __forceinline__ void q8_1_block(float xi, int8_t* row, int kq, int i) {
+    const float amax = warp_max(fabsf(xi));
+    const float sum = warp_sum(xi);
+    const float d = amax / 127.0f;
+    row[i] = amax == 0.0f ? 0 : (int8_t)roundf(xi / d);
+    if ((threadIdx.x & 31) == 0) reinterpret_cast<float2*>(row + kq)[i >> 5] = make_float2(d, sum);
 }
 
-extern "C" __global__ void gelu_tanh_mul_f32(const float* g, const float* u, float* y, int n, int ld_in) {
-    const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    const size_t r = blockIdx.y;
-    const float a = g[r * ld_in + i];
+__device__ __forceinline__ float silu_mul(float a, float b) { return a / (1.0f + expf(-a)) * b; }
+
+__device__ __forceinline__ float gelu_tanh_mul(float a, float b) {
     const float c = 0.7978845608028654f;  // sqrt(2/pi)
-    y[r * n + i] = 0.5f * a * (1.0f + tanhf(c * (a + 0.044715f * a * a * a))) * u[r * ld_in + i];
+    return 0.5f * a * (1.0f + tanhf(c * (a + 0.044715f * a * a * a))) * b;
+}
+
+// Gated FFN activations over rows of n: g and u rows are ld_in apart (so the fused [gate|up]
+// matvec output is read in place), y rows are n apart. grid (ceil(kq/256), rows), kq = n rounded
+// up to 32. xq not null: y is also written as q8_1 rows (xq_stride bytes) for the down matvec.
+template <float (*F)(float, float)>
+__device__ __forceinline__ void gated(const float* g, const float* u, float* y, int n, int ld_in, int8_t* xq,
+                                      int xq_stride) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    const size_t r = blockIdx.y;
+    const float v = i < n ? F(g[r * ld_in + i], u[r * ld_in + i]) : 0.0f;
+    if (i < n) y[r * n + i] = v;
+    const int kq = (n + 31) & ~31;
+    if (xq && i < kq) q8_1_block(v, xq + r * xq_stride, kq, i);  // warp-uniform: kq % 32 == 0
+}
+
+extern "C" __global__ void silu_mul_f32(const float* g, const float* u, float* y, int n, int ld_in, int8_t* xq,
+                                        int xq_stride) {
+    gated<silu_mul>(g, u, y, n, ld_in, xq, xq_stride);
+}
+
+extern "C" __global__ void gelu_tanh_mul_f32(const float* g, const float* u, float* y, int n, int ld_in, int8_t* xq,
+                                             int xq_stride) {
+    gated<gelu_tanh_mul>(g, u, y, n, ld_in, xq, xq_stride);
 }
 
 // y = a + b over n floats.

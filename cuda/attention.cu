@@ -6,7 +6,8 @@
 // The key range is cut into chunks of split_len keys (split s: keys start + s*split_len ...); grid.y
 // covers the most splits any row needs, and a block with no keys writes m = -inf, l = 0. Each
 // block writes an unnormalized partial output with its running max m and sum l; attn_combine
-// merges the splits (flash-decoding). Because the chunk boundaries depend only on the row's own
+// merges the splits (flash-decoding). With one split and `out` given, the block writes the final
+// output itself (bit-identical to the combine of one split) and the combine launch is skipped. Because the chunk boundaries depend only on the row's own
 // position, a row's result is the same bit for bit whatever grid.y is: decode, verify and
 // prefill agree, and a graph captured for a larger KV bucket gives eager's numbers.
 #include "common.cuh"
@@ -30,13 +31,18 @@ extern "C" __global__ void kv_write_f16(const float* k, const float* v, half* kc
 
 // grid (n_kv * n_hgroups, n_splits, T), block 32 * ATTN_WARPS.
 // q [T][q_ld] (heads of HD inside). opart [T][S][n_head][HD], ml [T][S][n_head][2].
+// Each warp takes tiles of 32 keys (warp w: keys j0 + 32w, j0 + 32w + 128, ...). Scores: one key
+// per lane, all the group's heads at once (the K row is read once). Values: the tile's
+// probabilities go through shared memory and each lane accumulates HD/32 dims of every head, so
+// a V row is one vector load per lane for all heads.
 template <int HD>
 __device__ void attn_split(const float* __restrict__ q, int q_ld, const half* __restrict__ kc,
                            const half* __restrict__ vc, float* __restrict__ opart, float* __restrict__ ml,
                            const int* __restrict__ pos, int n_head, int n_kv, int n_ctx, int window, float scale,
-                           float softcap, int split_len) {
-    constexpr int E = HD / 32;  // dims per lane for V accumulation
-    __shared__ float q_s[GMAX][HD];
+                           float softcap, int split_len, float* __restrict__ out) {
+    constexpr int E = HD / 32;  // value dims per lane
+    __shared__ __align__(16) float q_s[GMAX][HD];
+    __shared__ float p_s[ATTN_WARPS][GMAX][32];
     __shared__ float m_w[ATTN_WARPS][GMAX], l_w[ATTN_WARPS][GMAX];
     __shared__ float o_w[ATTN_WARPS][GMAX][HD];
 
@@ -54,7 +60,7 @@ __device__ void attn_split(const float* __restrict__ q, int q_ld, const half* __
 
     for (int i = threadIdx.x; i < GMAX * HD; i += blockDim.x) {
         const int hh = i / HD, d = i % HD;
-        q_s[hh][d] = hh < g ? q[(size_t)t * q_ld + (size_t)(h0 + hh) * HD + d] : 0.0f;
+        q_s[hh][d] = hh < g ? q[(size_t)t * q_ld + (size_t)(h0 + hh) * HD + d] * scale : 0.0f;
     }
     __syncthreads();
 
@@ -72,15 +78,14 @@ __device__ void attn_split(const float* __restrict__ q, int q_ld, const half* __
     for (int base = j0 + warp * 32; base < j1; base += 32 * ATTN_WARPS) {
         const int j = base + lane;
         const bool valid = j < j1;
-        // scores of this lane's key against every head of the group
         float sc[GMAX];
 #pragma unroll
         for (int hh = 0; hh < GMAX; ++hh) sc[hh] = 0.0f;
         if (valid) {
-            const half* krow = kbase + (size_t)j * HD;
-#pragma unroll 4
-            for (int d = 0; d < HD; d += 8) {
-                const int4 raw = *reinterpret_cast<const int4*>(krow + d);
+            const int4* krow = reinterpret_cast<const int4*>(kbase + (size_t)j * HD);
+#pragma unroll 8
+            for (int c = 0; c < HD / 8; ++c) {
+                const int4 raw = krow[c];
                 const half2* kh = reinterpret_cast<const half2*>(&raw);
                 float kf[8];
 #pragma unroll
@@ -88,17 +93,18 @@ __device__ void attn_split(const float* __restrict__ q, int q_ld, const half* __
 #pragma unroll
                 for (int hh = 0; hh < GMAX; ++hh) {
                     if (hh < g) {
-#pragma unroll
-                        for (int i = 0; i < 8; ++i) sc[hh] += q_s[hh][d + i] * kf[i];
+                        const float4 qa = *reinterpret_cast<const float4*>(&q_s[hh][8 * c]);
+                        const float4 qb = *reinterpret_cast<const float4*>(&q_s[hh][8 * c + 4]);
+                        sc[hh] += qa.x * kf[0] + qa.y * kf[1] + qa.z * kf[2] + qa.w * kf[3] +
+                                  qb.x * kf[4] + qb.y * kf[5] + qb.z * kf[6] + qb.w * kf[7];
                     }
                 }
             }
         }
-        const int n_here = min(32, j1 - base);
 #pragma unroll
         for (int hh = 0; hh < GMAX; ++hh) {
             if (hh >= g) continue;
-            float x = sc[hh] * scale;
+            float x = sc[hh];
             if (softcap > 0.0f) x = softcap * tanhf(x / softcap);
             x = valid ? x : -INFINITY;
             const float m_new = fmaxf(m[hh], warp_max(x));
@@ -108,13 +114,38 @@ __device__ void attn_split(const float* __restrict__ q, int q_ld, const half* __
             m[hh] = m_new;
 #pragma unroll
             for (int e = 0; e < E; ++e) o[hh][e] *= corr;
-            for (int k = 0; k < n_here; ++k) {
-                const float pk = __shfl_sync(0xffffffffu, pj, k);
-                const half* vrow = vbase + (size_t)(base + k) * HD + lane * E;
+            p_s[warp][hh][lane] = pj;
+        }
+        __syncwarp();
+        const int n_here = min(32, j1 - base);
+        const half* vrow = vbase + (size_t)base * HD + lane * E;
+#pragma unroll 4
+        for (int k = 0; k < n_here; ++k) {
+            float v[E];
+            if constexpr (E == 8) {
+                const int4 raw = *reinterpret_cast<const int4*>(vrow + (size_t)k * HD);
+                const half2* vh = reinterpret_cast<const half2*>(&raw);
 #pragma unroll
-                for (int e = 0; e < E; ++e) o[hh][e] += pk * __half2float(vrow[e]);
+                for (int i = 0; i < 4; ++i) { const float2 f = __half22float2(vh[i]); v[2 * i] = f.x; v[2 * i + 1] = f.y; }
+            } else if constexpr (E == 4) {
+                const int2 raw = *reinterpret_cast<const int2*>(vrow + (size_t)k * HD);
+                const half2* vh = reinterpret_cast<const half2*>(&raw);
+#pragma unroll
+                for (int i = 0; i < 2; ++i) { const float2 f = __half22float2(vh[i]); v[2 * i] = f.x; v[2 * i + 1] = f.y; }
+            } else {
+                const float2 f = __half22float2(*reinterpret_cast<const half2*>(vrow + (size_t)k * HD));
+                v[0] = f.x; v[1] = f.y;
+            }
+#pragma unroll
+            for (int hh = 0; hh < GMAX; ++hh) {
+                if (hh < g) {
+                    const float pk = p_s[warp][hh][k];
+#pragma unroll
+                    for (int e = 0; e < E; ++e) o[hh][e] += pk * v[e];
+                }
             }
         }
+        __syncwarp();
     }
 
     // merge the warps of this block
@@ -139,6 +170,10 @@ __device__ void attn_split(const float* __restrict__ q, int q_ld, const half* __
                 L += c * l_w[w][hh];
             }
         }
+        if (out != nullptr && S == 1) {  // one split: the final output, as attn_combine would write it
+            out[((size_t)t * n_head + h0 + hh) * HD + d] = (1.0f * acc) / (1.0f * L);
+            continue;
+        }
         const size_t row = ((size_t)t * S + s) * n_head + h0 + hh;
         opart[row * HD + d] = acc;
         if (d == 0) { ml[row * 2] = M; ml[row * 2 + 1] = L; }
@@ -148,30 +183,38 @@ __device__ void attn_split(const float* __restrict__ q, int q_ld, const half* __
 #define ATTN_KERNEL(HD)                                                                                          \
     extern "C" __global__ void __launch_bounds__(32 * ATTN_WARPS) attn_split_hd##HD(                             \
         const float* q, int q_ld, const half* kc, const half* vc, float* opart, float* ml, const int* pos,       \
-        int n_head, int n_kv, int n_ctx, int window, float scale, float softcap, int split_len) {                \
-        attn_split<HD>(q, q_ld, kc, vc, opart, ml, pos, n_head, n_kv, n_ctx, window, scale, softcap, split_len); \
+        int n_head, int n_kv, int n_ctx, int window, float scale, float softcap, int split_len,    \
+        float* out) {                                                                                            \
+        attn_split<HD>(q, q_ld, kc, vc, opart, ml, pos, n_head, n_kv, n_ctx, window, scale, softcap, split_len,  \
+                       out);                                                                                     \
     }
-// memra-kernel: attn_split_hd64(PiPPPPPiiiiffi)
+// memra-kernel: attn_split_hd64(PiPPPPPiiiiffiP)
 ATTN_KERNEL(64)
-// memra-kernel: attn_split_hd128(PiPPPPPiiiiffi)
+// memra-kernel: attn_split_hd128(PiPPPPPiiiiffiP)
 ATTN_KERNEL(128)
-// memra-kernel: attn_split_hd256(PiPPPPPiiiiffi)
+// memra-kernel: attn_split_hd256(PiPPPPPiiiiffiP)
 ATTN_KERNEL(256)
 
 // out[t][h*HD + d] = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s. grid (n_head, T), block HD.
+// The split weights are computed once into shared memory; the sums run in split order, so an
+// empty split (m = -inf: weight exactly 0) changes nothing.
+#define COMBINE_MAX_SPLITS 1024
 extern "C" __global__ void attn_combine(const float* opart, const float* ml, float* out, int n_head, int head_dim,
                                         int n_splits) {
+    __shared__ float c_s[COMBINE_MAX_SPLITS];
+    __shared__ float red[32];
     const int h = blockIdx.x, t = blockIdx.y;
+    const float* mlr = ml + ((size_t)t * n_splits * n_head + h) * 2;  // split s at mlr[s * n_head * 2]
+    float M = -INFINITY;
+    for (int s = threadIdx.x; s < n_splits; s += blockDim.x) M = fmaxf(M, mlr[(size_t)s * n_head * 2]);
+    M = block_max(M, red);
+    for (int s = threadIdx.x; s < n_splits; s += blockDim.x) c_s[s] = expf(mlr[(size_t)s * n_head * 2] - M);
+    __syncthreads();
+    float L = 0.0f;
+    for (int s = 0; s < n_splits; ++s) L += c_s[s] * mlr[(size_t)s * n_head * 2 + 1];
     for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
-        float M = -INFINITY;
-        for (int s = 0; s < n_splits; ++s) M = fmaxf(M, ml[(((size_t)t * n_splits + s) * n_head + h) * 2]);
-        float acc = 0.0f, L = 0.0f;
-        for (int s = 0; s < n_splits; ++s) {
-            const size_t row = ((size_t)t * n_splits + s) * n_head + h;
-            const float c = expf(ml[row * 2] - M);
-            acc += c * opart[row * head_dim + d];
-            L += c * ml[row * 2 + 1];
-        }
+        float acc = 0.0f;
+        for (int s = 0; s < n_splits; ++s) acc += c_s[s] * opart[(((size_t)t * n_splits + s) * n_head + h) * head_dim + d];
         out[((size_t)t * n_head + h) * head_dim + d] = acc / L;
     }
 }

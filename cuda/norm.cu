@@ -3,10 +3,33 @@
 // every architecture multiplies by w as stored.
 #include "common.cuh"
 
+// q8_1 of one 32-value block held by a warp (one value per lane): byte for byte what
+// matvec.cu's quantize_block_q8_1 writes (same warp trees, d = amax / 127, q = roundf(x / d)),
+// so a norm that emits its output already quantized feeds the matvec exactly as
+// quantize_q8_1 would. Row layout (quant_ops.q8_1_stride): int8 qs[kq], then float2 ds[kq / 32].
+__device__ __forceinline__ void q8_1_block(float xi, int8_t* row, int kq, int i) {
+    const float amax = warp_max(fabsf(xi));
+    const float sum = warp_sum(xi);
+    const float d = amax / 127.0f;
+    row[i] = amax == 0.0f ? 0 : (int8_t)roundf(xi / d);
+    if ((threadIdx.x & 31) == 0) reinterpret_cast<float2*>(row + kq)[i >> 5] = make_float2(d, sum);
+}
+
+// Write y's row r (already in global memory, written by this block) as q8_1 too.
+__device__ __forceinline__ void quantize_row(const float* yr, int8_t* xq_row, int n) {
+    __syncthreads();  // the row's y values were written by other threads of the block
+    const int kq = (n + 31) & ~31;
+    for (int base = 0; base < kq; base += blockDim.x) {  // warp-uniform bounds: blockDim % 32 == 0
+        const int i = base + threadIdx.x;
+        if (i < kq) q8_1_block(i < n ? yr[i] : 0.0f, xq_row, kq, i);
+    }
+}
+
 // y[r] = x[r] * rsqrt(mean(x[r]^2) + eps) * w over rows of n. Row r is head r % heads of token
 // r / heads: x rows of tokens are x_ld floats apart (views of a fused qkv output), y's y_ld.
+// xq: when not null (heads == 1 only), y is also written as q8_1 rows of xq_stride bytes.
 extern "C" __global__ void rms_norm_f32(const float* x, const float* w, float* y, int n, int heads, int x_ld,
-                                        int y_ld, float eps) {
+                                        int y_ld, float eps, int8_t* xq, int xq_stride) {
     __shared__ float scratch[32];
     const int t = blockIdx.x / heads, h = blockIdx.x % heads;
     const float* xr = x + (size_t)t * x_ld + (size_t)h * n;
@@ -15,21 +38,22 @@ extern "C" __global__ void rms_norm_f32(const float* x, const float* w, float* y
     for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
     const float inv = rsqrtf(block_sum(ss, scratch) / (float)n + eps);
     for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = xr[i] * inv * w[i];
+    if (xq) quantize_row(yr, xq + (size_t)blockIdx.x * xq_stride, n);
 }
 
-// Fused residual add + norm: h[r] += d[r]; y[r] = rms_norm(h[r]) * w. Saves a launch and a
-// round trip of h through memory per layer.
-extern "C" __global__ void add_rms_norm_f32(float* h, const float* d, const float* w, float* y, int n, float eps) {
+// Fused residual add + norm: h = a + b; y = rms_norm(h) * w (rows of n). Saves the add's launch
+// and one round trip of h through memory per layer. h may alias a.
+extern "C" __global__ void add_rms_norm_f32(float* h, const float* a, const float* b, const float* w, float* y, int n,
+                                            float eps, int8_t* xq, int xq_stride) {
     __shared__ float scratch[32];
-    float* hr = h + (size_t)blockIdx.x * n;
-    const float* dr = d + (size_t)blockIdx.x * n;
-    float* yr = y + (size_t)blockIdx.x * n;
+    const size_t r = (size_t)blockIdx.x * n;
     float ss = 0.0f;
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        const float v = hr[i] + dr[i];
-        hr[i] = v;
+        const float v = a[r + i] + b[r + i];
+        h[r + i] = v;
         ss += v * v;
     }
     const float inv = rsqrtf(block_sum(ss, scratch) / (float)n + eps);
-    for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = hr[i] * inv * w[i];
+    for (int i = threadIdx.x; i < n; i += blockDim.x) y[r + i] = h[r + i] * inv * w[i];
+    if (xq) quantize_row(y + r, xq + (size_t)blockIdx.x * xq_stride, n);
 }

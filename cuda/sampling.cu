@@ -194,24 +194,35 @@ extern "C" __global__ void __launch_bounds__(S2_THREADS) sample_finish(
     const SampleParams p = *params;
     const float temp = p.temperature > 0.0f ? p.temperature : 1.0f;
 
-    // global max / argmax / normalizers (tiny: n_blocks <= 64 partials, done by thread 0)
-    if (threadIdx.x == 0) {
-        float M = -INFINITY;
-        int arg = 0x7fffffff;
-        float gb = -INFINITY;
-        int gi = 0;
-        for (int b = 0; b < n_blocks; ++b) {
+    // global max / argmax / normalizers over the n_blocks partials: warp 0, lanes strided, then a
+    // shuffle tree (a serial loop over 64 partials costs ~15 us of dependent loads).
+    if (threadIdx.x < 32) {
+        const int lane = threadIdx.x;
+        float M = -INFINITY, gb = -INFINITY;
+        int arg = 0x7fffffff, gi = 0x7fffffff;
+        for (int b = lane; b < n_blocks; b += 32) {
             const float* o = part + b * 8;
             const int ib = __float_as_int(o[1]);
-            if (before(o[0], ib, M, arg) && o[0] > -INFINITY) { M = o[0]; arg = ib; }
+            if (o[0] > -INFINITY && before(o[0], ib, M, arg)) { M = o[0]; arg = ib; }
             const int gib = __float_as_int(o[5]);
             if (o[4] > gb || (o[4] == gb && gib < gi)) { gb = o[4]; gi = gib; }
         }
+        for (int off = 16; off > 0; off >>= 1) {
+            const float oM = __shfl_xor_sync(0xffffffffu, M, off);
+            const int oa = __shfl_xor_sync(0xffffffffu, arg, off);
+            if (before(oM, oa, M, arg)) { M = oM; arg = oa; }
+            const float og = __shfl_xor_sync(0xffffffffu, gb, off);
+            const int ogi = __shfl_xor_sync(0xffffffffu, gi, off);
+            if (og > gb || (og == gb && ogi < gi)) { gb = og; gi = ogi; }
+        }
         float Z1 = 0.0f, ZT = 0.0f;
-        for (int b = 0; b < n_blocks; ++b) {
+        for (int b = lane; b < n_blocks; b += 32) {
             const float* o = part + b * 8;
             if (o[0] > -INFINITY) { Z1 += o[2] * expf(o[0] - M); ZT += o[3] * expf((o[0] - M) / temp); }
         }
+        Z1 = warp_sum(Z1);
+        ZT = warp_sum(ZT);
+      if (lane == 0) {
         if (p.temperature <= 0.0f) {          // greedy; logprob under the penalised softmax at T = 1
             (void)ZT;
             pick_s = arg;
@@ -224,6 +235,7 @@ extern "C" __global__ void __launch_bounds__(S2_THREADS) sample_finish(
             red[0] = Z1;
             red[1] = M;
         }
+      }
     }
     __syncthreads();
     if (pick_s < 0) {

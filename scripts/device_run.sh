@@ -55,7 +55,7 @@ fi
 stamp "done"
 echo "== memra on $(nvidia-smi --query-gpu=name --format=csv,noheader) =="
 [ -f "$OUT/pytest.log" ] && echo "pytest -m gpu: $(tail -1 "$OUT/pytest.log") (rc $test_rc)"
-for f in "$OUT"/profile-*.txt; do [ -f "$f" ] && head -28 "$f"; done
+for f in "$OUT"/profile-*.txt; do [ -f "$f" ] && head -14 "$f"; done
 for shape in "${bench_rows[@]}"; do
   python3 - "$OUT/bench-$shape.json" "$shape" <<'PY'
 import json, sys

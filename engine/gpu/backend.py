@@ -30,6 +30,7 @@ from memra_engine.sampling import SamplingParams
 PREFILL_CHUNK = 512      # tokens per prefill forward (bounds the scratch arena)
 ALL_LOGITS_CHUNK = 64    # tokens per forward when every row's logits come back
 HEAD_DIMS = (64, 128, 256)
+MAX_SPLITS = 1024        # COMBINE_MAX_SPLITS in attention.cu
 SCRATCH_SLACK = 4 * MIB
 
 
@@ -46,6 +47,9 @@ class CudaBackend:
         cfg = self.config = config_from_gguf(g)
         if not isinstance(n_ctx, int) or n_ctx < 1:
             raise ContextOverflowError(f"n_ctx must be a positive number of tokens, got {n_ctx!r}")
+        if splits_for(n_ctx) > MAX_SPLITS:
+            raise ContextOverflowError(f"a {n_ctx}-token context is over the CUDA backend's limit of "
+                                       f"{MAX_SPLITS * ATTN_SPLIT_LEN} tokens; use a smaller --ctx")
         if cfg.head_dim not in HEAD_DIMS:
             raise UnsupportedModelError(f"head dimension {cfg.head_dim} has no CUDA attention kernel (have {HEAD_DIMS})")
         self.n_ctx, self.n_past, self.use_graphs = n_ctx, 0, use_graphs
@@ -213,7 +217,9 @@ class CudaBackend:
         self.ops._positions_ptr = positions_ptr
         tokens = DArray(tokens_ptr, (n_tokens,), 1)
         positions = DArray(positions_ptr, (n_tokens,), 1)
-        return self.forward(self.ops, self.weights, self.config, tokens, positions, last_only)
+        logits = self.forward(self.ops, self.weights, self.config, tokens, positions, last_only)
+        self.ops.flush()
+        return logits
 
     def _run_eager(self, ids: np.ndarray, last_only: bool, want_logits: bool) -> np.ndarray | None:
         T = len(ids)

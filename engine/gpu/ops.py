@@ -7,6 +7,14 @@ Nothing here synchronizes or calls cudaMalloc, so a whole forward can be capture
 
 With `dry=True` nothing launches and the arena only counts: the backend runs the forward once
 that way to size the scratch region before reserving VRAM.
+
+Fusion without touching the forward programs: two ops are deferred and fused with their
+consumer when the pattern matches (else they launch on their own before the next op):
+- `add` then `rms_norm` of its result -> add_rms_norm_f32 (residual add + next layer's norm);
+- `rope(q)`, `rope(k)` then `attention(q, k, v)` -> rope_qk_kv_f16 (both ropes and the KV write).
+Attention with one split writes its output directly (no combine launch). RMSNorm and the gated
+activations write their output as q8_1 too, for the matvec that reads it next; other one-token
+matmul inputs are quantized inside the matvec. Either way no quantize_q8_1 launch in decode.
 """
 from __future__ import annotations
 
@@ -21,8 +29,9 @@ from memra_engine.gpu.quant_ops import GpuWeight
 
 ARENA_ALIGN = 256
 EW_BLOCK = 256  # elementwise kernels
-ATTN_SPLIT_LEN = 256  # keys per attention split (see attention.cu: fixed chunks keep rows exact)
+ATTN_SPLIT_LEN = 128  # keys per attention split: 4 warps x 32 keys (see attention.cu: fixed chunks keep rows exact)
 BATCHED_MATVEC_MAX = quant_ops.MATVEC_MAX_COLUMNS  # up to this many tokens: matvec, beyond: GEMM
+FUSED_QUANT_MAX_ROWS = 16384  # one-token matvecs quantize x per block; the LM head shares one quantize
 
 
 @dataclass(frozen=True)
@@ -89,8 +98,10 @@ class Arena:
 
 
 class _DryRuntime:
-    def launch(self, *args, **kwargs) -> None:
-        pass
+    """Stands in for GpuRuntime in a dry run: every call (launch, set_max_dynamic_shared, ...) is a no-op."""
+
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: None
 
 
 def _blocks(n: int, per: int = EW_BLOCK) -> int:
@@ -105,11 +116,17 @@ class GpuOps:
         self.history_ptr = 0  # device token history the embed kernel records into (0: none)
         self.n_splits = 1     # attention grid.y for this forward (set by the backend per KV bucket)
         self._xq: dict[tuple[int, int], int] = {}
+        # Fusion switches (all on; the A/B script scripts/profile_decode.py turns them off one by one).
+        self.fuse_add_norm = self.fuse_rope_kv = self.fuse_quant = self.direct_attention = True
+        self._pending_add: tuple[DArray, DArray, DArray] | None = None  # (sum, a, b)
+        self._pending_rope: dict[int, tuple] = {}  # output ptr -> (x, y, positions, base, neox, scale, ff)
 
     def begin(self, n_splits: int, history_ptr: int = 0) -> None:
         """Start a forward: reset the arena and the per-forward q8_1 cache."""
         self.arena.reset()
         self._xq.clear()
+        self._pending_add = None
+        self._pending_rope.clear()
         self.n_splits = n_splits
         self.history_ptr = history_ptr
 
@@ -118,7 +135,22 @@ class GpuOps:
         return DArray(self.arena.alloc(n * itemsize), tuple(shape), int(np.prod(shape[1:])))
 
     # ---- the ops Protocol ------------------------------------------------------------------
+    def flush(self) -> None:
+        """Launch whatever is deferred (the backend calls this at the end of a forward)."""
+        if self._pending_add is not None:
+            y, a, b = self._pending_add
+            self._pending_add = None
+            n = a.rows * a.width
+            self.rt.launch("add_f32", _blocks(n), EW_BLOCK, (y.ptr, a.ptr, b.ptr, n))
+        for x, y, positions, base, neox, scale, ff in self._pending_rope.values():
+            T, n_head, hd = x.shape
+            self.rt.launch("rope_f32", (n_head, T), max(32, min(128, hd // 2)),
+                           (x.ptr, y.ptr, positions.ptr, ff.ptr if ff is not None else 0,
+                            hd, x.ld, y.ld, np.float32(base), np.float32(scale), int(bool(neox))))
+        self._pending_rope.clear()
+
     def embed(self, table: GpuWeight, tokens: DArray) -> DArray:
+        self.flush()
         T = tokens.rows
         y = self.new((T, table.cols))
         lay = table.layout
@@ -130,6 +162,7 @@ class GpuOps:
         return y
 
     def matmul(self, x: DArray, w) -> DArray:
+        self.flush()
         x = self._contiguous(x)
         T = x.rows
         y = self.new((T, w.rows))
@@ -150,17 +183,19 @@ class GpuOps:
         return y
 
     def add(self, a: DArray, b) -> DArray:
+        self.flush()
         a = self._contiguous(a)
         y = self.new(a.shape)
         if isinstance(b, Vector):
             self.rt.launch("add_bias_f32", (_blocks(a.width), a.rows), EW_BLOCK, (y.ptr, a.ptr, b.ptr, a.width))
         else:
-            b = self._contiguous(b)
-            n = a.rows * a.width
-            self.rt.launch("add_f32", _blocks(n), EW_BLOCK, (y.ptr, a.ptr, b.ptr, n))
+            self._pending_add = (y, a, self._contiguous(b))  # launched by rms_norm(y), or by flush()
+            if not self.fuse_add_norm:
+                self.flush()
         return y
 
     def scale(self, x: DArray, s: float) -> DArray:
+        self.flush()
         x = self._contiguous(x)
         y = self.new(x.shape)
         n = x.rows * x.width
@@ -179,19 +214,34 @@ class GpuOps:
 
     def rms_norm(self, x: DArray, w: Vector, eps: float) -> DArray:
         heads, n = (x.shape[1], x.shape[2]) if len(x.shape) == 3 else (1, x.width)
+        block = min(1024, -(-n // 32) * 32)  # one element per thread up to 1024: one load latency, not n/128
+        pending = self._pending_add
+        if pending is not None and pending[0].ptr == x.ptr and pending[0].shape == x.shape:
+            self._pending_add = None
+            self.flush()
+            total, a, b = pending
+            y = self.new(x.shape)
+            xq, stride = self._quantized_output(y)
+            self.rt.launch("add_rms_norm_f32", x.rows, block,
+                           (total.ptr, a.ptr, b.ptr, w.ptr, y.ptr, n, np.float32(eps), xq, stride))
+            return y
+        self.flush()
         y = self.new(x.shape)
-        block = min(1024, max(32, -(-n // 4) // 32 * 32))
+        xq, stride = self._quantized_output(y) if heads == 1 else (0, 0)
         self.rt.launch("rms_norm_f32", x.rows * heads, block,
-                       (x.ptr, w.ptr, y.ptr, n, heads, x.ld, y.ld, np.float32(eps)))
+                       (x.ptr, w.ptr, y.ptr, n, heads, x.ld, y.ld, np.float32(eps), xq, stride))
         return y
 
     def rope(self, x: DArray, positions: DArray, base: float, neox: bool, scale: float = 1.0,
              freq_factors: Vector | None = None) -> DArray:
-        T, n_head, hd = x.shape
+        if self._pending_add is not None:
+            pending_rope, self._pending_rope = self._pending_rope, {}
+            self.flush()
+            self._pending_rope = pending_rope
         y = self.new(x.shape)
-        self.rt.launch("rope_f32", (n_head, T), max(32, min(128, hd // 2)),
-                       (x.ptr, y.ptr, positions.ptr, freq_factors.ptr if freq_factors is not None else 0,
-                        hd, x.ld, y.ld, np.float32(base), np.float32(scale), int(bool(neox))))
+        self._pending_rope[y.ptr] = (x, y, positions, base, neox, scale, freq_factors)  # see attention()
+        if not self.fuse_rope_kv:
+            self.flush()
         return y
 
     def attention(self, layer: int, q: DArray, k: DArray, v: DArray, positions: DArray, scale: float,
@@ -199,19 +249,33 @@ class GpuOps:
         T, n_head, hd = q.shape
         n_kv = k.shape[1]
         kc, vc = self.kv.layer_ptrs(layer)
-        self.rt.launch("kv_write_f16", (T, n_kv), min(128, hd),
-                       (k.ptr, v.ptr, kc, vc, positions.ptr, k.ld, v.ld, hd, self.kv.n_ctx))
+        rq, rk = self._pending_rope.get(q.ptr), self._pending_rope.get(k.ptr)
+        if rq is not None and rk is not None and rq[2:] == rk[2:] and rk[2] == positions and v.shape == k.shape:
+            del self._pending_rope[q.ptr], self._pending_rope[k.ptr]
+            self.flush()
+            xq, xk = rq[0], rk[0]
+            _, _, _, base, neox, pos_scale, ff = rq  # (not `scale`: that is the attention's)
+            self.rt.launch("rope_qk_kv_f16", (n_head + n_kv, T), max(32, min(128, hd // 2)),
+                           (xq.ptr, q.ptr, xk.ptr, v.ptr, kc, vc, positions.ptr, ff.ptr if ff is not None else 0,
+                            n_head, hd, xq.ld, xk.ld, v.ld, self.kv.n_ctx, np.float32(base), np.float32(pos_scale),
+                            int(bool(neox))))
+        else:
+            self.flush()
+            self.rt.launch("kv_write_f16", (T, n_kv), min(128, hd),
+                           (k.ptr, v.ptr, kc, vc, positions.ptr, k.ld, v.ld, hd, self.kv.n_ctx))
         q = self._contiguous(q)
         S = self.n_splits
         opart = self.new((T, S, n_head, hd))
         ml = self.new((T, S, n_head, 2))
         group = n_head // n_kv
         n_hgroups = -(-group // 8)
+        y = self.new((T, n_head * hd))
         self.rt.launch(f"attn_split_hd{hd}", (n_kv * n_hgroups, S, T), 128,
                        (q.ptr, q.ld, kc, vc, opart.ptr, ml.ptr, positions.ptr, n_head, n_kv, self.kv.n_ctx,
-                        int(window), np.float32(scale), np.float32(softcap), ATTN_SPLIT_LEN))
-        y = self.new((T, n_head * hd))
-        self.rt.launch("attn_combine", (n_head, T), hd, (opart.ptr, ml.ptr, y.ptr, n_head, hd, S))
+                        int(window), np.float32(scale), np.float32(softcap), ATTN_SPLIT_LEN,
+                        y.ptr if self.direct_attention else 0))
+        if S > 1 or not self.direct_attention:
+            self.rt.launch("attn_combine", (n_head, T), hd, (opart.ptr, ml.ptr, y.ptr, n_head, hd, S))
         return y
 
     def swiglu(self, gate: DArray, up: DArray) -> DArray:
@@ -221,6 +285,7 @@ class GpuOps:
         return self._gated("gelu_tanh_mul_f32", gate, up)
 
     def softcap(self, x: DArray, cap: float) -> DArray:
+        self.flush()
         x = self._contiguous(x)
         y = self.new(x.shape)
         n = x.rows * x.width
@@ -234,11 +299,23 @@ class GpuOps:
     _positions_ptr = 0  # set by the backend: positions of this forward (the embed kernel records history)
 
     def _gated(self, kernel: str, gate: DArray, up: DArray) -> DArray:
+        self.flush()
         assert gate.ld == up.ld
         n = gate.width
         y = self.new((gate.rows, n))
-        self.rt.launch(kernel, (_blocks(n), gate.rows), EW_BLOCK, (gate.ptr, up.ptr, y.ptr, n, gate.ld))
+        xq, stride = self._quantized_output(y)
+        self.rt.launch(kernel, (_blocks(-(-n // 32) * 32), gate.rows), EW_BLOCK,
+                       (gate.ptr, up.ptr, y.ptr, n, gate.ld, xq, stride))
         return y
+
+    def _quantized_output(self, y: DArray) -> tuple[int, int]:
+        """A q8_1 copy of y that its producer writes too (for the matvec that reads y next):
+        (pointer, row stride), or (0, 0) where no matvec will want it (GEMM-sized batches)."""
+        if not self.fuse_quant or y.rows > BATCHED_MATVEC_MAX:
+            return 0, 0
+        xq = self.arena.alloc(quant_ops.q8_1_nbytes(y.width, y.rows))
+        self._xq[(y.ptr, y.rows)] = xq
+        return xq, quant_ops.q8_1_stride(y.width)
 
     def _contiguous(self, x: DArray) -> DArray:
         if x.contiguous:
@@ -252,9 +329,13 @@ class GpuOps:
         if T > BATCHED_MATVEC_MAX:
             quant_ops.gemm(self.rt, w, x.ptr, y_ptr, T)
             return
+        key = (x.ptr, T)
+        if (self.fuse_quant and T == 1 and not w.layout.is_float and w.rows < FUSED_QUANT_MAX_ROWS
+                and key not in self._xq):
+            quant_ops.matvec(self.rt, w, x.ptr, None, y_ptr, 1)  # quantizes x itself: one launch
+            return
         xq = 0
         if not w.layout.is_float:
-            key = (x.ptr, T)
             xq = self._xq.get(key, 0)
             if not xq:  # quantize each activation once, however many weights read it
                 xq = self._xq[key] = self.arena.alloc(quant_ops.q8_1_nbytes(w.cols, T))

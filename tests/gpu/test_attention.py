@@ -14,7 +14,7 @@ from gpu_util import rel_err
 
 pytestmark = pytest.mark.gpu
 f32 = np.float32
-SPLIT_LEN = 256
+SPLIT_LEN = 128
 
 
 def attention_ref(q, kc, vc, pos, scale, window, softcap):
@@ -36,7 +36,7 @@ def attention_ref(q, kc, vc, pos, scale, window, softcap):
     return out.reshape(T, H * hd)
 
 
-def run_attention(gpu, q, k_new, v_new, kc0, vc0, pos, window=0, softcap=0.0, n_splits=None):
+def run_attention(gpu, q, k_new, v_new, kc0, vc0, pos, window=0, softcap=0.0, n_splits=None, direct=False):
     """Write k_new/v_new at pos through kv_write_f16, then attn_split + attn_combine."""
     T, H, hd = q.shape
     n_kv, n_ctx, _ = kc0.shape
@@ -47,12 +47,13 @@ def run_attention(gpu, q, k_new, v_new, kc0, vc0, pos, window=0, softcap=0.0, n_
     need = -(-int(pos.max() + 1) // SPLIT_LEN)
     S = n_splits or need
     opart, ml = gpu.empty(T * S * H * hd), gpu.empty(T * S * H * 2)
+    out = gpu.empty(T * H * hd)
     n_hgroups = -(-(H // n_kv) // 8)
     gpu.rt.launch(f"attn_split_hd{hd}", (n_kv * n_hgroups, S, T), 128,
                   (gpu.put(q), H * hd, kc, vc, opart, ml, ppos, H, n_kv, n_ctx, window, f32(1 / np.sqrt(hd)),
-                   f32(softcap), SPLIT_LEN))
-    out = gpu.empty(T * H * hd)
-    gpu.rt.launch("attn_combine", (H, T), hd, (opart, ml, out, H, hd, S))
+                   f32(softcap), SPLIT_LEN, out if direct else 0))
+    if not direct:
+        gpu.rt.launch("attn_combine", (H, T), hd, (opart, ml, out, H, hd, S))
     return gpu.get(out, (T, H * hd)), gpu.get(kc, kc0.shape, np.float16), gpu.get(vc, vc0.shape, np.float16)
 
 
@@ -94,10 +95,19 @@ def test_result_is_independent_of_the_split_grid(gpu):
     rng = np.random.default_rng(7)
     q, kc, vc, k_new, v_new = random_case(rng, 3, 9, 3, 64, 2048)
     pos = np.array([100, 700, 1500])
-    base, kc_dev, vc_dev = run_attention(gpu, q, k_new, v_new, kc, vc, pos, n_splits=6)
-    for S in (8, 16):
+    base, kc_dev, vc_dev = run_attention(gpu, q, k_new, v_new, kc, vc, pos, n_splits=12)
+    for S in (16, 24):
         other, _, _ = run_attention(gpu, q, k_new, v_new, kc, vc, pos, n_splits=S)
         assert np.array_equal(base, other), S
     # and a row alone equals the same row in a batch
-    alone, _, _ = run_attention(gpu, q[1:2], k_new[1:2], v_new[1:2], kc_dev, vc_dev, pos[1:2], n_splits=8)
+    alone, _, _ = run_attention(gpu, q[1:2], k_new[1:2], v_new[1:2], kc_dev, vc_dev, pos[1:2], n_splits=16)
     assert np.array_equal(alone[0], base[1])
+
+
+def test_one_split_writes_the_output_directly_bit_identical(gpu):
+    rng = np.random.default_rng(8)
+    q, kc, vc, k_new, v_new = random_case(rng, 4, 8, 2, 128, 200)
+    pos = np.array([5, 60, 100, 127])
+    combined, _, _ = run_attention(gpu, q, k_new, v_new, kc, vc, pos, n_splits=1)
+    direct, _, _ = run_attention(gpu, q, k_new, v_new, kc, vc, pos, n_splits=1, direct=True)
+    assert np.array_equal(combined, direct)

@@ -30,7 +30,7 @@ def test_rms_norm_rows(gpu, T, n):
     x = rng.standard_normal((T, n)).astype(f32) * 3
     w = (1 + 0.1 * rng.standard_normal(n)).astype(f32)
     y = gpu.empty(T * n)
-    gpu.rt.launch("rms_norm_f32", T, 128, (gpu.put(x), gpu.put(w), y, n, 1, n, n, f32(1e-6)))
+    gpu.rt.launch("rms_norm_f32", T, 128, (gpu.put(x), gpu.put(w), y, n, 1, n, n, f32(1e-6), 0, 0))
     assert rel_err(gpu.get(y, (T, n)), rms_norm_ref(x, w, 1e-6)) < 1e-5
 
 
@@ -40,7 +40,7 @@ def test_rms_norm_per_head_of_a_strided_view(gpu):
     x = rng.standard_normal((T, ld)).astype(f32)
     w = (1 + 0.1 * rng.standard_normal(hd)).astype(f32)
     y = gpu.empty(T * heads * hd)
-    gpu.rt.launch("rms_norm_f32", T * heads, 32, (gpu.put(x), gpu.put(w), y, hd, heads, ld, heads * hd, f32(1e-6)))
+    gpu.rt.launch("rms_norm_f32", T * heads, 32, (gpu.put(x), gpu.put(w), y, hd, heads, ld, heads * hd, f32(1e-6), 0, 0))
     ref = rms_norm_ref(x[:, : heads * hd].reshape(T, heads, hd), w, 1e-6)
     assert rel_err(gpu.get(y, (T, heads, hd)), ref) < 1e-5
 
@@ -50,9 +50,9 @@ def test_add_rms_norm_updates_the_residual(gpu):
     T, n = 4, 577
     h, d = rng.standard_normal((2, T, n)).astype(f32)
     w = (1 + 0.1 * rng.standard_normal(n)).astype(f32)
-    hp, y = gpu.put(h), gpu.empty(T * n)
-    gpu.rt.launch("add_rms_norm_f32", T, 128, (hp, gpu.put(d), gpu.put(w), y, n, f32(1e-5)))
-    assert np.array_equal(gpu.get(hp, (T, n)), h + d)
+    total, y = gpu.empty(T * n), gpu.empty(T * n)
+    gpu.rt.launch("add_rms_norm_f32", T, 128, (total, gpu.put(h), gpu.put(d), gpu.put(w), y, n, f32(1e-5), 0, 0))
+    assert np.array_equal(gpu.get(total, (T, n)), h + d)
     assert rel_err(gpu.get(y, (T, n)), rms_norm_ref(h + d, w, 1e-5)) < 1e-5
 
 
@@ -87,6 +87,34 @@ def test_rope_from_device_positions(gpu, neox, hd):
         assert rel_err(gpu.get(y, (T, n, hd)), ref) < 1e-4
 
 
+@pytest.mark.parametrize("neox", [False, True])
+def test_fused_rope_qk_and_kv_write_match_rope_and_kv_write(gpu, neox):
+    rng = np.random.default_rng(11 + neox)
+    T, n_q, n_kv, hd, n_ctx = 5, 9, 3, 64, 300
+    width = (n_q + 2 * n_kv) * hd
+    qkv = rng.standard_normal((T, width)).astype(f32)
+    pos = np.array([3, 100, 101, 250, 299], np.int32)
+    ff = (1 + rng.random(hd // 2)).astype(f32)
+    p, ppos = gpu.put(qkv), gpu.put(pos)
+    kc, vc = gpu.put(np.zeros((n_kv, n_ctx, hd), np.float16)), gpu.put(np.zeros((n_kv, n_ctx, hd), np.float16))
+    q_out = gpu.empty(T * n_q * hd)
+    gpu.rt.launch("rope_qk_kv_f16", (n_q + n_kv, T), 32,
+                  (p, q_out, p + n_q * hd * 4, p + (n_q + n_kv) * hd * 4, kc, vc, ppos, gpu.put(ff), n_q, hd,
+                   width, width, width, n_ctx, f32(1e4), f32(1.0), int(neox)))
+    # the same through the separate kernels
+    q_ref, k_ref = gpu.empty(T * n_q * hd), gpu.empty(T * n_kv * hd)
+    for x, y, n in ((p, q_ref, n_q), (p + n_q * hd * 4, k_ref, n_kv)):
+        gpu.rt.launch("rope_f32", (n, T), 32, (x, y, ppos, gpu.put(ff), hd, width, n * hd, f32(1e4), f32(1.0), int(neox)))
+    kc2, vc2 = gpu.put(np.zeros((n_kv, n_ctx, hd), np.float16)), gpu.put(np.zeros((n_kv, n_ctx, hd), np.float16))
+    gpu.rt.launch("kv_write_f16", (T, n_kv), 64, (k_ref, p + (n_q + n_kv) * hd * 4, kc2, vc2, ppos, n_kv * hd, width,
+                                                  hd, n_ctx))
+    assert np.array_equal(gpu.get(q_out, (T, n_q * hd)), gpu.get(q_ref, (T, n_q * hd)))
+    assert np.array_equal(gpu.get(kc, (n_kv, n_ctx, hd), np.float16), gpu.get(kc2, (n_kv, n_ctx, hd), np.float16))
+    assert np.array_equal(gpu.get(vc, (n_kv, n_ctx, hd), np.float16), gpu.get(vc2, (n_kv, n_ctx, hd), np.float16))
+    ref = rope_ref(qkv[:, : n_q * hd].reshape(T, n_q, hd), pos, 1e4, neox, 1.0, ff)
+    assert rel_err(gpu.get(q_out, (T, n_q, hd)), ref) < 1e-4
+
+
 @pytest.mark.parametrize("kernel", ["silu_mul_f32", "gelu_tanh_mul_f32"])
 def test_gated_activations_read_a_fused_row(gpu, kernel):
     rng = np.random.default_rng(3)
@@ -94,7 +122,7 @@ def test_gated_activations_read_a_fused_row(gpu, kernel):
     gu = (rng.standard_normal((T, 2 * n)) * 3).astype(f32)
     y = gpu.empty(T * n)
     p = gpu.put(gu)
-    gpu.rt.launch(kernel, (-(-n // 256), T), 256, (p, p + n * 4, y, n, 2 * n))
+    gpu.rt.launch(kernel, (-(-n // 256), T), 256, (p, p + n * 4, y, n, 2 * n, 0, 0))
     g, u = gu[:, :n].astype(np.float64), gu[:, n:].astype(np.float64)
     if kernel == "silu_mul_f32":
         ref = g / (1 + np.exp(-g)) * u
@@ -125,6 +153,43 @@ def test_add_bias_scale_softcap_copy(gpu):
     y = gpu.empty(T * 100)
     gpu.rt.launch("copy_rows_f32", (1, T), 256, (y, pa + 7 * 4, 100, 100, n))
     assert np.array_equal(gpu.get(y, (T, 100)), a[:, 7:107])
+
+
+def quantize_q8_1_bytes(gpu, y_ptr, T, n):
+    from memra_engine.gpu.quant_ops import q8_1_nbytes, q8_1_stride, quantize_q8_1
+
+    xq = gpu.empty(q8_1_nbytes(n, T) // 4 + 1)
+    quantize_q8_1(gpu.rt, y_ptr, xq, n, T)
+    return gpu.get(xq, q8_1_nbytes(n, T), np.uint8)
+
+
+@pytest.mark.parametrize("n", [576, 640, 1000])
+def test_norm_and_activation_emit_the_same_q8_1_bytes_as_quantize_q8_1(gpu, n):
+    from memra_engine.gpu.quant_ops import q8_1_nbytes, q8_1_stride
+
+    rng = np.random.default_rng(n)
+    T = 3
+    x, d = (rng.standard_normal((2, T, n)) * 2).astype(f32)
+    w = (1 + 0.1 * rng.standard_normal(n)).astype(f32)
+    stride, nbytes = q8_1_stride(n), q8_1_nbytes(n, T)
+    for kernel in ("rms_norm_f32", "add_rms_norm_f32", "silu_mul_f32"):
+        y = gpu.empty(T * n)
+        xq = gpu.empty(nbytes // 4 + 1)
+        gpu.rt.memset_u32(xq, 0x5A5A5A5A, nbytes // 4)  # padding bytes compare too: poison them alike
+        if kernel == "rms_norm_f32":
+            gpu.rt.launch(kernel, T, 128, (gpu.put(x), gpu.put(w), y, n, 1, n, n, f32(1e-6), xq, stride))
+        elif kernel == "add_rms_norm_f32":
+            gpu.rt.launch(kernel, T, 128, (gpu.empty(T * n), gpu.put(x), gpu.put(d), gpu.put(w), y, n, f32(1e-6),
+                                           xq, stride))
+        else:
+            gu = gpu.put(np.concatenate([x, d], axis=1))
+            gpu.rt.launch(kernel, (-(-n // 256), T), 256, (gu, gu + n * 4, y, n, 2 * n, xq, stride))
+        ref = quantize_q8_1_bytes(gpu, y, T, n)
+        got = gpu.get(xq, nbytes, np.uint8)
+        for t in range(T):  # compare the defined bytes of each row: qs[kq] and ds[kq/32]
+            kq = -(-n // 32) * 32
+            row = slice(t * stride, t * stride + kq + kq // 32 * 8)
+            assert np.array_equal(got[row], ref[row]), kernel
 
 
 EMBED_TYPES = [QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0, QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.F16, QT.BF16, QT.F32]
