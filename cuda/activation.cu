@@ -1,13 +1,10 @@
 // Elementwise ops: gated activations, residual add, bias add, scale, softcap, column copy.
 #include "common.cuh"
+#include "quants.cuh"
 
-// q8_1 of a warp's 32 values: byte for byte matvec.cu's quantize_block_q8_1 (see norm.cu).
+// q8_1 of a warp's 32 values through quants.cuh's quantize_block_q8_1 (see norm.cu).
 __device__ __forceinline__ void q8_1_block(float xi, int8_t* row, int kq, int i) {
-    const float amax = warp_max(fabsf(xi));
-    const float sum = warp_sum(xi);
-    const float d = amax / 127.0f;
-    row[i] = amax == 0.0f ? 0 : (int8_t)roundf(xi / d);
-    if ((threadIdx.x & 31) == 0) reinterpret_cast<float2*>(row + kq)[i >> 5] = make_float2(d, sum);
+    quantize_block_q8_1(xi, row + i, reinterpret_cast<float2*>(row + kq) + (i >> 5));
 }
 
 __device__ __forceinline__ float silu_mul(float a, float b) { return a / (1.0f + expf(-a)) * b; }

@@ -2,17 +2,14 @@
 // Gemma's (1 + w) is already folded into the GGUF norm weights by llama.cpp's converter, so
 // every architecture multiplies by w as stored.
 #include "common.cuh"
+#include "quants.cuh"
 
-// q8_1 of one 32-value block held by a warp (one value per lane): byte for byte what
-// matvec.cu's quantize_block_q8_1 writes (same warp trees, d = amax / 127, q = roundf(x / d)),
-// so a norm that emits its output already quantized feeds the matvec exactly as
-// quantize_q8_1 would. Row layout (quant_ops.q8_1_stride): int8 qs[kq], then float2 ds[kq / 32].
+// q8_1 of one 32-value block held by a warp (one value per lane), through quants.cuh's
+// quantize_block_q8_1 (the one q8_1 producer), so a norm that emits its output already quantized
+// feeds the matvec exactly as quantize_q8_1 would. Row layout (quant_ops.q8_1_stride):
+// int8 qs[kq], then float2 ds[kq / 32].
 __device__ __forceinline__ void q8_1_block(float xi, int8_t* row, int kq, int i) {
-    const float amax = warp_max(fabsf(xi));
-    const float sum = warp_sum(xi);
-    const float d = amax / 127.0f;
-    row[i] = amax == 0.0f ? 0 : (int8_t)roundf(xi / d);
-    if ((threadIdx.x & 31) == 0) reinterpret_cast<float2*>(row + kq)[i >> 5] = make_float2(d, sum);
+    quantize_block_q8_1(xi, row + i, reinterpret_cast<float2*>(row + kq) + (i >> 5));
 }
 
 // Write y's row r (already in global memory, written by this block) as q8_1 too.
