@@ -1,0 +1,122 @@
+"""GpuOps and the sampler without a GPU: every launch a forward program makes names a kernel
+declared in cuda/*.cu, with the right number and kinds of arguments and legal launch shapes.
+
+A recording runtime stands in for GpuRuntime (as in the backend's dry run), so an argument-list
+or kernel-name mismatch between engine/gpu/*.py and cuda/*.cu fails here in CI, not on the device.
+Also checks the kernel count per decode step that docs/gpu-notes.md states (10 per llama layer).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from memra_engine.gpu import build
+from memra_engine.gpu.backend import splits_for
+from memra_engine.gpu.kv_cache import GpuKvCache
+from memra_engine.gpu.ops import Arena, DArray, GpuOps
+from memra_engine.gpu.sampler import GpuSampler
+from memra_engine.gpu.weights import GpuWeights
+from memra_engine.model import arch_module
+from memra_engine.model.config import config_from_gguf
+from memra_engine.model.gguf_file import open_gguf
+
+SIGNATURES = build.kernel_signatures()
+MODELS = {
+    "tiny-llama": dict(preset="tiny-llama", head_dim=64, n_head=4, n_kv_head=2, d_model=256),
+    "tiny-qwen2": dict(preset="tiny-qwen2", head_dim=64, n_head=4, n_kv_head=2, d_model=256),
+    "tiny-qwen3": dict(preset="tiny-qwen3"),
+    "tiny-gemma3": dict(preset="tiny-gemma3"),
+}
+
+
+class RecordingRuntime:
+    """Checks each launch against the parsed kernel signature instead of launching."""
+
+    def __init__(self):
+        self.launches: list[str] = []
+
+    def launch(self, name, grid, block, args, shared=0):
+        assert name in SIGNATURES, f"{name} is not declared in cuda/*.cu"
+        sig = SIGNATURES[name][1]
+        assert len(args) == len(sig), f"{name}: {len(args)} args for signature {sig}"
+        for code, arg in zip(sig, args):
+            if code == "f":
+                assert isinstance(arg, np.float32), f"{name}: float argument passed as {type(arg).__name__}"
+            else:
+                assert isinstance(arg, (int, np.integer)) and not isinstance(arg, bool), f"{name}: {arg!r} for {code}"
+        grid = (grid,) if isinstance(grid, int) else tuple(grid)
+        block = (block,) if isinstance(block, int) else tuple(block)
+        assert all(g >= 1 for g in grid) and grid[0] < 2**31 and all(g < 65536 for g in grid[1:]), (name, grid)
+        assert 1 <= int(np.prod(block)) <= 1024 and int(np.prod(block)) % 32 == 0, (name, block)
+        assert 0 <= shared <= 227 * 1024, (name, shared)
+        self.launches.append(name)
+
+    def set_max_dynamic_shared(self, name, nbytes):
+        assert name in SIGNATURES
+
+    def memset_u32(self, *args):
+        pass
+
+    def pinned(self, shape, dtype):
+        return np.zeros(shape, dtype)
+
+    def upload_async(self, *args):
+        pass
+
+    def synchronize(self):
+        pass
+
+
+@pytest.fixture(scope="module")
+def model_paths(tmp_path_factory):
+    from memra_engine.model.synthetic import write_synthetic_gguf
+
+    root = tmp_path_factory.mktemp("models")
+    return {name: write_synthetic_gguf(root / f"{name}.gguf", **kw) for name, kw in MODELS.items()}
+
+
+def run_forward(path, T: int, n_ctx: int = 300) -> list[str]:
+    g = open_gguf(path)
+    cfg = config_from_gguf(g)
+    weights = GpuWeights(g, cfg).upload(None, None, dry=True)
+    kv = GpuKvCache(None, cfg.n_layer, cfg.n_kv_head, n_ctx, cfg.head_dim)
+    rt = RecordingRuntime()
+    ops = GpuOps(None, cfg, kv, Arena(0, 1 << 40), dry=True)
+    ops.rt = rt
+    ops.begin(splits_for(n_ctx), history_ptr=4096)
+    ids = DArray(1 << 20, (T,), 1)
+    arch_module(cfg.arch).forward(ops, weights, cfg, ids, ids, last_only=T == 1)
+    ops.flush()
+    return rt.launches
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.parametrize("T", [1, 5, 40])  # decode, batched-matvec verify, GEMM prefill
+def test_every_launch_matches_its_kernel(model_paths, name, T):
+    launches = run_forward(model_paths[name], T)
+    assert launches[0].startswith("embed_")
+    assert any(n.startswith("attn_split_hd") for n in launches)
+
+
+def test_decode_is_ten_kernels_per_llama_layer(model_paths):
+    launches = run_forward(model_paths["tiny-llama"], 1)
+    n_layer = 2
+    # embed, the first layer's norm and the LM head, then per layer: qkv, rope_qk_kv, attention,
+    # combine (the grid has 3 splits), o, add+norm, gate_up, silu, down, add+next norm
+    per_layer = (len(launches) - 3) / n_layer
+    assert per_layer == 10, launches
+    assert "quantize_q8_1" not in launches and "add_f32" not in launches and "rope_f32" not in launches
+
+
+def test_sampler_launches_match_their_kernels():
+    rt = RecordingRuntime()
+
+    class Pool:
+        def alloc(self, region, nbytes, name=""):
+            return type("Buf", (), {"ptr": 1 << 30})()
+
+    for vocab in (384, 49152, 262144, 300000):
+        sampler = GpuSampler(rt, Pool(), vocab)
+        assert sampler.n_blocks * sampler.local_k <= 8192
+        sampler.launch(1 << 20, 1 << 21, 1 << 22, 1 << 23, 1 << 23 + 4)
+    assert rt.launches.count("sample_finish") == 4
