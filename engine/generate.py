@@ -462,19 +462,27 @@ class Generation:
     # -- decode ------------------------------------------------------------------------------------
 
     def decode_loop(self, prompt: list[int], logits: np.ndarray) -> None:
+        """Sample, stream, feed back. A backend with `decode_sample` (cuda) runs forward and sampler
+        as one graph launch per token and returns only the token id; the CPU sampler is used otherwise.
+        Each backend is deterministic for a fixed seed (DESIGN.md §5 rule 6), not across backends."""
         model, backend, params = self.model, self.model.backend, self.sampling
         tokenizer = model.tokenizer
         eos_ids = set(tokenizer.eos_ids)
-        rng = make_rng(params.seed)
+        on_device = hasattr(backend, "decode_sample")
         history = list(prompt)
         decoder = tokenizer.stream_decoder()
         stops = StopMatcher(self.job.request.stop)
+        if on_device:
+            # the device history is the KV cache, which holds exactly the prompt here
+            seed = backend.set_sampling(params, seed=params.seed)
+            token, logprob = backend.sample_logits(logits)
+        else:
+            rng = make_rng(params.seed)
+            token, logprob = sample(logits, params, history, rng)
         n_generated = 0
         while True:
             if self.job.cancelled:
                 return self.finish("cancelled")
-            params = self.job.take_sampling_update() or params
-            token, logprob = sample(logits, params, history, rng)
             n_generated += 1
             if n_generated == 1:
                 self.stats.time_to_first_token_s = time.perf_counter() - self.started
@@ -497,11 +505,21 @@ class Generation:
             self.job._put(TokenEvent(text, token, logprob))
             if last:
                 return self.finish("length")
+            update = self.job.take_sampling_update()
+            params = update or params
+            fed = token
             t0 = time.perf_counter()
-            logits = backend.decode(token)
+            if on_device:
+                if update is not None:  # new knobs: a fresh counter stream, so draws never repeat
+                    seed = backend.set_sampling(params, seed=(seed + n_generated) % 2**63)
+                token, logprob = backend.decode_sample(fed)
+            else:
+                logits = backend.decode(fed)
             self.decode_s += time.perf_counter() - t0
             self.n_decoded += 1
-            model.cached_tokens.append(token)
+            model.cached_tokens.append(fed)
+            if not on_device:
+                token, logprob = sample(logits, params, history, rng)
             if time.perf_counter() - self.last_stats >= STATS_INTERVAL_S:
                 self.job._put(StatsEvent(self.snapshot()))
 

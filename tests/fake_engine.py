@@ -94,3 +94,38 @@ class ScriptedBackend:
 def fake_engine(backend: ScriptedBackend) -> Engine:
     info = EngineInfo("fake", "fake", 0, "", backend.n_ctx, "cpu", "none", has_chat_template=False)
     return Engine.start(lambda: (LoadedModel(None, CharTokenizer(), None, backend), info))
+
+
+class DeviceSamplingBackend(ScriptedBackend):
+    """ScriptedBackend with the cuda backend's sampling surface (set_sampling / sample_logits /
+    decode_sample). Sampling here uses the CPU sampler with a seeded rng and the cache as history,
+    as the device does, and counts calls so tests can see which path the engine took."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.calls = {"set_sampling": 0, "sample_logits": 0, "decode_sample": 0, "decode": 0}
+        self.seeds: list[int] = []
+
+    def set_sampling(self, params, seed=None, mask=None) -> int:
+        from memra_engine.sampling import make_rng
+
+        self.calls["set_sampling"] += 1
+        seed = 1234 if seed is None else seed
+        self.params, self.rng = params, make_rng(seed)
+        self.seeds.append(seed)
+        return seed
+
+    def sample_logits(self, logits):
+        from memra_engine.sampling import sample
+
+        self.calls["sample_logits"] += 1
+        return sample(logits, self.params, self.tokens, self.rng)
+
+    def decode(self, token: int):
+        self.calls["decode"] += 1
+        return super().decode(token)
+
+    def decode_sample(self, token: int):
+        self.calls["decode_sample"] += 1
+        logits = super().decode(token)
+        return self.sample_logits(logits)

@@ -373,3 +373,56 @@ def test_long_prompts_are_prefilled_in_chunks():
     with fake_engine(backend) as eng:
         run(eng, "y" * (2 * PREFILL_CHUNK + 9), SamplingParams(temperature=0.0, max_tokens=2))
     assert backend.prefill_calls == [PREFILL_CHUNK, PREFILL_CHUNK, 10]  # + BOS
+
+
+def test_device_sampling_backend_samples_in_its_decode_step():
+    """A backend with decode_sample (cuda) gets one call per token and never a host decode; greedy
+    output equals the host-sampling path's, and a fixed seed reproduces the reply."""
+    from fake_engine import DeviceSamplingBackend
+
+    backend = DeviceSamplingBackend()
+    with fake_engine(backend) as eng:
+        greedy = run(eng, "The quick brown fox", GREEDY)
+    assert backend.calls["decode"] == 0 and backend.calls["sample_logits"] == 1
+    assert backend.calls["decode_sample"] == len(greedy.token_ids) - 1
+    with fake_engine(ScriptedBackend()) as host:
+        assert run(host, "The quick brown fox", GREEDY).token_ids == greedy.token_ids
+
+    seeded = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=7, max_tokens=24)
+    replies = []
+    for _ in range(2):
+        with fake_engine(DeviceSamplingBackend()) as eng:
+            replies.append(run(eng, "hello", seeded).token_ids)
+    assert replies[0] == replies[1] and len(replies[0]) == 24
+
+
+def test_device_sampling_keeps_the_cache_bookkeeping():
+    """Prefix reuse after a device-sampled reply gives the same reply as a fresh engine."""
+    from fake_engine import DeviceSamplingBackend
+
+    first, second = "The quick brown fox", "The quick brown fox jumps over"
+    backend = DeviceSamplingBackend()
+    with fake_engine(backend) as eng:
+        run(eng, first)
+        calls_before = len(backend.prefill_calls)
+        reused = run(eng, second)
+        assert backend.prefill_calls[calls_before:] == [len(second) - len(first)]
+    with fake_engine(DeviceSamplingBackend()) as fresh:
+        assert run(fresh, second).token_ids == reused.token_ids
+
+
+def test_device_sampling_update_rewrites_the_parameter_block():
+    from fake_engine import DeviceSamplingBackend
+
+    backend = DeviceSamplingBackend(step_s=0.02)
+    with fake_engine(backend) as eng:
+        job = eng.complete("hi", SamplingParams(temperature=0.8, seed=1, max_tokens=200))
+        n = 0
+        for event in job:
+            if isinstance(event, TokenEvent):
+                n += 1
+                if n == 2:
+                    job.update_sampling(SamplingParams(temperature=0.8, seed=1, max_tokens=6))
+            last = event
+    assert last.reason == "length" and n == 6
+    assert backend.calls["set_sampling"] == 2 and backend.seeds[0] == 1 and backend.seeds[1] != 1
