@@ -115,11 +115,14 @@ class DeviceSamplingBackend(ScriptedBackend):
         self.seeds.append(seed)
         return seed
 
-    def sample_logits(self, logits):
+    def _draw(self, logits):
         from memra_engine.sampling import sample
 
-        self.calls["sample_logits"] += 1
         return sample(logits, self.params, self.tokens, self.rng)
+
+    def sample_logits(self, logits):
+        self.calls["sample_logits"] += 1
+        return self._draw(logits)
 
     def decode(self, token: int):
         self.calls["decode"] += 1
@@ -127,5 +130,4 @@ class DeviceSamplingBackend(ScriptedBackend):
 
     def decode_sample(self, token: int):
         self.calls["decode_sample"] += 1
-        logits = super().decode(token)
-        return self.sample_logits(logits)
+        return self._draw(super().decode(token))
