@@ -418,10 +418,9 @@ class Generation:
             raise ContextOverflowError(f"prompt is {len(prompt)} tokens but the context is {n_ctx} (use --ctx)")
         self.stats.n_prompt_tokens = len(prompt)
 
-        logits = self.prefill(prompt)
-        if logits is None:
+        if not self.prefill(prompt[:-1]):
             return self.finish("cancelled")
-        self.decode_loop(prompt, logits)
+        self.decode_loop(prompt)
 
     # -- prompt ------------------------------------------------------------------------------------
 
@@ -439,50 +438,69 @@ class Generation:
             ids = ids[1:]  # the template wrote BOS itself and the tokenizer added another
         return ids
 
-    def prefill(self, prompt: list[int]) -> np.ndarray | None:
-        """Bring the KV cache to `prompt`, reusing the common prefix. None if cancelled meanwhile."""
+    def prefill(self, head: list[int]) -> bool:
+        """Bring the KV cache to `head` (the prompt less its last token), reusing the common prefix.
+        The last prompt token always goes through the one-token decode step, so a reply depends only
+        on the conversation, not on what the cache held before (same seed, same reply on the GPU too).
+        False if cancelled meanwhile."""
         model, backend = self.model, self.model.backend
-        # keep at least one prompt token to prefill: its logits start the reply
-        keep = min(common_prefix_len(model.cached_tokens, prompt), len(prompt) - 1)
+        keep = common_prefix_len(model.cached_tokens, head)
         backend.truncate(keep)
         model.cached_tokens = model.cached_tokens[:keep]
-        logits = None
         step = getattr(backend, "prefill_chunk", PREFILL_CHUNK)
-        for start in range(keep, len(prompt), step):
+        for start in range(keep, len(head), step):
             if self.job.cancelled:
-                return None
-            chunk = prompt[start : start + step]
+                return False
+            chunk = head[start : start + step]
             t0 = time.perf_counter()
-            logits = backend.prefill(chunk)
+            backend.prefill(chunk)
             self.prefill_s += time.perf_counter() - t0
             self.n_prefilled += len(chunk)
             model.cached_tokens.extend(chunk)
-        return logits
+        return True
 
     # -- decode ------------------------------------------------------------------------------------
 
-    def decode_loop(self, prompt: list[int], logits: np.ndarray) -> None:
-        """Sample, stream, feed back. A backend with `decode_sample` (cuda) runs forward and sampler
-        as one graph launch per token and returns only the token id; the CPU sampler is used otherwise.
-        Each backend is deterministic for a fixed seed (DESIGN.md §5 rule 6), not across backends."""
+    def decode_loop(self, prompt: list[int]) -> None:
+        """Feed a token, get the next one, stream it. A backend with `decode_sample` (cuda) runs the
+        forward pass and the sampler as one graph launch and returns only the token id; otherwise the
+        CPU sampler draws from the step's logits. A fixed seed repeats a reply on the same backend
+        (DESIGN.md §5 rule 6), not across backends."""
         model, backend, params = self.model, self.model.backend, self.sampling
         tokenizer = model.tokenizer
         eos_ids = set(tokenizer.eos_ids)
         on_device = hasattr(backend, "decode_sample")
+        if on_device:
+            seed = backend.set_sampling(params, seed=params.seed)
+        else:
+            rng = make_rng(params.seed)
         history = list(prompt)
         decoder = tokenizer.stream_decoder()
         stops = StopMatcher(self.job.request.stop)
-        if on_device:
-            # the device history is the KV cache, which holds exactly the prompt here
-            seed = backend.set_sampling(params, seed=params.seed)
-            token, logprob = backend.sample_logits(logits)
-        else:
-            rng = make_rng(params.seed)
-            token, logprob = sample(logits, params, history, rng)
-        n_generated = 0
+        fed, n_generated = prompt[-1], 0
         while True:
             if self.job.cancelled:
                 return self.finish("cancelled")
+            update = self.job.take_sampling_update()
+            if update is not None:
+                params = update
+                if on_device:  # a fresh counter stream, so draws never repeat
+                    seed = backend.set_sampling(params, seed=(seed + n_generated) % 2**63)
+            t0 = time.perf_counter()
+            if on_device:
+                token, logprob = backend.decode_sample(fed)
+            else:
+                logits = backend.decode(fed)
+            dt = time.perf_counter() - t0
+            model.cached_tokens.append(fed)
+            if n_generated == 0:  # the prompt's last token
+                self.prefill_s += dt
+                self.n_prefilled += 1
+            else:
+                self.decode_s += dt
+                self.n_decoded += 1
+            if not on_device:
+                token, logprob = sample(logits, params, history, rng)
             n_generated += 1
             if n_generated == 1:
                 self.stats.time_to_first_token_s = time.perf_counter() - self.started
@@ -505,21 +523,7 @@ class Generation:
             self.job._put(TokenEvent(text, token, logprob))
             if last:
                 return self.finish("length")
-            update = self.job.take_sampling_update()
-            params = update or params
             fed = token
-            t0 = time.perf_counter()
-            if on_device:
-                if update is not None:  # new knobs: a fresh counter stream, so draws never repeat
-                    seed = backend.set_sampling(params, seed=(seed + n_generated) % 2**63)
-                token, logprob = backend.decode_sample(fed)
-            else:
-                logits = backend.decode(fed)
-            self.decode_s += time.perf_counter() - t0
-            self.n_decoded += 1
-            model.cached_tokens.append(fed)
-            if not on_device:
-                token, logprob = sample(logits, params, history, rng)
             if time.perf_counter() - self.last_stats >= STATS_INTERVAL_S:
                 self.job._put(StatsEvent(self.snapshot()))
 

@@ -70,7 +70,7 @@ class ScriptedBackend:
         self.prefill_calls.append(len(tokens))
         self.tokens.extend(tokens)
         self.n_past = len(self.tokens)
-        self.prompt_len = self.n_past
+        self.prompt_len = self.n_past + 1  # the engine feeds the prompt's last token through decode
         return self._logits()
 
     def decode(self, token: int):
@@ -83,6 +83,7 @@ class ScriptedBackend:
     def truncate(self, n: int) -> None:
         self.tokens = self.tokens[:n]
         self.n_past = n
+        self.prompt_len = n + 1
 
     def memory_stats(self) -> VramStats:
         return VramStats(process_rss=1)

@@ -146,19 +146,21 @@ def test_kv_prefix_is_reused_and_gives_the_same_reply_as_a_fresh_engine():
         run(eng, first)
         calls_before = len(backend.prefill_calls)
         reused = run(eng, second)
-        # only the new tail is prefilled: common prefix = BOS + first prompt
-        assert backend.prefill_calls[calls_before:] == [len(second) - len(first)]
+        # only the new tail is prefilled: common prefix = BOS + first prompt; the prompt's last
+        # token goes through the decode step
+        assert backend.prefill_calls[calls_before:] == [len(second) - len(first) - 1]
     with fake_engine(ScriptedBackend()) as fresh:
         want = run(fresh, second)
     assert reused.text == want.text and reused.token_ids == want.token_ids
 
 
-def test_same_prompt_twice_prefills_one_token():
+def test_same_prompt_twice_prefills_nothing_and_repeats_the_reply():
     backend = ScriptedBackend()
     with fake_engine(backend) as eng:
         a = run(eng, "repeat me")
+        calls = len(backend.prefill_calls)
         b = run(eng, "repeat me")
-    assert backend.prefill_calls[-1] == 1
+    assert len(backend.prefill_calls) == calls  # all but the last prompt token were cached
     assert a.text == b.text
 
 
@@ -372,7 +374,8 @@ def test_long_prompts_are_prefilled_in_chunks():
     backend = ScriptedBackend(n_ctx=1024)
     with fake_engine(backend) as eng:
         run(eng, "y" * (2 * PREFILL_CHUNK + 9), SamplingParams(temperature=0.0, max_tokens=2))
-    assert backend.prefill_calls == [PREFILL_CHUNK, PREFILL_CHUNK, 10]  # + BOS
+    # BOS + prompt, less the last token, which the decode step feeds
+    assert backend.prefill_calls == [PREFILL_CHUNK, PREFILL_CHUNK, 9]
 
 
 def test_device_sampling_backend_samples_in_its_decode_step():
@@ -383,8 +386,8 @@ def test_device_sampling_backend_samples_in_its_decode_step():
     backend = DeviceSamplingBackend()
     with fake_engine(backend) as eng:
         greedy = run(eng, "The quick brown fox", GREEDY)
-    assert backend.calls["decode"] == 0 and backend.calls["sample_logits"] == 1
-    assert backend.calls["decode_sample"] == len(greedy.token_ids) - 1
+    assert backend.calls["decode"] == 0 and backend.calls["sample_logits"] == 0
+    assert backend.calls["decode_sample"] == len(greedy.token_ids)  # the first feeds the prompt's last token
     with fake_engine(ScriptedBackend()) as host:
         assert run(host, "The quick brown fox", GREEDY).token_ids == greedy.token_ids
 
@@ -406,7 +409,7 @@ def test_device_sampling_keeps_the_cache_bookkeeping():
         run(eng, first)
         calls_before = len(backend.prefill_calls)
         reused = run(eng, second)
-        assert backend.prefill_calls[calls_before:] == [len(second) - len(first)]
+        assert backend.prefill_calls[calls_before:] == [len(second) - len(first) - 1]
     with fake_engine(DeviceSamplingBackend()) as fresh:
         assert run(fresh, second).token_ids == reused.token_ids
 
