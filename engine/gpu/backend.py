@@ -6,6 +6,13 @@ the only place that captures CUDA graphs. A one-token decode is captured once pe
 bucket (the bucket only sets the attention grid; see ops.ATTN_SPLIT_LEN) and replayed with the
 token id and position at fixed device addresses. `decode_sample` captures the sampler too, so a
 step is one graph launch plus an 8-byte readback (token id and its logprob).
+
+decode_sample also launches the next step before it returns: the sampled token and its position
+are already in the device step buffer, so the GPU computes step n+1 while the caller streams
+token n (host time per token no longer adds to device time). If the caller then feeds that token,
+the step is already done; anything else (another token, truncate, prefill, new knobs, ...) first
+settles it: waits for it and rewinds the Philox counter, its one lasting effect (its KV row and
+history entry sit at position n_past, which the next real step overwrites before anything reads).
 """
 from __future__ import annotations
 
@@ -55,6 +62,8 @@ class CudaBackend:
         self.n_ctx, self.n_past, self.use_graphs = n_ctx, 0, use_graphs
         self.forward = arch_module(cfg.arch).forward
         self.graphs: dict[tuple[int, bool], CudaGraph] = {}
+        self.speculate = True   # decode_sample launches the next step ahead (see the module doc)
+        self._ahead: tuple[int, int] | None = None  # (token, n_past) of the step launched ahead
         self.pool = None
         self.rt = GpuRuntime(progress=progress)
         try:
@@ -106,6 +115,7 @@ class CudaBackend:
 
     # ---- Backend protocol ------------------------------------------------------------------
     def prefill(self, tokens: Sequence[int], all_logits: bool = False) -> np.ndarray:
+        self._settle()
         ids = self._check(tokens)
         chunk = ALL_LOGITS_CHUNK if all_logits else PREFILL_CHUNK
         rows = []
@@ -121,6 +131,7 @@ class CudaBackend:
         return np.concatenate(rows) if all_logits else rows[-1][0]
 
     def decode(self, token: int) -> np.ndarray:
+        self._settle()
         ids = self._check([token])
         if not self.use_graphs:
             return self._run_eager(ids, last_only=True, want_logits=True)[0]
@@ -135,12 +146,14 @@ class CudaBackend:
     def verify(self, tokens: Sequence[int]) -> np.ndarray:
         """All rows in one forward: batched matvec columns and attention rows are computed as in
         one-token decode, so each row equals the decode of that token (tests/gpu/test_backend.py)."""
+        self._settle()
         ids = self._check(tokens)
         if len(ids) > 16:
             return self.prefill(ids, all_logits=True)
         return self._run_eager(ids, last_only=False, want_logits=True)
 
     def truncate(self, n: int) -> None:
+        self._settle()
         if not 0 <= n <= self.n_past:
             raise ValueError(f"cannot truncate to {n}: the cache holds {self.n_past} tokens")
         self.n_past = n
@@ -155,6 +168,7 @@ class CudaBackend:
         try:
             if rt.context is not None:
                 rt.synchronize()
+                self._ahead = None
         finally:
             for graph in self.graphs.values():
                 graph.destroy()
@@ -168,23 +182,46 @@ class CudaBackend:
     # ---- sampling on the device --------------------------------------------------------------
     def set_sampling(self, params: SamplingParams, seed: int | None = None, mask: np.ndarray | None = None) -> int:
         """Write the device parameter block (no recapture); returns the seed in use."""
+        self._settle()
         self.sampler.set_mask(mask)
         return self.sampler.set_params(params, seed, use_mask=mask is not None)
 
     def decode_sample(self, token: int) -> tuple[int, float]:
         """Decode `token` at n_past and sample the next one on the device, in one graph launch.
-        Returns (next token id, its logprob) with the semantics of memra_engine.sampling.sample."""
+        Returns (next token id, its logprob) with the semantics of memra_engine.sampling.sample.
+        Before returning, launches the step that decodes the returned token (see the module doc)."""
         ids = self._check([token])
-        graph = self._graph(splits_for(self.n_past + 1), sample=True)
-        self._write_step(int(ids[0]))
-        graph.launch(self.rt)
-        self.rt.cuda.memcpy_dtoh_async(self.out_host, self.sampler.out_ptr, self.rt.stream)
+        ahead, self._ahead = self._ahead, None
+        if ahead != (int(ids[0]), self.n_past):
+            if ahead is not None:
+                self._ahead = ahead
+                self._settle()
+            self._launch_step(int(ids[0]))
         self.rt.synchronize()
         self.n_past += 1
-        return int(self.out_host[0]["token"]), float(self.out_host[0]["logprob"])
+        token_out, logprob = int(self.out_host[0]["token"]), float(self.out_host[0]["logprob"])
+        if self.speculate and self.n_past < self.n_ctx:
+            self._launch_step(None)  # the graph already wrote token_out and n_past into the step buffer
+            self._ahead = (token_out, self.n_past)
+        return token_out, logprob
+
+    def _launch_step(self, token: int | None) -> None:
+        """One decode+sample graph launch at n_past and the readback of its result (async)."""
+        graph = self._graph(splits_for(self.n_past + 1), sample=True)
+        if token is not None:
+            self._write_step(token)
+        graph.launch(self.rt)
+        self.rt.cuda.memcpy_dtoh_async(self.out_host, self.sampler.out_ptr, self.rt.stream)
+
+    def _settle(self) -> None:
+        """Cancel a step launched ahead: wait for it and rewind the Philox counter it advanced."""
+        if self._ahead is not None:
+            self._ahead = None
+            self.sampler.rewind_counter()
 
     def sample_logits(self, logits: np.ndarray) -> tuple[int, float]:
         """Sample from host logits (the prefill's last row) with the device sampler."""
+        self._settle()
         self._check([0])
         buf = self.ops.arena.alloc(logits.nbytes)  # arena is free between forwards
         self.rt.upload(buf, np.ascontiguousarray(logits, np.float32))
@@ -251,6 +288,7 @@ class CudaBackend:
     def graph_step_us(self, n: int = 128) -> tuple[float, int]:
         """Device time per replayed greedy decode+sample graph (events around n back-to-back
         replays, no host work in between) and the graph's node count."""
+        self._settle()
         cuda = self.rt.cuda
         self.set_sampling(SamplingParams(temperature=0.0), seed=0)
         n = min(n, self.n_ctx - self.n_past - 1)
