@@ -12,9 +12,10 @@ Fusion without touching the forward programs: two ops are deferred and fused wit
 consumer when the pattern matches (else they launch on their own before the next op):
 - `add` then `rms_norm` of its result -> add_rms_norm_f32 (residual add + next layer's norm);
 - `rope(q)`, `rope(k)` then `attention(q, k, v)` -> rope_qk_kv_f16 (both ropes and the KV write).
-Attention with one split writes its output directly (no combine launch). RMSNorm and the gated
-activations write their output as q8_1 too, for the matvec that reads it next; other one-token
-matmul inputs are quantized inside the matvec. Either way no quantize_q8_1 launch in decode.
+Attention with one split writes its output directly (no combine launch). RMSNorm, the gated
+activations and attention (or its combine) write their output as q8_1 too, for the matvec that
+reads it next; other one-token matmul inputs are quantized inside the matvec. Either way no
+quantize_q8_1 launch in decode.
 """
 from __future__ import annotations
 
@@ -270,12 +271,13 @@ class GpuOps:
         group = n_head // n_kv
         n_hgroups = -(-group // 8)
         y = self.new((T, n_head * hd))
+        xq, stride = self._quantized_output(y)  # the o matvec reads it (no quantize launch)
         self.rt.launch(f"attn_split_hd{hd}", (n_kv * n_hgroups, S, T), 128,
                        (q.ptr, q.ld, kc, vc, opart.ptr, ml.ptr, positions.ptr, n_head, n_kv, self.kv.n_ctx,
                         int(window), np.float32(scale), np.float32(softcap), ATTN_SPLIT_LEN,
-                        y.ptr if self.direct_attention else 0))
+                        y.ptr if self.direct_attention else 0, xq, stride))
         if S > 1 or not self.direct_attention:
-            self.rt.launch("attn_combine", (n_head, T), hd, (opart.ptr, ml.ptr, y.ptr, n_head, hd, S))
+            self.rt.launch("attn_combine", (n_head, T), hd, (opart.ptr, ml.ptr, y.ptr, n_head, hd, S, xq, stride))
         return y
 
     def swiglu(self, gate: DArray, up: DArray) -> DArray:

@@ -51,9 +51,9 @@ def run_attention(gpu, q, k_new, v_new, kc0, vc0, pos, window=0, softcap=0.0, n_
     n_hgroups = -(-(H // n_kv) // 8)
     gpu.rt.launch(f"attn_split_hd{hd}", (n_kv * n_hgroups, S, T), 128,
                   (gpu.put(q), H * hd, kc, vc, opart, ml, ppos, H, n_kv, n_ctx, window, f32(1 / np.sqrt(hd)),
-                   f32(softcap), SPLIT_LEN, out if direct else 0))
+                   f32(softcap), SPLIT_LEN, out if direct else 0, 0, 0))
     if not direct:
-        gpu.rt.launch("attn_combine", (H, T), hd, (opart, ml, out, H, hd, S))
+        gpu.rt.launch("attn_combine", (H, T), hd, (opart, ml, out, H, hd, S, 0, 0))
     return gpu.get(out, (T, H * hd)), gpu.get(kc, kc0.shape, np.float16), gpu.get(vc, vc0.shape, np.float16)
 
 
