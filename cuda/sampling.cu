@@ -97,6 +97,66 @@ __device__ void bitonic_sort(float* v, int* ix, int n) {
     }
 }
 
+// Runs of RUN pairs sorted best first, merged without a block-wide sort: each warp sorts its own
+// run with __syncwarp only, then a tree of merge-prune steps keeps the best RUN of two runs
+// (bitonic: pair a_i with b_(RUN-1-i), keep the better, then a half-cleaner pass sorts the
+// result). The order is total (value, then index), so the best RUN come out exactly as a full
+// sort would give them. About a third of the work of a 4096-wide bitonic sort, and no block
+// barrier inside a run's sort.
+#define RUN 128
+
+__device__ __forceinline__ void cswap(float* v, int* ix, int i, int o, bool best_first) {
+    const bool swap = best_first ? before(v[o], ix[o], v[i], ix[i]) : before(v[i], ix[i], v[o], ix[o]);
+    if (swap) {
+        const float tv = v[i]; v[i] = v[o]; v[o] = tv;
+        const int ti = ix[i]; ix[i] = ix[o]; ix[o] = ti;
+    }
+}
+
+// One warp sorts v/ix[0, RUN) best first.
+__device__ void warp_sort_run(float* v, int* ix) {
+    const int lane = threadIdx.x & 31;
+    for (int k = 2; k <= RUN; k <<= 1) {
+        for (int j = k >> 1; j > 0; j >>= 1) {
+            for (int i = lane; i < RUN; i += 32) {
+                const int o = i ^ j;
+                if (o > i) cswap(v, ix, i, o, (i & k) == 0);
+            }
+            __syncwarp();
+        }
+    }
+}
+
+// One warp: a := the best RUN of a and b (both sorted best first), sorted best first.
+__device__ void warp_merge_runs(float* av, int* ai, const float* bv, const int* bi) {
+    const int lane = threadIdx.x & 31;
+    for (int i = lane; i < RUN; i += 32) {
+        const int o = RUN - 1 - i;
+        if (before(bv[o], bi[o], av[i], ai[i])) { av[i] = bv[o]; ai[i] = bi[o]; }
+    }
+    __syncwarp();
+    for (int j = RUN >> 1; j > 0; j >>= 1) {  // a is bitonic now: half-cleaners sort it
+        for (int i = lane; i < RUN; i += 32) {
+            if ((i & j) == 0) cswap(av, ai, i, i + j, true);
+        }
+        __syncwarp();
+    }
+}
+
+// The block's warps: runs r = 0 .. n_runs-1 at v/ix + r*RUN (each sorted unless `sorted`), merged
+// into run 0. Ends with __syncthreads.
+__device__ void best_run(float* v, int* ix, int n_runs, bool sorted) {
+    const int warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+    if (!sorted)
+        for (int r = warp; r < n_runs; r += n_warps) warp_sort_run(v + r * RUN, ix + r * RUN);
+    __syncthreads();
+    for (int step = 1; step < n_runs; step <<= 1) {
+        for (int r = warp * 2 * step; r + step < n_runs; r += n_warps * 2 * step)
+            warp_merge_runs(v + r * RUN, ix + r * RUN, v + (r + step) * RUN, ix + (r + step) * RUN);
+        __syncthreads();
+    }
+}
+
 // Stage 1: grid ceil(vocab / S1_CHUNK), block S1_THREADS. Masks disallowed tokens to -inf in
 // place, then per block: max logit, argmax, sum e^(l - max) at T = 1 and at T, the best Gumbel
 // score, and (filters on) its local_k best logits sorted.
@@ -172,7 +232,7 @@ extern "C" __global__ void __launch_bounds__(S1_THREADS) sample_stage1(
     }
     if (p.temperature > 0.0f && filters_on(p, vocab)) {
         __syncthreads();
-        bitonic_sort(sv, si, S1_CHUNK);
+        best_run(sv, si, S1_CHUNK / RUN, false);  // local_k <= RUN (sampler.py LOCAL_K_MAX)
         for (int i = threadIdx.x; i < local_k; i += S1_THREADS) {
             cand_v[blockIdx.x * local_k + i] = sv[i];
             cand_i[blockIdx.x * local_k + i] = si[i];
@@ -242,6 +302,8 @@ extern "C" __global__ void __launch_bounds__(S2_THREADS) sample_finish(
         const float Z1 = red[0], M = red[1];
         __syncthreads();
         int n = n_blocks * local_k;
+        // top_k <= RUN: only the best RUN matter, and stage 1's runs are sorted: merge them
+        const bool merge = local_k == RUN && p.top_k > 0 && p.top_k <= RUN;
         int npow = 1;
         while (npow < n) npow <<= 1;
         for (int i = threadIdx.x; i < npow; i += S2_THREADS) {
@@ -249,10 +311,16 @@ extern "C" __global__ void __launch_bounds__(S2_THREADS) sample_finish(
             ci[i] = i < n ? cand_i[i] : 0x7fffffff;
         }
         __syncthreads();
-        bitonic_sort(cv, ci, npow);
+        if (merge) {
+            best_run(cv, ci, n_blocks, true);
+            n = RUN;
+        } else {
+            bitonic_sort(cv, ci, npow);
+        }
+        int kept = 0;  // sorted: the finite ones come first
+        for (int b = 0; b < n; b += S2_THREADS)
+            kept += __syncthreads_count(b + (int)threadIdx.x < n && cv[b + threadIdx.x] > -INFINITY);
         if (threadIdx.x == 0) {
-            int kept = 0;
-            while (kept < n && cv[kept] > -INFINITY) ++kept;
             if (p.top_k > 0 && p.top_k < kept) kept = p.top_k;
             const float c0 = cv[0];
             if (p.top_p < 1.0f && kept > 1) {

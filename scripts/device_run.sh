@@ -61,7 +61,9 @@ for shape in "${bench_rows[@]}"; do
 import json, sys
 r = json.load(open(sys.argv[1]))
 keys = ["pp512_tok_s", "tg128_tok_s", "tg128_at_4096_tok_s", "tg128_graph_tok_s", "tg128_graph_at_4096_tok_s",
-        "tg128_decode_sample_tok_s", "outside_graph_share", "graph_kernels_per_token", "vram_used_mib"]
+        "tg128_decode_sample_tok_s", "tg128_graph_default_sampling_tok_s",
+        "tg128_decode_sample_default_sampling_tok_s", "outside_graph_share", "graph_kernels_per_token",
+        "vram_used_mib"]
 print(f"{sys.argv[2]:<14}" + "  ".join(f"{k.replace('_tok_s', '')}={r[k]:.1f}" if isinstance(r.get(k), float)
                                        else f"{k.replace('_tok_s', '')}={r.get(k)}" for k in keys))
 PY

@@ -285,12 +285,12 @@ class CudaBackend:
         return graph
 
     # ---- memra-bench extras (engine/bench.py calls bench_extras(runs)) -------------------------
-    def graph_step_us(self, n: int = 128) -> tuple[float, int]:
-        """Device time per replayed greedy decode+sample graph (events around n back-to-back
-        replays, no host work in between) and the graph's node count."""
+    def graph_step_us(self, n: int = 128, params: SamplingParams | None = None) -> tuple[float, int]:
+        """Device time per replayed decode+sample graph (events around n back-to-back replays, no
+        host work in between) and the graph's node count. params: greedy unless given."""
         self._settle()
         cuda = self.rt.cuda
-        self.set_sampling(SamplingParams(temperature=0.0), seed=0)
+        self.set_sampling(params or SamplingParams(temperature=0.0), seed=0)
         n = min(n, self.n_ctx - self.n_past - 1)
         graph = self._graph(splits_for(self.n_past + n), sample=True)
         self._write_step(1)
@@ -340,6 +340,19 @@ class CudaBackend:
         dev_us, _ = self.graph_step_us(steps)
         out["tg128_decode_sample_tok_s"] = 1e6 / wall_us
         out["outside_graph_share"] = max(0.0, 1.0 - dev_us / wall_us)
+        # the engine's default knobs (temperature, top_k 40, top_p, min_p): the filtered sampler
+        self.truncate(0)
+        self.prefill([1])
+        filt_us, _ = self.graph_step_us(steps, SamplingParams())
+        out["tg128_graph_default_sampling_tok_s"] = 1e6 / filt_us
+        self.truncate(0)
+        self.prefill([1])
+        self.set_sampling(SamplingParams(), seed=0)
+        token = 1
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            token, _ = self.decode_sample(token)
+        out["tg128_decode_sample_default_sampling_tok_s"] = steps / (time.perf_counter() - t0)
         stats = self.memory_stats()
         out["vram_used_mib"] = round(sum(stats.used.values()) / MIB, 1)
         out["vram_reserved_mib"] = round(sum(stats.reserved.values()) / MIB, 1)

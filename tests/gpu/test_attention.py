@@ -36,8 +36,9 @@ def attention_ref(q, kc, vc, pos, scale, window, softcap):
     return out.reshape(T, H * hd)
 
 
-def run_attention(gpu, q, k_new, v_new, kc0, vc0, pos, window=0, softcap=0.0, n_splits=None, direct=False):
-    """Write k_new/v_new at pos through kv_write_f16, then attn_split + attn_combine."""
+def run_attention(gpu, q, k_new, v_new, kc0, vc0, pos, window=0, softcap=0.0, n_splits=None, direct=False,
+                  xq=0, xq_stride=0):
+    """Write k_new/v_new at pos through kv_write_f16, then attn_split + attn_combine (xq: q8_1 output too)."""
     T, H, hd = q.shape
     n_kv, n_ctx, _ = kc0.shape
     kc, vc = gpu.put(kc0), gpu.put(vc0)
@@ -51,9 +52,9 @@ def run_attention(gpu, q, k_new, v_new, kc0, vc0, pos, window=0, softcap=0.0, n_
     n_hgroups = -(-(H // n_kv) // 8)
     gpu.rt.launch(f"attn_split_hd{hd}", (n_kv * n_hgroups, S, T), 128,
                   (gpu.put(q), H * hd, kc, vc, opart, ml, ppos, H, n_kv, n_ctx, window, f32(1 / np.sqrt(hd)),
-                   f32(softcap), SPLIT_LEN, out if direct else 0, 0, 0))
+                   f32(softcap), SPLIT_LEN, out if direct else 0, xq, xq_stride))
     if not direct:
-        gpu.rt.launch("attn_combine", (H, T), hd, (opart, ml, out, H, hd, S, 0, 0))
+        gpu.rt.launch("attn_combine", (H, T), hd, (opart, ml, out, H, hd, S, xq, xq_stride))
     return gpu.get(out, (T, H * hd)), gpu.get(kc, kc0.shape, np.float16), gpu.get(vc, vc0.shape, np.float16)
 
 
@@ -111,3 +112,26 @@ def test_one_split_writes_the_output_directly_bit_identical(gpu):
     combined, _, _ = run_attention(gpu, q, k_new, v_new, kc, vc, pos, n_splits=1)
     direct, _, _ = run_attention(gpu, q, k_new, v_new, kc, vc, pos, n_splits=1, direct=True)
     assert np.array_equal(combined, direct)
+
+
+@pytest.mark.parametrize("hd,H,n_kv", [(64, 9, 3), (256, 4, 1)])
+def test_q8_1_output_equals_quantize_q8_1_of_the_output(gpu, hd, H, n_kv):
+    """Attention (one split, direct) and the combine (several splits) write the o matvec's q8_1
+    input themselves: the same bytes as quantize_q8_1 of their f32 output."""
+    from memra_engine.gpu.quant_ops import q8_1_nbytes, q8_1_stride, quantize_q8_1
+
+    rng = np.random.default_rng(hd + H)
+    T, n = 3, H * hd
+    q, kc, vc, k_new, v_new = random_case(rng, T, H, n_kv, hd, 600)
+    stride, nbytes = q8_1_stride(n), q8_1_nbytes(n, T)
+    for pos, direct in ((np.array([3, 50, 127]), True), (np.array([100, 300, 599]), False)):
+        xq = gpu.empty(nbytes // 4 + 1)
+        out, _, _ = run_attention(gpu, q, k_new, v_new, kc, vc, pos, direct=direct, xq=xq, xq_stride=stride,
+                                  n_splits=1 if direct else None)
+        assert np.all(np.isfinite(out))
+        ref_xq = gpu.empty(nbytes // 4 + 1)
+        quantize_q8_1(gpu.rt, gpu.put(out), ref_xq, n, T)
+        got, ref = gpu.get(xq, nbytes, np.uint8), gpu.get(ref_xq, nbytes, np.uint8)
+        for t in range(T):  # the defined bytes of each row: qs[n] and ds[n/32]
+            row = slice(t * stride, t * stride + n + n // 32 * 8)
+            assert np.array_equal(got[row], ref[row]), (direct, t)

@@ -164,6 +164,35 @@ def test_greedy_decode_sample_is_argmax_and_seeds_repeat(backends):
     assert run(5) != run(6)
 
 
+def test_decode_sample_ahead_changes_nothing(backends):
+    """decode_sample launches the next step before it returns. Feeding another token than the one
+    sampled, truncating, or new knobs must give exactly what a backend that never runs ahead
+    gives: same tokens, logprobs (same Philox stream) and logits afterwards."""
+    _, gpu = backends("tiny-qwen3")
+    prompt = list(range(20, 45))
+
+    def script(ahead):
+        gpu.speculate = ahead
+        gpu.truncate(0)
+        gpu.prefill(prompt)
+        gpu.set_sampling(SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0), seed=11)
+        out, tok = [], 7
+        for i in range(24):
+            if i == 6:
+                tok = 3  # not the token just sampled
+            if i == 10:
+                gpu.truncate(gpu.n_past - 2)
+            if i == 16:
+                gpu.set_sampling(SamplingParams(temperature=0.8, top_k=5, top_p=0.9, min_p=0.0), seed=12)
+            out.append(gpu.decode_sample(tok))
+            tok = out[-1][0]
+        return out, gpu.n_past, gpu.decode(tok)
+
+    a, b = script(True), script(False)
+    assert a[0] == b[0] and a[1] == b[1]
+    assert np.array_equal(a[2], b[2])
+
+
 def test_long_context_crosses_kv_buckets(backends):
     cpu, gpu = backends("tiny-llama", n_ctx=1100)
     rng = np.random.default_rng(3)
