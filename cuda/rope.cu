@@ -5,15 +5,17 @@
 // angle = pos * pos_scale * base^(-2i/hd) / freq_factors[i] (freq_factors may be null).
 #include "common.cuh"
 
+// nw not null: x is first RMS-normed per head (x * inv * nw, as rms_norm_f32 writes it).
 __device__ __forceinline__ void rope_pair(const float* xh, int head_dim, int i, float p, const float* freq_factors,
-                                          float theta_base, int neox, int& a, int& b, float& ya, float& yb) {
+                                          float theta_base, int neox, int& a, int& b, float& ya, float& yb,
+                                          float inv = 1.0f, const float* nw = nullptr) {
     float inv_freq = powf(theta_base, -2.0f * (float)i / (float)head_dim);
     if (freq_factors) inv_freq /= freq_factors[i];
     float s, c;
     sincosf(p * inv_freq, &s, &c);
     a = neox ? i : 2 * i;
     b = neox ? i + head_dim / 2 : 2 * i + 1;
-    const float x0 = xh[a], x1 = xh[b];
+    const float x0 = nw ? xh[a] * inv * nw[a] : xh[a], x1 = nw ? xh[b] * inv * nw[b] : xh[b];
     ya = x0 * c - x1 * s;
     yb = x0 * s + x1 * c;
 }
@@ -37,32 +39,43 @@ extern "C" __global__ void rope_f32(const float* x, float* y, const int* pos, co
 // One launch per layer for what attention needs before it reads the cache: rope q into q_out,
 // rope k straight into the f16 K cache and copy v into the V cache, at position pos[t].
 // grid (n_q + n_kv, T). Same arithmetic as rope_f32 (then a round to half for k, as kv_write).
+// qn_w / kn_w not null (qwen3, gemma3): q and k heads are RMS-normed first, with the sum of
+// squares taken exactly as rms_norm_f32 does when the block has head_dim threads (launch it so:
+// the same bits as the separate norm launch).
 extern "C" __global__ void rope_qk_kv_f16(const float* q, float* q_out, const float* k, const float* v, half* kc,
                                           half* vc, const int* pos, const float* freq_factors, int n_q, int head_dim,
                                           int q_ld, int k_ld, int v_ld, int n_ctx, float theta_base, float pos_scale,
-                                          int neox) {
+                                          int neox, const float* qn_w, const float* kn_w, float eps) {
+    __shared__ float scratch[32];
     const int h = blockIdx.x, t = blockIdx.y;
     const float p = (float)pos[t] * pos_scale;
-    if (h < n_q) {
-        const float* xh = q + (size_t)t * q_ld + (size_t)h * head_dim;
+    const bool is_q = h < n_q;
+    const int kvh = h - n_q;
+    const float* xh = is_q ? q + (size_t)t * q_ld + (size_t)h * head_dim : k + (size_t)t * k_ld + (size_t)kvh * head_dim;
+    const float* nw = is_q ? qn_w : kn_w;
+    float inv = 1.0f;
+    if (nw) {
+        float ss = 0.0f;
+        for (int i = threadIdx.x; i < head_dim; i += blockDim.x) ss += xh[i] * xh[i];
+        inv = rsqrtf(block_sum(ss, scratch) / (float)head_dim + eps);
+    }
+    if (is_q) {
         float* yh = q_out + ((size_t)t * n_q + h) * head_dim;
         for (int i = threadIdx.x; i < head_dim / 2; i += blockDim.x) {
             int a, b;
             float ya, yb;
-            rope_pair(xh, head_dim, i, p, freq_factors, theta_base, neox, a, b, ya, yb);
+            rope_pair(xh, head_dim, i, p, freq_factors, theta_base, neox, a, b, ya, yb, inv, nw);
             yh[a] = ya;
             yh[b] = yb;
         }
         return;
     }
-    const int kvh = h - n_q;
     const size_t dst = ((size_t)kvh * n_ctx + pos[t]) * head_dim;
-    const float* kh = k + (size_t)t * k_ld + (size_t)kvh * head_dim;
     const float* vh = v + (size_t)t * v_ld + (size_t)kvh * head_dim;
     for (int i = threadIdx.x; i < head_dim / 2; i += blockDim.x) {
         int a, b;
         float ya, yb;
-        rope_pair(kh, head_dim, i, p, freq_factors, theta_base, neox, a, b, ya, yb);
+        rope_pair(xh, head_dim, i, p, freq_factors, theta_base, neox, a, b, ya, yb, inv, nw);
         kc[dst + a] = __float2half(ya);
         kc[dst + b] = __float2half(yb);
     }

@@ -11,7 +11,9 @@ that way to size the scratch region before reserving VRAM.
 Fusion without touching the forward programs: two ops are deferred and fused with their
 consumer when the pattern matches (else they launch on their own before the next op):
 - `add` then `rms_norm` of its result -> add_rms_norm_f32 (residual add + next layer's norm);
-- `rope(q)`, `rope(k)` then `attention(q, k, v)` -> rope_qk_kv_f16 (both ropes and the KV write).
+- `rope(q)`, `rope(k)` then `attention(q, k, v)` -> rope_qk_kv_f16 (both ropes and the KV write);
+  per-head `rms_norm` of q and of k before those ropes (qwen3, gemma3) are deferred and fused
+  into it as well.
 Attention with one split writes its output directly (no combine launch). RMSNorm, the gated
 activations and attention (or its combine) write their output as q8_1 too, for the matvec that
 reads it next; other one-token matmul inputs are quantized inside the matvec. Either way no
@@ -120,6 +122,7 @@ class GpuOps:
         # Fusion switches (all on; the A/B script scripts/profile_decode.py turns them off one by one).
         self.fuse_add_norm = self.fuse_rope_kv = self.fuse_quant = self.direct_attention = True
         self._pending_add: tuple[DArray, DArray, DArray] | None = None  # (sum, a, b)
+        self._pending_norm: dict[int, tuple] = {}  # per-head norm output ptr -> (x, w, eps, y)
         self._pending_rope: dict[int, tuple] = {}  # output ptr -> (x, y, positions, base, neox, scale, ff)
 
     def begin(self, n_splits: int, history_ptr: int = 0) -> None:
@@ -127,6 +130,7 @@ class GpuOps:
         self.arena.reset()
         self._xq.clear()
         self._pending_add = None
+        self._pending_norm.clear()
         self._pending_rope.clear()
         self.n_splits = n_splits
         self.history_ptr = history_ptr
@@ -138,11 +142,10 @@ class GpuOps:
     # ---- the ops Protocol ------------------------------------------------------------------
     def flush(self) -> None:
         """Launch whatever is deferred (the backend calls this at the end of a forward)."""
-        if self._pending_add is not None:
-            y, a, b = self._pending_add
-            self._pending_add = None
-            n = a.rows * a.width
-            self.rt.launch("add_f32", _blocks(n), EW_BLOCK, (y.ptr, a.ptr, b.ptr, n))
+        self._flush_add()
+        for x, w, eps, y in self._pending_norm.values():
+            self._launch_rms_norm(x, w, eps, y)
+        self._pending_norm.clear()
         for x, y, positions, base, neox, scale, ff in self._pending_rope.values():
             T, n_head, hd = x.shape
             self.rt.launch("rope_f32", (n_head, T), max(32, min(128, hd // 2)),
@@ -213,9 +216,27 @@ class GpuOps:
     def heads(self, x: DArray, n_head: int) -> DArray:
         return DArray(x.ptr, (x.rows, n_head, x.width // n_head), x.ld)
 
+    def _flush_add(self) -> None:
+        if self._pending_add is not None:
+            y, a, b = self._pending_add
+            self._pending_add = None
+            n = a.rows * a.width
+            self.rt.launch("add_f32", _blocks(n), EW_BLOCK, (y.ptr, a.ptr, b.ptr, n))
+
+    def _launch_rms_norm(self, x: DArray, w: Vector, eps: float, y: DArray, xq: int = 0, stride: int = 0) -> None:
+        heads, n = (x.shape[1], x.shape[2]) if len(x.shape) == 3 else (1, x.width)
+        block = min(1024, -(-n // 32) * 32)  # one element per thread up to 1024: one load latency, not n/128
+        self.rt.launch("rms_norm_f32", x.rows * heads, block,
+                       (x.ptr, w.ptr, y.ptr, n, heads, x.ld, y.ld, np.float32(eps), xq, stride))
+
     def rms_norm(self, x: DArray, w: Vector, eps: float) -> DArray:
         heads, n = (x.shape[1], x.shape[2]) if len(x.shape) == 3 else (1, x.width)
         block = min(1024, -(-n // 32) * 32)  # one element per thread up to 1024: one load latency, not n/128
+        if len(x.shape) == 3 and self.fuse_rope_kv and n <= 1024:  # q/k norm: rope_qk_kv does it (see attention())
+            self._flush_add()
+            y = self.new(x.shape)
+            self._pending_norm[y.ptr] = (x, w, eps, y)
+            return y
         pending = self._pending_add
         if pending is not None and pending[0].ptr == x.ptr and pending[0].shape == x.shape:
             self._pending_add = None
@@ -229,16 +250,16 @@ class GpuOps:
         self.flush()
         y = self.new(x.shape)
         xq, stride = self._quantized_output(y) if heads == 1 else (0, 0)
-        self.rt.launch("rms_norm_f32", x.rows * heads, block,
-                       (x.ptr, w.ptr, y.ptr, n, heads, x.ld, y.ld, np.float32(eps), xq, stride))
+        self._launch_rms_norm(x, w, eps, y, xq, stride)
         return y
 
     def rope(self, x: DArray, positions: DArray, base: float, neox: bool, scale: float = 1.0,
              freq_factors: Vector | None = None) -> DArray:
-        if self._pending_add is not None:
-            pending_rope, self._pending_rope = self._pending_rope, {}
-            self.flush()
-            self._pending_rope = pending_rope
+        self._flush_add()
+        if x.ptr not in self._pending_norm:
+            for nx, nw, neps, ny in self._pending_norm.values():
+                self._launch_rms_norm(nx, nw, neps, ny)
+            self._pending_norm.clear()
         y = self.new(x.shape)
         self._pending_rope[y.ptr] = (x, y, positions, base, neox, scale, freq_factors)  # see attention()
         if not self.fuse_rope_kv:
@@ -253,13 +274,19 @@ class GpuOps:
         rq, rk = self._pending_rope.get(q.ptr), self._pending_rope.get(k.ptr)
         if rq is not None and rk is not None and rq[2:] == rk[2:] and rk[2] == positions and v.shape == k.shape:
             del self._pending_rope[q.ptr], self._pending_rope[k.ptr]
-            self.flush()
             xq, xk = rq[0], rk[0]
+            nq, nk = self._pending_norm.get(xq.ptr), self._pending_norm.get(xk.ptr)
+            norm_w, block = (0, 0, 0.0), max(32, min(128, hd // 2))
+            if nq is not None and nk is not None and nq[2] == nk[2]:  # q/k norms too: from the raw q, k
+                del self._pending_norm[xq.ptr], self._pending_norm[xk.ptr]
+                xq, xk = nq[0], nk[0]
+                norm_w, block = (nq[1].ptr, nk[1].ptr, nq[2]), hd  # hd threads: rms_norm_f32's sum order
+            self.flush()
             _, _, _, base, neox, pos_scale, ff = rq  # (not `scale`: that is the attention's)
-            self.rt.launch("rope_qk_kv_f16", (n_head + n_kv, T), max(32, min(128, hd // 2)),
+            self.rt.launch("rope_qk_kv_f16", (n_head + n_kv, T), block,
                            (xq.ptr, q.ptr, xk.ptr, v.ptr, kc, vc, positions.ptr, ff.ptr if ff is not None else 0,
                             n_head, hd, xq.ld, xk.ld, v.ld, self.kv.n_ctx, np.float32(base), np.float32(pos_scale),
-                            int(bool(neox))))
+                            int(bool(neox)), norm_w[0], norm_w[1], np.float32(norm_w[2])))
         else:
             self.flush()
             self.rt.launch("kv_write_f16", (T, n_kv), min(128, hd),

@@ -100,7 +100,7 @@ def test_fused_rope_qk_and_kv_write_match_rope_and_kv_write(gpu, neox):
     q_out = gpu.empty(T * n_q * hd)
     gpu.rt.launch("rope_qk_kv_f16", (n_q + n_kv, T), 32,
                   (p, q_out, p + n_q * hd * 4, p + (n_q + n_kv) * hd * 4, kc, vc, ppos, gpu.put(ff), n_q, hd,
-                   width, width, width, n_ctx, f32(1e4), f32(1.0), int(neox)))
+                   width, width, width, n_ctx, f32(1e4), f32(1.0), int(neox), 0, 0, f32(0)))
     # the same through the separate kernels
     q_ref, k_ref = gpu.empty(T * n_q * hd), gpu.empty(T * n_kv * hd)
     for x, y, n in ((p, q_ref, n_q), (p + n_q * hd * 4, k_ref, n_kv)):
@@ -113,6 +113,42 @@ def test_fused_rope_qk_and_kv_write_match_rope_and_kv_write(gpu, neox):
     assert np.array_equal(gpu.get(vc, (n_kv, n_ctx, hd), np.float16), gpu.get(vc2, (n_kv, n_ctx, hd), np.float16))
     ref = rope_ref(qkv[:, : n_q * hd].reshape(T, n_q, hd), pos, 1e4, neox, 1.0, ff)
     assert rel_err(gpu.get(q_out, (T, n_q, hd)), ref) < 1e-4
+
+
+@pytest.mark.parametrize("hd,n_q,n_kv", [(64, 9, 3), (256, 4, 1)])
+def test_rope_qk_kv_with_fused_head_norms_matches_rms_norm_then_rope(gpu, hd, n_q, n_kv):
+    """qwen3/gemma3: the per-head q/k RMSNorm inside rope_qk_kv_f16 (block of head_dim threads)
+    gives rms_norm_f32's values; compared with the separate launches, and with numpy."""
+    rng = np.random.default_rng(hd + n_q)
+    T, n_ctx, eps = 3, 64, 1e-6
+    width = (n_q + 2 * n_kv) * hd
+    qkv = (rng.standard_normal((T, width)) * 3).astype(f32)
+    wq, wk = (1 + 0.2 * rng.standard_normal((2, hd))).astype(f32)
+    pos = np.array([0, 17, 63], np.int32)
+    p, ppos, pwq, pwk = gpu.put(qkv), gpu.put(pos), gpu.put(wq), gpu.put(wk)
+    zeros = np.zeros((n_kv, n_ctx, hd), np.float16)
+    kc, vc, kc2, vc2 = gpu.put(zeros), gpu.put(zeros), gpu.put(zeros), gpu.put(zeros)
+    q_out, q_ref = gpu.empty(T * n_q * hd), gpu.empty(T * n_q * hd)
+    koff, voff = p + n_q * hd * 4, p + (n_q + n_kv) * hd * 4
+    gpu.rt.launch("rope_qk_kv_f16", (n_q + n_kv, T), hd,
+                  (p, q_out, koff, voff, kc, vc, ppos, 0, n_q, hd, width, width, width, n_ctx, f32(1e4), f32(1.0),
+                   1, pwq, pwk, f32(eps)))
+    # separately: rms_norm_f32 per head (block hd), then the plain fused rope
+    qn, kn = gpu.empty(T * n_q * hd), gpu.empty(T * n_kv * hd)
+    for x, w, y, n in ((p, pwq, qn, n_q), (koff, pwk, kn, n_kv)):
+        gpu.rt.launch("rms_norm_f32", T * n, hd, (x, w, y, hd, n, width, n * hd, f32(eps), 0, 0))
+    gpu.rt.launch("rope_qk_kv_f16", (n_q + n_kv, T), max(32, min(128, hd // 2)),
+                  (qn, q_ref, kn, voff, kc2, vc2, ppos, 0, n_q, hd, n_q * hd, n_kv * hd, width, n_ctx, f32(1e4),
+                   f32(1.0), 1, 0, 0, f32(0)))
+    got, ref = gpu.get(q_out, (T, n_q * hd)), gpu.get(q_ref, (T, n_q * hd))
+    assert rel_err(got, ref) < 1e-6
+    k_got = gpu.get(kc, (n_kv, n_ctx, hd), np.float16).astype(np.float32)
+    k_ref = gpu.get(kc2, (n_kv, n_ctx, hd), np.float16).astype(np.float32)
+    assert rel_err(k_got, k_ref) < 1e-3  # f16 cache: an ulp flip at most
+    assert np.array_equal(gpu.get(vc, (n_kv, n_ctx, hd), np.float16), gpu.get(vc2, (n_kv, n_ctx, hd), np.float16))
+    xq = qkv[:, : n_q * hd].reshape(T, n_q, hd).astype(np.float64)
+    normed = xq / np.sqrt((xq ** 2).mean(-1, keepdims=True) + eps) * wq
+    assert rel_err(got.reshape(T, n_q, hd), rope_ref(normed, pos, 1e4, True, 1.0, None)) < 1e-4
 
 
 @pytest.mark.parametrize("kernel", ["silu_mul_f32", "gelu_tanh_mul_f32"])
