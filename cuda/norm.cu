@@ -54,3 +54,28 @@ extern "C" __global__ void add_rms_norm_f32(float* h, const float* a, const floa
     for (int i = threadIdx.x; i < n; i += blockDim.x) y[r + i] = h[r + i] * inv * w[i];
     if (xq) quantize_row(y + r, xq + (size_t)blockIdx.x * xq_stride, n);
 }
+
+// Gemma's sandwich norms: yb = rms_norm(b) * wb (the post-attention / post-FFN norm), then
+// h = a + yb, y = rms_norm(h) * w (the next norm), one block per row of n. The same arithmetic,
+// in the same order, as rms_norm_f32 then add_rms_norm_f32 with the same block size: saves a
+// launch per pair. h may alias a.
+extern "C" __global__ void norm_add_rms_norm_f32(float* h, const float* a, const float* b, const float* wb,
+                                                 float* yb, float eps_b, const float* w, float* y, int n, float eps,
+                                                 int8_t* xq, int xq_stride) {
+    __shared__ float scratch[32];
+    const size_t r = (size_t)blockIdx.x * n;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += b[r + i] * b[r + i];
+    const float inv_b = rsqrtf(block_sum(ss, scratch) / (float)n + eps_b);
+    ss = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const float nb = __fmul_rn(__fmul_rn(b[r + i], inv_b), wb[i]);  // rounded as stored, not fused into the add
+        yb[r + i] = nb;
+        const float v = a[r + i] + nb;
+        h[r + i] = v;
+        ss += v * v;
+    }
+    const float inv = rsqrtf(block_sum(ss, scratch) / (float)n + eps);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) y[r + i] = h[r + i] * inv * w[i];
+    if (xq) quantize_row(y + r, xq + (size_t)blockIdx.x * xq_stride, n);
+}

@@ -13,7 +13,8 @@ consumer when the pattern matches (else they launch on their own before the next
 - `add` then `rms_norm` of its result -> add_rms_norm_f32 (residual add + next layer's norm);
 - `rope(q)`, `rope(k)` then `attention(q, k, v)` -> rope_qk_kv_f16 (both ropes and the KV write);
   per-head `rms_norm` of q and of k before those ropes (qwen3, gemma3) are deferred and fused
-  into it as well.
+  into it as well;
+- `rms_norm(b)`, `add(a, that)`, `rms_norm(sum)` (gemma3's sandwich norms) -> norm_add_rms_norm_f32.
 Attention with one split writes its output directly (no combine launch). RMSNorm, the gated
 activations and attention (or its combine) write their output as q8_1 too, for the matvec that
 reads it next; other one-token matmul inputs are quantized inside the matvec. Either way no
@@ -122,6 +123,8 @@ class GpuOps:
         # Fusion switches (all on; the A/B script scripts/profile_decode.py turns them off one by one).
         self.fuse_add_norm = self.fuse_rope_kv = self.fuse_quant = self.direct_attention = True
         self._pending_add: tuple[DArray, DArray, DArray] | None = None  # (sum, a, b)
+        self._pending_pre: tuple | None = None  # the pending add's b is this deferred norm's output
+        self._pending_norm2d: tuple | None = None  # a row norm: (x, w, eps, y, xq, xq_stride)
         self._pending_norm: dict[int, tuple] = {}  # per-head norm output ptr -> (x, w, eps, y)
         self._pending_rope: dict[int, tuple] = {}  # output ptr -> (x, y, positions, base, neox, scale, ff)
 
@@ -129,7 +132,7 @@ class GpuOps:
         """Start a forward: reset the arena and the per-forward q8_1 cache."""
         self.arena.reset()
         self._xq.clear()
-        self._pending_add = None
+        self._pending_add = self._pending_pre = self._pending_norm2d = None
         self._pending_norm.clear()
         self._pending_rope.clear()
         self.n_splits = n_splits
@@ -187,13 +190,19 @@ class GpuOps:
         return y
 
     def add(self, a: DArray, b) -> DArray:
+        pre = self._pending_norm2d
+        if isinstance(b, Vector) or pre is None or pre[3].ptr != b.ptr or pre[3].shape != b.shape or b.ptr == a.ptr:
+            pre = None
+        else:
+            self._pending_norm2d = None  # b = that norm's output: it goes with the add (see rms_norm)
         self.flush()
         a = self._contiguous(a)
         y = self.new(a.shape)
         if isinstance(b, Vector):
             self.rt.launch("add_bias_f32", (_blocks(a.width), a.rows), EW_BLOCK, (y.ptr, a.ptr, b.ptr, a.width))
         else:
-            self._pending_add = (y, a, self._contiguous(b))  # launched by rms_norm(y), or by flush()
+            self._pending_add = (y, a, b if pre is not None else self._contiguous(b))  # see rms_norm(y) / flush()
+            self._pending_pre = pre
             if not self.fuse_add_norm:
                 self.flush()
         return y
@@ -217,9 +226,17 @@ class GpuOps:
         return DArray(x.ptr, (x.rows, n_head, x.width // n_head), x.ld)
 
     def _flush_add(self) -> None:
+        """Launch a deferred row norm and a deferred add (with the norm of its b, if deferred)."""
+        if self._pending_norm2d is not None:
+            x, w, eps, y, xq, stride = self._pending_norm2d
+            self._pending_norm2d = None
+            self._launch_rms_norm(x, w, eps, y, xq, stride)
         if self._pending_add is not None:
             y, a, b = self._pending_add
-            self._pending_add = None
+            pre, self._pending_add, self._pending_pre = self._pending_pre, None, None
+            if pre is not None:
+                x, w, eps, yb, xq, stride = pre
+                self._launch_rms_norm(x, w, eps, yb, xq, stride)
             n = a.rows * a.width
             self.rt.launch("add_f32", _blocks(n), EW_BLOCK, (y.ptr, a.ptr, b.ptr, n))
 
@@ -239,17 +256,27 @@ class GpuOps:
             return y
         pending = self._pending_add
         if pending is not None and pending[0].ptr == x.ptr and pending[0].shape == x.shape:
-            self._pending_add = None
+            pre, self._pending_add, self._pending_pre = self._pending_pre, None, None
             self.flush()
             total, a, b = pending
             y = self.new(x.shape)
             xq, stride = self._quantized_output(y)
-            self.rt.launch("add_rms_norm_f32", x.rows, block,
-                           (total.ptr, a.ptr, b.ptr, w.ptr, y.ptr, n, np.float32(eps), xq, stride))
+            if pre is None:
+                self.rt.launch("add_rms_norm_f32", x.rows, block,
+                               (total.ptr, a.ptr, b.ptr, w.ptr, y.ptr, n, np.float32(eps), xq, stride))
+            else:  # b = rms_norm(bx): one launch for both norms and the add
+                bx, bw, beps, yb, _, _ = pre
+                self._xq.pop((yb.ptr, yb.rows), None)  # yb's q8_1 copy is not written here
+                self.rt.launch("norm_add_rms_norm_f32", x.rows, block,
+                               (total.ptr, a.ptr, bx.ptr, bw.ptr, yb.ptr, np.float32(beps), w.ptr, y.ptr, n,
+                                np.float32(eps), xq, stride))
             return y
         self.flush()
         y = self.new(x.shape)
         xq, stride = self._quantized_output(y) if heads == 1 else (0, 0)
+        if self.fuse_add_norm and len(x.shape) == 2 and x.contiguous:
+            self._pending_norm2d = (x, w, eps, y, xq, stride)  # add(., y) may take it along
+            return y
         self._launch_rms_norm(x, w, eps, y, xq, stride)
         return y
 

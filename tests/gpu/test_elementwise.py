@@ -151,6 +151,37 @@ def test_rope_qk_kv_with_fused_head_norms_matches_rms_norm_then_rope(gpu, hd, n_
     assert rel_err(got.reshape(T, n_q, hd), rope_ref(normed, pos, 1e4, True, 1.0, None)) < 1e-4
 
 
+@pytest.mark.parametrize("n", [640, 1000])
+def test_norm_add_rms_norm_matches_rms_norm_then_add_rms_norm(gpu, n):
+    """gemma3's sandwich: yb = norm(b) * wb, h = a + yb, y = norm(h) * w in one launch equals the
+    two launches (rms_norm_f32, add_rms_norm_f32), q8_1 output included."""
+    from memra_engine.gpu.quant_ops import q8_1_nbytes, q8_1_stride
+
+    rng = np.random.default_rng(n + 5)
+    T, eps = 3, 1e-6
+    a, b = (rng.standard_normal((2, T, n)) * 2).astype(f32)
+    wb, w = (1 + 0.2 * rng.standard_normal((2, n))).astype(f32)
+    stride, nbytes = q8_1_stride(n), q8_1_nbytes(n, T)
+    block = -(-n // 32) * 32
+    pa, pb, pwb, pw = gpu.put(a), gpu.put(b), gpu.put(wb), gpu.put(w)
+    h, yb, y, xq = gpu.empty(T * n), gpu.empty(T * n), gpu.empty(T * n), gpu.empty(nbytes // 4 + 1)
+    gpu.rt.launch("norm_add_rms_norm_f32", T, block, (h, pa, pb, pwb, yb, f32(eps), pw, y, n, f32(eps), xq, stride))
+    h2, yb2, y2, xq2 = gpu.empty(T * n), gpu.empty(T * n), gpu.empty(T * n), gpu.empty(nbytes // 4 + 1)
+    gpu.rt.launch("rms_norm_f32", T, block, (pb, pwb, yb2, n, 1, n, n, f32(eps), 0, 0))
+    gpu.rt.launch("add_rms_norm_f32", T, block, (h2, pa, yb2, pw, y2, n, f32(eps), xq2, stride))
+    for got, ref in ((yb, yb2), (h, h2), (y, y2)):
+        assert rel_err(gpu.get(got, (T, n)), gpu.get(ref, (T, n)).astype(np.float64)) < 1e-6
+    bb = b.astype(np.float64)
+    yb_ref = bb / np.sqrt((bb ** 2).mean(-1, keepdims=True) + eps) * wb
+    hh = a + yb_ref
+    y_ref = hh / np.sqrt((hh ** 2).mean(-1, keepdims=True) + eps) * w
+    assert rel_err(gpu.get(y, (T, n)), y_ref) < 1e-5
+    q, q2 = gpu.get(xq, nbytes, np.uint8).view(np.int8), gpu.get(xq2, nbytes, np.uint8).view(np.int8)
+    for t in range(T):  # the q8_1 ints: equal up to one rounding step where y differs in its last bit
+        row = slice(t * stride, t * stride + n)
+        assert np.abs(q[row].astype(int) - q2[row]).max() <= 1
+
+
 @pytest.mark.parametrize("kernel", ["silu_mul_f32", "gelu_tanh_mul_f32"])
 def test_gated_activations_read_a_fused_row(gpu, kernel):
     rng = np.random.default_rng(3)
