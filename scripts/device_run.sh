@@ -5,7 +5,7 @@
 #   the synthetic benchmark models, run memra-bench --backend cuda on the SmolLM2 and Gemma3
 #   shapes, and print a short table last. Logs go to $OUT (the device tool brings them back).
 # Usage: bash scripts/device_run.sh [pytest args...]     MEMRA_BENCH=0 skips the benchmarks,
-#        MEMRA_TESTS=0 skips the tests.
+#        MEMRA_TESTS=0 skips the tests, MEMRA_BENCH_FIRST=1 runs the benchmarks before the tests.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/memra-out}
@@ -20,37 +20,46 @@ python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "
 python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --upgrade --target "$SITE" . \
   >> "$OUT/misc.log" 2>&1 || { tail -20 "$OUT/misc.log"; exit 1; }
 export PYTHONPATH="$SITE"
+if [ -d build/prebuilt ]; then  # sm_90a fatbins built here (carry "build/prebuilt"); used only if their source key matches
+  mkdir -p "$SITE/memra_engine/kernels/prebuilt" && cp build/prebuilt/* "$SITE/memra_engine/kernels/prebuilt/"
+fi
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv,noheader
 
 stamp "build fatbins (sm_90a, all families in parallel)"
 arch=$(python3 -c "import pycuda.driver as c; c.init(); from memra_engine.gpu.build import arch_for_capability as a; print(a(*c.Device(0).compute_capability()))")
 python3 -m memra_engine.gpu.build "$arch" 2>&1 | grep -v '^building' | tee -a "$OUT/misc.log"
 
-test_rc=skipped
-if [ "${MEMRA_TESTS:-1}" != 0 ]; then
-  stamp "pytest -m gpu ${*:-tests/gpu}"
-  python3 -m pytest -m gpu -q -p no:cacheprovider -rfE --durations=8 -s "${@:-tests/gpu}" > "$OUT/pytest.log" 2>&1
-  test_rc=$?
-  grep -E "rel err|passed|failed|error|FAILED|ERROR|Error" "$OUT/pytest.log" | tail -40
-fi
+run_tests() {
+  if [ "${MEMRA_TESTS:-1}" != 0 ]; then
+    stamp "pytest -m gpu ${*:-tests/gpu}"
+    python3 -m pytest -m gpu -v -p no:cacheprovider -rfE --durations=8 -s "${@:-tests/gpu}" > "$OUT/pytest.log" 2>&1
+    test_rc=$?
+    grep -E "rel err|passed|failed|error|FAILED|ERROR|Error" "$OUT/pytest.log" | tail -40
+  fi
+}
 
+run_bench() {
+  if [ "${MEMRA_BENCH:-1}" != 0 ]; then
+    mkdir -p /tmp/models
+    for shape in smollm2-135m gemma3-270m; do
+      stamp "synthetic $shape"
+      [ -f "/tmp/models/$shape.gguf" ] || python3 -m memra_engine.model.synthetic "/tmp/models/$shape.gguf" \
+          --preset "$shape" --quiet >> "$OUT/misc.log" 2>&1 || { tail -5 "$OUT/misc.log"; continue; }
+      stamp "memra-bench --backend cuda $shape"
+      python3 -m memra_engine.bench "/tmp/models/$shape.gguf" --backend cuda --ctx-depth 4096 --runs 3 --json \
+        > "$OUT/bench-$shape.json" 2>> "$OUT/misc.log" || { tail -5 "$OUT/misc.log"; continue; }
+      bench_rows+=("$shape")
+      if [ "${MEMRA_PROFILE:-0}" != 0 ]; then
+        stamp "profile $shape"
+        python3 scripts/profile_decode.py "/tmp/models/$shape.gguf" --ctx 128 --ctx 4096 > "$OUT/profile-$shape.txt" 2>&1
+      fi
+    done
+  fi
+}
+
+test_rc=skipped
 bench_rows=()
-if [ "${MEMRA_BENCH:-1}" != 0 ]; then
-  mkdir -p /tmp/models
-  for shape in smollm2-135m gemma3-270m; do
-    stamp "synthetic $shape"
-    [ -f "/tmp/models/$shape.gguf" ] || python3 -m memra_engine.model.synthetic "/tmp/models/$shape.gguf" \
-        --preset "$shape" --quiet >> "$OUT/misc.log" 2>&1 || { tail -5 "$OUT/misc.log"; continue; }
-    stamp "memra-bench --backend cuda $shape"
-    python3 -m memra_engine.bench "/tmp/models/$shape.gguf" --backend cuda --ctx-depth 4096 --runs 3 --json \
-      > "$OUT/bench-$shape.json" 2>> "$OUT/misc.log" || { tail -5 "$OUT/misc.log"; continue; }
-    bench_rows+=("$shape")
-    if [ "${MEMRA_PROFILE:-0}" != 0 ]; then
-      stamp "profile $shape"
-      python3 scripts/profile_decode.py "/tmp/models/$shape.gguf" --ctx 128 --ctx 4096 > "$OUT/profile-$shape.txt" 2>&1
-    fi
-  done
-fi
+if [ "${MEMRA_BENCH_FIRST:-0}" != 0 ]; then run_bench; run_tests "$@"; else run_tests "$@"; run_bench; fi
 
 stamp "done"
 echo "== memra on $(nvidia-smi --query-gpu=name --format=csv,noheader) =="
