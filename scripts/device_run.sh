@@ -5,7 +5,8 @@
 #   the synthetic benchmark models, run memra-bench --backend cuda on the SmolLM2 and Gemma3
 #   shapes, and print a short table last. Logs go to $OUT (the device tool brings them back).
 # Usage: bash scripts/device_run.sh [pytest args...]     MEMRA_BENCH=0 skips the benchmarks,
-#        MEMRA_TESTS=0 skips the tests, MEMRA_BENCH_FIRST=1 runs the benchmarks before the tests.
+#        MEMRA_TESTS=0 skips the tests, MEMRA_BENCH_FIRST=1 runs the benchmarks before the tests,
+#        MEMRA_BENCH_SAMPLER=1 times the sampler alone (scripts/bench_sampler.py).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/memra-out}
@@ -54,6 +55,10 @@ run_bench() {
         python3 scripts/profile_decode.py "/tmp/models/$shape.gguf" --ctx 128 --ctx 4096 > "$OUT/profile-$shape.txt" 2>&1
       fi
     done
+    if [ "${MEMRA_BENCH_SAMPLER:-0}" != 0 ]; then
+      stamp "sampler alone"
+      python3 scripts/bench_sampler.py > "$OUT/sampler.txt" 2>&1
+    fi
   fi
 }
 
@@ -65,6 +70,7 @@ stamp "done"
 echo "== memra on $(nvidia-smi --query-gpu=name --format=csv,noheader) =="
 [ -f "$OUT/pytest.log" ] && echo "pytest -m gpu: $(tail -1 "$OUT/pytest.log") (rc $test_rc)"
 for f in "$OUT"/profile-*.txt; do [ -f "$f" ] && head -14 "$f"; done
+[ -f "$OUT/sampler.txt" ] && tail -12 "$OUT/sampler.txt"
 for shape in "${bench_rows[@]}"; do
   python3 - "$OUT/bench-$shape.json" "$shape" <<'PY'
 import json, sys

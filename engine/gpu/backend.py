@@ -7,12 +7,13 @@ bucket (the bucket only sets the attention grid; see ops.ATTN_SPLIT_LEN) and rep
 token id and position at fixed device addresses. `decode_sample` captures the sampler too, so a
 step is one graph launch plus an 8-byte readback (token id and its logprob).
 
-decode_sample also launches the next step before it returns: the sampled token and its position
-are already in the device step buffer, so the GPU computes step n+1 while the caller streams
-token n (host time per token no longer adds to device time). If the caller then feeds that token,
-the step is already done; anything else (another token, truncate, prefill, new knobs, ...) first
-settles it: waits for it and rewinds the Philox counter, its one lasting effect (its KV row and
-history entry sit at position n_past, which the next real step overwrites before anything reads).
+decode_sample keeps AHEAD_STEPS steps queued past the one it returns: each step's graph writes
+the sampled token and the next position into the device step buffer, so the next step needs
+nothing from the host, and the GPU never waits for the caller to stream a token. If the caller
+feeds the token it was given, its step is already queued or done; anything else (another token,
+truncate, prefill, new knobs, ...) first settles the queue: waits for it and rewinds the Philox
+counter by the steps dropped, their one lasting effect (their KV rows and history entries sit at
+positions >= n_past, which real steps overwrite before anything reads them).
 """
 from __future__ import annotations
 
@@ -38,6 +39,8 @@ PREFILL_CHUNK = 512      # tokens per prefill forward (bounds the scratch arena)
 ALL_LOGITS_CHUNK = 64    # tokens per forward when every row's logits come back
 HEAD_DIMS = (64, 128, 256)
 MAX_SPLITS = 1024        # COMBINE_MAX_SPLITS in attention.cu
+AHEAD_STEPS = 2          # decode_sample steps queued past the one returned (one hides the host's
+                         # work per token; the second also the wake-up and launch after the sync)
 SCRATCH_SLACK = 4 * MIB
 
 
@@ -62,8 +65,9 @@ class CudaBackend:
         self.n_ctx, self.n_past, self.use_graphs = n_ctx, 0, use_graphs
         self.forward = arch_module(cfg.arch).forward
         self.graphs: dict[tuple[int, bool], CudaGraph] = {}
-        self.speculate = True   # decode_sample launches the next step ahead (see the module doc)
-        self._ahead: tuple[int, int] | None = None  # (token, n_past) of the step launched ahead
+        self.speculate = True   # decode_sample queues steps ahead (see the module doc)
+        self._ahead: list[tuple[int, int]] = []  # queued steps: (position, out slot), oldest first
+        self._fed = -1          # the token the oldest queued step decodes (the one last returned)
         self.pool = None
         self.rt = GpuRuntime(progress=progress)
         try:
@@ -96,6 +100,8 @@ class CudaBackend:
         self.sampler = GpuSampler(rt, self.pool, cfg.vocab_size)
         self.step_host = rt.pinned(2, np.int32)
         self.out_host = rt.pinned(1, OUT_DTYPE)
+        self.out_slots = [rt.pinned(1, OUT_DTYPE) for _ in range(AHEAD_STEPS)]  # one per queued step
+        self.out_events = [rt.cuda.Event() for _ in range(AHEAD_STEPS)]
         self.logits_host = rt.pinned((1, cfg.vocab_size), np.float32)
         rt.resolve_all()
         rt.synchronize()
@@ -168,7 +174,7 @@ class CudaBackend:
         try:
             if rt.context is not None:
                 rt.synchronize()
-                self._ahead = None
+                self._ahead = []
         finally:
             for graph in self.graphs.values():
                 graph.destroy()
@@ -189,35 +195,40 @@ class CudaBackend:
     def decode_sample(self, token: int) -> tuple[int, float]:
         """Decode `token` at n_past and sample the next one on the device, in one graph launch.
         Returns (next token id, its logprob) with the semantics of memra_engine.sampling.sample.
-        Before returning, launches the step that decodes the returned token (see the module doc)."""
+        Steps that decode the returned token and its successor stay queued (see the module doc)."""
         ids = self._check([token])
-        ahead, self._ahead = self._ahead, None
-        if ahead != (int(ids[0]), self.n_past):
-            if ahead is not None:
-                self._ahead = ahead
-                self._settle()
-            self._launch_step(int(ids[0]))
-        self.rt.synchronize()
+        if not (self._ahead and self._ahead[0][0] == self.n_past and int(ids[0]) == self._fed):
+            self._settle()
+            self._write_step(int(ids[0]))
+            self._queue_step(self.n_past)
+        self._fill_queue()
+        _, slot = self._ahead.pop(0)
+        self.out_events[slot].synchronize()
         self.n_past += 1
-        token_out, logprob = int(self.out_host[0]["token"]), float(self.out_host[0]["logprob"])
-        if self.speculate and self.n_past < self.n_ctx:
-            self._launch_step(None)  # the graph already wrote token_out and n_past into the step buffer
-            self._ahead = (token_out, self.n_past)
+        out = self.out_slots[slot][0]
+        token_out, logprob = int(out["token"]), float(out["logprob"])
+        self._fed = token_out
+        self._fill_queue()
         return token_out, logprob
 
-    def _launch_step(self, token: int | None) -> None:
-        """One decode+sample graph launch at n_past and the readback of its result (async)."""
-        graph = self._graph(splits_for(self.n_past + 1), sample=True)
-        if token is not None:
-            self._write_step(token)
+    def _fill_queue(self) -> None:
+        while self.speculate and 0 < len(self._ahead) < AHEAD_STEPS and self._ahead[-1][0] + 1 < self.n_ctx:
+            self._queue_step(self._ahead[-1][0] + 1)  # its token: written by the step before, on the device
+
+    def _queue_step(self, pos: int) -> None:
+        """One decode+sample graph launch at position pos and the async readback of its result."""
+        slot = next(i for i in range(AHEAD_STEPS) if all(s != i for _, s in self._ahead))
+        graph = self._graph(splits_for(pos + 1), sample=True)
         graph.launch(self.rt)
-        self.rt.cuda.memcpy_dtoh_async(self.out_host, self.sampler.out_ptr, self.rt.stream)
+        self.rt.cuda.memcpy_dtoh_async(self.out_slots[slot], self.sampler.out_ptr, self.rt.stream)
+        self.out_events[slot].record(self.rt.stream)
+        self._ahead.append((pos, slot))
 
     def _settle(self) -> None:
-        """Cancel a step launched ahead: wait for it and rewind the Philox counter it advanced."""
-        if self._ahead is not None:
-            self._ahead = None
-            self.sampler.rewind_counter()
+        """Drop the queued steps: wait for them and rewind the Philox counter they advanced."""
+        if self._ahead:
+            self.sampler.rewind_counter(len(self._ahead))
+            self._ahead = []
 
     def sample_logits(self, logits: np.ndarray) -> tuple[int, float]:
         """Sample from host logits (the prefill's last row) with the device sampler."""

@@ -84,12 +84,12 @@ class GpuSampler:
         self.rt.upload_async(self.params_ptr, self._params_host)
         return seed
 
-    def rewind_counter(self) -> None:
-        """Undo one step's Philox counter advance (a speculative step that nobody asked for; see
-        CudaBackend.decode_sample). Waits for the stream."""
+    def rewind_counter(self, steps: int) -> None:
+        """Undo `steps` sampled tokens' Philox counter advance (steps queued ahead that nobody
+        asked for; see CudaBackend.decode_sample). Waits for the stream."""
         off = PARAMS_DTYPE.fields["counter"][1]
         counter = self.rt.download(self.params_ptr + off, (1,), np.uint32)
-        self.rt.upload(self.params_ptr + off, counter - np.uint32(1))
+        self.rt.upload(self.params_ptr + off, counter - np.uint32(steps))
 
     def set_mask(self, allowed: np.ndarray | None) -> None:
         """allowed: bool [vocab] or packed uint32 words (bit i of word w = token 32w + i); None = all."""

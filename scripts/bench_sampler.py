@@ -1,0 +1,64 @@
+"""Device time of the sampler alone (penalize + stage 1 + finish), greedy vs filtered knobs.
+
+Each setting's launches are captured 20 times into one graph and the graph is replayed (METHOD.md:
+graphs shrink the launch gaps; python launches cost ~10 us each). Logits stay the same between
+draws (penalties off), so every draw does the same work.
+
+    python scripts/bench_sampler.py          # vocabularies 49152 (SmolLM2) and 262144 (Gemma3)
+"""
+from __future__ import annotations
+
+import statistics
+
+import numpy as np
+
+from memra_engine.gpu.graph import CudaGraph
+from memra_engine.gpu.memory import VramPool
+from memra_engine.gpu.runtime import GpuRuntime
+from memra_engine.gpu.sampler import GpuSampler
+from memra_engine.sampling import SamplingParams
+
+SETTINGS = {
+    "greedy": SamplingParams(temperature=0.0),
+    "temp 0.7 (gumbel)": SamplingParams(top_k=0, top_p=1.0, min_p=0.0),
+    "default (k40 p.95 m.05)": SamplingParams(),
+    "top_k 0, top_p 0.95": SamplingParams(top_k=0, min_p=0.0),
+}
+PER_GRAPH = 20
+
+
+def main() -> None:
+    rt = GpuRuntime(families=["sampling"])
+    rt.resolve_all()
+    pool = VramPool({"graph": 64 << 20, "scratch": 64 << 20})
+    print(f"{'vocab':>7}  {'setting':<24} {'us/draw':>8}")
+    for vocab in (49152, 262144):
+        sampler = GpuSampler(rt, pool, vocab)
+        logits = pool.alloc("scratch", vocab * 4, "logits").ptr
+        hist = pool.alloc("scratch", 256, "hist").ptr
+        pos = pool.alloc("scratch", 16, "pos").ptr
+        rt.upload(logits, (np.random.default_rng(0).standard_normal(vocab) * 3).astype(np.float32))
+        rt.upload(hist, np.arange(64, dtype=np.int32))
+        rt.upload(pos, np.array([63], np.int32))
+        for name, params in SETTINGS.items():
+            sampler.set_params(params, seed=1)
+            rt.synchronize()
+            graph = CudaGraph()
+            with graph.capture(rt):
+                for _ in range(PER_GRAPH):
+                    sampler.launch(logits, hist, pos)
+            graph.launch(rt)  # warm-up
+            times = []
+            for _ in range(7):
+                a, b = rt.cuda.Event(), rt.cuda.Event()
+                a.record(rt.stream)
+                graph.launch(rt)
+                b.record(rt.stream)
+                b.synchronize()
+                times.append(b.time_since(a) * 1000 / PER_GRAPH)
+            graph.destroy()
+            print(f"{vocab:>7}  {name:<24} {statistics.median(times):8.1f}")
+
+
+if __name__ == "__main__":
+    main()
