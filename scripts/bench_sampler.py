@@ -31,6 +31,14 @@ def main() -> None:
     rt = GpuRuntime(families=["sampling"])
     rt.resolve_all()
     pool = VramPool({"graph": 64 << 20, "scratch": 64 << 20})
+    try:
+        run(rt, pool)
+    finally:  # PyCUDA aborts at exit when the context is still current
+        pool.close()
+        rt.close()
+
+
+def run(rt, pool) -> None:
     print(f"{'vocab':>7}  {'setting':<24} {'us/draw':>8}")
     for vocab in (49152, 262144):
         sampler = GpuSampler(rt, pool, vocab)
