@@ -163,13 +163,18 @@ class ChatScreen(Screen):
         if self._flush_timer is not None:
             return  # a flush is already scheduled
         wait = self._last_flush + 1 / FLUSH_HZ - time.perf_counter()
-        if wait <= 0:
+        if wait <= 0.002:
             await self._flush_reply()
         else:
-            self._flush_timer = self.set_timer(wait, self._flush_reply)
+            self._flush_timer = self.set_timer(wait, self._flush_due)
+
+    def _flush_due(self) -> None:
+        # A timer callback runs in the timer's own task; the flush itself must run in this screen's
+        # message loop, one at a time with ReplyFinished, so the timer only posts a message.
+        self._flush_timer = None
+        self.post_message(ReplyProgress())
 
     async def _flush_reply(self, final: bool = False) -> None:
-        self._flush_timer = None
         if self._buffer is None or self._reply_view is None:
             return
         self._last_flush = time.perf_counter()
@@ -198,6 +203,7 @@ class ChatScreen(Screen):
             return
         if self._flush_timer is not None:
             self._flush_timer.stop()
+            self._flush_timer = None
         await self._flush_reply(final=True)
         view, done = self._reply_view, event.done
         status = DONE_STATUS.get(done.reason, "error")
