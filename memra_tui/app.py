@@ -173,7 +173,12 @@ class MemraApp(App[int]):
         ]))
 
     def action_save_svg(self) -> None:
-        path = self.save_screenshot(path=str(self.paths.screenshots_dir))
+        try:
+            self.paths.screenshots_dir.mkdir(parents=True, exist_ok=True)
+            path = self.save_screenshot(path=str(self.paths.screenshots_dir))
+        except OSError as e:
+            self.notify(f"could not save the screenshot: {e}", severity="error")
+            return
         self.notify(f"screenshot saved to {path}", timeout=4)
 
     async def action_quit(self) -> None:

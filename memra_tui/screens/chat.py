@@ -48,7 +48,7 @@ def describe_knobs(p: SamplingParams) -> str:
 class ChatScreen(Screen):
     BINDINGS = [
         Binding("f1", "app.help", "Help"),  # repeated from the app so the footer shows it early
-        Binding("escape", "stop", "Stop"),
+        Binding("escape", "stop", "Stop / back"),
         Binding("ctrl+r", "regenerate", "Regenerate"),
         Binding("ctrl+e", "edit_last", "Edit last"),
         Binding("ctrl+n", "new_chat", "New chat"),
@@ -233,11 +233,14 @@ class ChatScreen(Screen):
 
     # -- actions -------------------------------------------------------------------------------
     def action_stop(self) -> None:
+        """Esc: stop the reply; else leave edit mode; else go back to the composer."""
         if self._job is not None:
             self._job.cancel()
         elif self.editing_index is not None:
             self._end_edit()
             self.query_one(Composer).clear()
+        else:
+            self.query_one(Composer).focus()
 
     def _refuse_while_streaming(self) -> bool:
         if self.streaming:

@@ -13,14 +13,18 @@ from memra_tui.format import fmt_rate
 class ThroughputPane(Vertical):
     DEFAULT_CSS = """
     ThroughputPane { height: auto; }
-    ThroughputPane > Sparkline { height: 2; margin: 0 0 0 0; }
+    ThroughputPane > Sparkline { height: 2; margin: 0 0 0 0; display: none; }
+    ThroughputPane > Sparkline.-has-data { display: block; }
+    ThroughputPane > #throughput-history-label { color: $text-muted; display: none; }
+    ThroughputPane > #throughput-history-label.-has-data { display: block; }
     """
     stats: reactive[EngineStats | None] = reactive(None, always_update=True, init=False)
     history: reactive[list[float]] = reactive(list, always_update=True, init=False)  # decode tok/s per reply
 
     def compose(self) -> ComposeResult:
         yield Static(self._describe(None), id="throughput-numbers")
-        yield Sparkline([0.0], id="throughput-history", summary_function=max)
+        yield Static("", id="throughput-history-label")
+        yield Sparkline([], id="throughput-history", summary_function=max)
 
     def on_mount(self) -> None:
         self.border_title = "Throughput"
@@ -36,7 +40,11 @@ class ThroughputPane(Vertical):
         self.query_one("#throughput-numbers", Static).update(self._describe(stats))
 
     def watch_history(self, history: list[float]) -> None:
+        recent = list(history[-24:])
         spark = self.query_one(Sparkline)
-        spark.data = list(history[-24:]) or [0.0]
-        n = len(history)
-        spark.tooltip = f"decode tok/s of the last {min(n, 24)} replies"
+        spark.data = recent
+        label = self.query_one("#throughput-history-label", Static)
+        if recent:
+            label.update(f"last {len(recent)} replies: {min(recent):,.0f}–{max(recent):,.0f} tok/s")
+        for widget in (spark, label):
+            widget.set_class(bool(recent), "-has-data")
