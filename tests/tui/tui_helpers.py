@@ -58,6 +58,12 @@ async def hold_still(pilot) -> None:
     for screen in pilot.app.screen_stack:
         for widget in screen.query("Input, TextArea"):
             if isinstance(widget, (Input, TextArea)):
-                widget.cursor_blink = False
+                # Stop the blink timer with the cursor shown where there is focus. (Turning
+                # cursor_blink off instead can leave a cached line drawn in the blink-off phase.)
+                widget._pause_blink(visible=widget.has_focus)
+                widget.refresh()
     pilot.app.clear_notifications()
+    for transcript in pilot.app.screen.query("Transcript"):
+        transcript.scroll_end(animate=False, immediate=True)
     await pilot.pause(0.1)
+    await pilot.wait_for_scheduled_animations()
