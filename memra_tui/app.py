@@ -29,7 +29,6 @@ from memra_tui.screens.load_error import LoadErrorScreen
 from memra_tui.screens.loading import LoadingScreen
 from memra_tui.settings import AppPaths, load_sampling_defaults, save_sampling_defaults
 from memra_tui.widgets.composer import Composer
-from memra_tui.widgets.knobs import KnobsPane
 
 log = logging.getLogger("memra_tui")
 

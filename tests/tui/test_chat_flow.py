@@ -6,7 +6,6 @@ import time
 
 import pytest
 
-from memra_engine.sampling import SamplingParams
 from memra_tui.scripted_engine import DEFAULT_REPLIES, Script, split_tokens
 from memra_tui.widgets.composer import Composer
 from memra_tui.widgets.message_view import MessageView

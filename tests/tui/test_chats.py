@@ -167,3 +167,14 @@ def test_atomic_write_keeps_the_old_file_when_writing_fails(tmp_path):
         atomic_write_text(target, Boom())  # fails inside the write
     assert target.read_text() == "old"
     assert os.listdir(tmp_path) == ["chat.json"]
+
+
+async def test_loading_screen_shows_the_engine_progress(make_app):
+    from memra_tui.screens.loading import LoadingScreen
+
+    app = make_app(Script(load_delay_s=1.5))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_for(pilot, lambda: isinstance(app.screen, LoadingScreen) and app.screen.query_one("Log").line_count >= 2)
+        lines = list(app.screen.query_one("Log").lines)
+        assert lines[0].startswith("fetch:") and lines[1].startswith("kernel build:")
+        await wait_ready(pilot)
