@@ -132,7 +132,8 @@ async def test_load_error_shows_one_line_and_another_file_can_be_picked(make_app
     async with app.run_test(size=(120, 40)) as pilot:
         from memra_tui.screens.load_error import LoadErrorScreen
 
-        await wait_for(pilot, lambda: isinstance(app.screen, LoadErrorScreen))
+        # the screen's widgets mount after it is pushed: wait for them, not just the screen
+        await wait_for(pilot, lambda: isinstance(app.screen, LoadErrorScreen) and app.screen.query("#model-path"))
         assert str(app.screen.query_one("#load-error").render()) == "bad.gguf: not a GGUF file (bad magic b'not ')"
         path_input = app.screen.query_one("#model-path")
         path_input.value = "good.gguf"

@@ -32,7 +32,8 @@ async def wait_for(pilot, condition, timeout: float = 5.0, step: float = 0.02) -
 async def wait_ready(pilot) -> None:
     from memra_tui.screens.chat import ChatScreen
 
-    await wait_for(pilot, lambda: isinstance(pilot.app.screen, ChatScreen))
+    # the screen's widgets mount after it is pushed: wait for the last of them, not just the screen
+    await wait_for(pilot, lambda: isinstance(pilot.app.screen, ChatScreen) and pilot.app.screen.query("#knobs-tab"))
     await pilot.pause()
 
 
