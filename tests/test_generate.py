@@ -139,9 +139,13 @@ def test_cancel_ends_within_a_step_and_the_next_job_matches_a_fresh_engine():
     assert after_cancel.text == want.text and after_cancel.done == want.done
 
 
-def test_kv_prefix_is_reused_and_gives_the_same_reply_as_a_fresh_engine():
+@pytest.mark.parametrize("backend_class", ["host sampling", "device sampling"])
+def test_kv_prefix_is_reused_and_gives_the_same_reply_as_a_fresh_engine(backend_class):
+    from fake_engine import DeviceSamplingBackend
+
+    make = ScriptedBackend if backend_class == "host sampling" else DeviceSamplingBackend
     first, second = "The quick brown fox", "The quick brown fox jumps over"
-    backend = ScriptedBackend()
+    backend = make()
     with fake_engine(backend) as eng:
         run(eng, first)
         calls_before = len(backend.prefill_calls)
@@ -149,7 +153,7 @@ def test_kv_prefix_is_reused_and_gives_the_same_reply_as_a_fresh_engine():
         # only the new tail is prefilled: common prefix = BOS + first prompt; the prompt's last
         # token goes through the decode step
         assert backend.prefill_calls[calls_before:] == [len(second) - len(first) - 1]
-    with fake_engine(ScriptedBackend()) as fresh:
+    with fake_engine(make()) as fresh:
         want = run(fresh, second)
     assert reused.text == want.text and reused.token_ids == want.token_ids
 
@@ -397,21 +401,6 @@ def test_device_sampling_backend_samples_in_its_decode_step():
         with fake_engine(DeviceSamplingBackend()) as eng:
             replies.append(run(eng, "hello", seeded).token_ids)
     assert replies[0] == replies[1] and len(replies[0]) == 24
-
-
-def test_device_sampling_keeps_the_cache_bookkeeping():
-    """Prefix reuse after a device-sampled reply gives the same reply as a fresh engine."""
-    from fake_engine import DeviceSamplingBackend
-
-    first, second = "The quick brown fox", "The quick brown fox jumps over"
-    backend = DeviceSamplingBackend()
-    with fake_engine(backend) as eng:
-        run(eng, first)
-        calls_before = len(backend.prefill_calls)
-        reused = run(eng, second)
-        assert backend.prefill_calls[calls_before:] == [len(second) - len(first) - 1]
-    with fake_engine(DeviceSamplingBackend()) as fresh:
-        assert run(fresh, second).token_ids == reused.token_ids
 
 
 def test_device_sampling_update_rewrites_the_parameter_block():
