@@ -30,22 +30,26 @@ __device__ __forceinline__ void gated(const float* g, const float* u, float* y, 
 
 extern "C" __global__ void silu_mul_f32(const float* g, const float* u, float* y, int n, int ld_in, int8_t* xq,
                                         int xq_stride) {
+    pdl_entry();
     gated<silu_mul>(g, u, y, n, ld_in, xq, xq_stride);
 }
 
 extern "C" __global__ void gelu_tanh_mul_f32(const float* g, const float* u, float* y, int n, int ld_in, int8_t* xq,
                                              int xq_stride) {
+    pdl_entry();
     gated<gelu_tanh_mul>(g, u, y, n, ld_in, xq, xq_stride);
 }
 
 // y = a + b over n floats.
 extern "C" __global__ void add_f32(float* y, const float* a, const float* b, int n) {
+    pdl_entry();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] = a[i] + b[i];
 }
 
 // y[r][i] = a[r][i] + bias[i]; rows of n. grid (ceil(n/256), rows).
 extern "C" __global__ void add_bias_f32(float* y, const float* a, const float* bias, int n) {
+    pdl_entry();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     const size_t r = blockIdx.y;
@@ -53,12 +57,14 @@ extern "C" __global__ void add_bias_f32(float* y, const float* a, const float* b
 }
 
 extern "C" __global__ void scale_f32(float* y, const float* x, float s, int n) {
+    pdl_entry();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] = x[i] * s;
 }
 
 // y = cap * tanh(x / cap): gemma's final-logit softcap.
 extern "C" __global__ void softcap_f32(float* y, const float* x, float cap, int n) {
+    pdl_entry();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] = cap * tanhf(x[i] / cap);
 }
@@ -66,6 +72,7 @@ extern "C" __global__ void softcap_f32(float* y, const float* x, float cap, int 
 // dst[r][i] = src[r][i] for i < n; src rows src_ld apart, dst rows dst_ld apart (stacking the
 // outputs of a fused weight whose parts have different quant types). grid (ceil(n/256), rows).
 extern "C" __global__ void copy_rows_f32(float* dst, const float* src, int n, int dst_ld, int src_ld) {
+    pdl_entry();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     const size_t r = blockIdx.y;

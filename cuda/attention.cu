@@ -20,6 +20,7 @@
 // grid (T, n_kv); block 128.
 extern "C" __global__ void kv_write_f16(const float* k, const float* v, half* kc, half* vc, const int* pos,
                                         int k_ld, int v_ld, int head_dim, int n_ctx) {
+    pdl_entry();
     const int t = blockIdx.x, h = blockIdx.y;
     const size_t dst = ((size_t)h * n_ctx + pos[t]) * head_dim;
     const float* ks = k + (size_t)t * k_ld + (size_t)h * head_dim;
@@ -217,7 +218,7 @@ __device__ void attn_split(const float* __restrict__ q, int q_ld, const half* __
     extern "C" __global__ void __launch_bounds__(32 * ATTN_WARPS) attn_split_hd##HD(                             \
         const float* q, int q_ld, const half* kc, const half* vc, float* opart, float* ml, const int* pos,       \
         int n_head, int n_kv, int n_ctx, int window, float scale, float softcap, int split_len,                 \
-        float* out, int8_t* xq, int xq_stride) {                                                                 \
+        float* out, int8_t* xq, int xq_stride) { pdl_entry();                                                                 \
         attn_split<HD>(q, q_ld, kc, vc, opart, ml, pos, n_head, n_kv, n_ctx, window, scale, softcap, split_len,  \
                        out, xq, xq_stride);                                                                      \
     }
@@ -235,6 +236,7 @@ ATTN_KERNEL(256)
 #define COMBINE_MAX_SPLITS 1024
 extern "C" __global__ void attn_combine(const float* opart, const float* ml, float* out, int n_head, int head_dim,
                                         int n_splits, int8_t* xq, int xq_stride) {
+    pdl_entry();
     __shared__ float c_s[COMBINE_MAX_SPLITS];
     __shared__ float red[32];
     const int h = blockIdx.x, t = blockIdx.y;

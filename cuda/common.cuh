@@ -6,6 +6,18 @@
 
 #define WARP 32
 
+// Programmatic dependent launch (sm_90+). Captured decode graphs launch every kernel with
+// PROGRAMMATIC_STREAM_SERIALIZATION, so a kernel's blocks are scheduled while its predecessor
+// still runs. Every kernel calls this first, before touching global memory: wait until the
+// predecessor has finished and its writes are visible, then let our successor launch. Without
+// the attribute (eager launches) or before sm_90 it costs nothing.
+__device__ __forceinline__ void pdl_entry() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

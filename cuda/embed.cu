@@ -28,7 +28,7 @@ __device__ void embed_rows(const uint8_t* q, const uint8_t* meta, const int* tok
 
 #define EMBED_KERNEL(NAME, TYPE)                                                                        \
     extern "C" __global__ void NAME(const uint8_t* q, const uint8_t* meta, const int* tokens, float* y,  \
-                                    int cols, int nb, float scale, const int* pos, int* history) {       \
+                                    int cols, int nb, float scale, const int* pos, int* history) { pdl_entry();       \
         record_token(tokens, pos, history);                                                              \
         embed_rows<TYPE>(q, meta, tokens, y, cols, nb, scale);                                           \
     }
@@ -57,6 +57,7 @@ EMBED_KERNEL(embed_bf16, bf16_t)
 // f32 tables are exact: no trip through half.
 extern "C" __global__ void embed_f32(const uint8_t* q, const uint8_t* meta, const int* tokens, float* y, int cols,
                                      int nb, float scale, const int* pos, int* history) {
+    pdl_entry();
     record_token(tokens, pos, history);
     const float* row = reinterpret_cast<const float*>(q) + (size_t)tokens[blockIdx.x] * nb * 8;
     float* yr = y + (size_t)blockIdx.x * cols;

@@ -130,11 +130,11 @@ typedef GemmTile<128, 128, 2, 4> Tile2;
 // block 256, dynamic shared Tile2::SMEM. Float types pass wm = wq (no meta plane).
 #define GEMM_ENTRY(TYPE)                                                                                    \
     extern "C" __global__ __launch_bounds__(128) void gemm_##TYPE(                                          \
-        const uint8_t* wq, const uint8_t* wm, const float* x, float* y, int rows, int cols, int n_tokens) {  \
+        const uint8_t* wq, const uint8_t* wm, const float* x, float* y, int rows, int cols, int n_tokens) { pdl_entry();  \
         gemm_tile<TYPE##_t, Tile1, 64, 64, 2>(wq, wm, x, y, rows, cols, n_tokens);                          \
     }                                                                                                       \
     extern "C" __global__ __launch_bounds__(256, 2) void gemm2_##TYPE(                                      \
-        const uint8_t* wq, const uint8_t* wm, const float* x, float* y, int rows, int cols, int n_tokens) {  \
+        const uint8_t* wq, const uint8_t* wm, const float* x, float* y, int rows, int cols, int n_tokens) { pdl_entry();  \
         gemm_tile<TYPE##_t, Tile2, 128, 128, 4>(wq, wm, x, y, rows, cols, n_tokens);                        \
     }
 

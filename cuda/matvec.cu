@@ -20,6 +20,7 @@
 // ---- quantize_q8_1: x f32 [T][K] -> q8_1 rows -----------------------------------------------
 // One warp per 32-value block, quantize_block_q8_1 (quants.cuh) per lane.
 extern "C" __global__ void quantize_q8_1(const float* __restrict__ x, int8_t* __restrict__ xq, int cols, int stride) {
+    pdl_entry();
     const int t = blockIdx.y;
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     const int kq = (cols + 31) & ~31;
@@ -172,13 +173,13 @@ __device__ __forceinline__ void matvec_f(const uint8_t* __restrict__ w, const fl
 #define MATVEC_Q(TYPE, R, U, C)                                                                          \
     extern "C" __global__ __launch_bounds__(MV_WARPS * 32) void matvec_##TYPE##_r##R##u##U##_c##C(      \
         const uint8_t* wq, const uint8_t* wm, const int8_t* xq, float* y, int rows, int cols, int n_tokens, \
-        int stride) {                                                                                    \
+        int stride) { pdl_entry();                                                                                    \
         matvec_q<TYPE##_t, R, C, U, false>(wq, wm, xq, y, rows, cols, n_tokens, stride);                 \
     }
 #define MATVEC_QF(TYPE, R, U)                                                                             \
     extern "C" __global__ __launch_bounds__(MV_WARPS * 32) void matvec_##TYPE##_fused_r##R##u##U(         \
         const uint8_t* wq, const uint8_t* wm, const float* x, float* y, int rows, int cols, int n_tokens,  \
-        int stride) {                                                                                     \
+        int stride) { pdl_entry();                                                                                     \
         matvec_q<TYPE##_t, R, 1, U, true>(wq, wm, x, y, rows, cols, n_tokens, stride);                    \
     }
 
@@ -200,7 +201,7 @@ MATVEC_Q_ALL(q6_K)
 // matvec_<type>_c<C>(w, x, y, rows, cols, n_tokens): grid ceil(rows / 4), block 128.
 #define MATVEC_F(TYPE, C)                                                                                  \
     extern "C" __global__ __launch_bounds__(MV_WARPS * 32) void matvec_##TYPE##_c##C(                      \
-        const uint8_t* w, const float* x, float* y, int rows, int cols, int n_tokens) {                    \
+        const uint8_t* w, const float* x, float* y, int rows, int cols, int n_tokens) { pdl_entry();                    \
         matvec_f<TYPE##_t, C>(w, x, y, rows, cols, n_tokens);                                              \
     }
 

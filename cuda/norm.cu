@@ -27,6 +27,7 @@ __device__ __forceinline__ void quantize_row(const float* yr, int8_t* xq_row, in
 // xq: when not null (heads == 1 only), y is also written as q8_1 rows of xq_stride bytes.
 extern "C" __global__ void rms_norm_f32(const float* x, const float* w, float* y, int n, int heads, int x_ld,
                                         int y_ld, float eps, int8_t* xq, int xq_stride) {
+    pdl_entry();
     __shared__ float scratch[32];
     const int t = blockIdx.x / heads, h = blockIdx.x % heads;
     const float* xr = x + (size_t)t * x_ld + (size_t)h * n;
@@ -42,6 +43,7 @@ extern "C" __global__ void rms_norm_f32(const float* x, const float* w, float* y
 // and one round trip of h through memory per layer. h may alias a.
 extern "C" __global__ void add_rms_norm_f32(float* h, const float* a, const float* b, const float* w, float* y, int n,
                                             float eps, int8_t* xq, int xq_stride) {
+    pdl_entry();
     __shared__ float scratch[32];
     const size_t r = (size_t)blockIdx.x * n;
     float ss = 0.0f;
@@ -62,6 +64,7 @@ extern "C" __global__ void add_rms_norm_f32(float* h, const float* a, const floa
 extern "C" __global__ void norm_add_rms_norm_f32(float* h, const float* a, const float* b, const float* wb,
                                                  float* yb, float eps_b, const float* w, float* y, int n, float eps,
                                                  int8_t* xq, int xq_stride) {
+    pdl_entry();
     __shared__ float scratch[32];
     const size_t r = (size_t)blockIdx.x * n;
     float ss = 0.0f;

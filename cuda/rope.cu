@@ -23,6 +23,7 @@ __device__ __forceinline__ void rope_pair(const float* xh, int head_dim, int i, 
 // grid (n_heads, T), block >= 32.
 extern "C" __global__ void rope_f32(const float* x, float* y, const int* pos, const float* freq_factors,
                                     int head_dim, int x_ld, int y_ld, float theta_base, float pos_scale, int neox) {
+    pdl_entry();
     const int h = blockIdx.x, t = blockIdx.y;
     const float* xh = x + (size_t)t * x_ld + (size_t)h * head_dim;
     float* yh = y + (size_t)t * y_ld + (size_t)h * head_dim;
@@ -46,6 +47,7 @@ extern "C" __global__ void rope_qk_kv_f16(const float* q, float* q_out, const fl
                                           half* vc, const int* pos, const float* freq_factors, int n_q, int head_dim,
                                           int q_ld, int k_ld, int v_ld, int n_ctx, float theta_base, float pos_scale,
                                           int neox, const float* qn_w, const float* kn_w, float eps) {
+    pdl_entry();
     __shared__ float scratch[32];
     const int h = blockIdx.x, t = blockIdx.y;
     const float p = (float)pos[t] * pos_scale;

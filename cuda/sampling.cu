@@ -45,6 +45,7 @@ __device__ __forceinline__ bool filters_on(const SampleParams& p, int vocab) {
 // Window: history[n - last_n, n) with n = *pos + 1 tokens in context. One block.
 extern "C" __global__ void sample_penalize(float* logits, const SampleParams* params, const int* history,
                                            const int* pos, int vocab) {
+    pdl_entry();
     const SampleParams p = *params;
     if (p.repeat_last_n == 0 || (p.repeat_penalty == 1.0f && p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f))
         return;
@@ -164,6 +165,7 @@ __device__ void best_run(float* v, int* ix, int n_runs, bool sorted) {
 extern "C" __global__ void __launch_bounds__(S1_THREADS) sample_stage1(
     float* logits, const uint32_t* mask, const SampleParams* params, float* part, float* cand_v, int* cand_i,
     int vocab, int local_k) {
+    pdl_entry();
     __shared__ float sv[S1_CHUNK];
     __shared__ int si[S1_CHUNK];
     __shared__ float red[32];
@@ -245,6 +247,7 @@ extern "C" __global__ void __launch_bounds__(S1_THREADS) sample_stage1(
 extern "C" __global__ void __launch_bounds__(S2_THREADS) sample_finish(
     const float* logits, SampleParams* params, const float* part, const float* cand_v, const int* cand_i,
     int n_blocks, int local_k, int vocab, int* token_io, int* pos_io, SampleOut* out) {
+    pdl_entry();
     extern __shared__ float dyn[];
     float* cv = dyn;                                  // [S2_MAX_CAND]
     int* ci = reinterpret_cast<int*>(dyn + S2_MAX_CAND);  // [S2_MAX_CAND]
