@@ -4,6 +4,7 @@
 // neox: rotate pairs (i, i + hd/2); normal (GPT-J / ggml mode 0): pairs (2i, 2i + 1).
 // angle = pos * pos_scale * base^(-2i/hd) / freq_factors[i] (freq_factors may be null).
 #include "common.cuh"
+#include "kv_q8_0.cuh"
 
 // nw not null: x is first RMS-normed per head (x * inv * nw, as rms_norm_f32 writes it).
 __device__ __forceinline__ void rope_pair(const float* xh, int head_dim, int i, float p, const float* freq_factors,
@@ -38,17 +39,23 @@ extern "C" __global__ void rope_f32(const float* x, float* y, const int* pos, co
 }
 
 // One launch per layer for what attention needs before it reads the cache: rope q into q_out,
-// rope k straight into the f16 K cache and copy v into the V cache, at position pos[t].
-// grid (n_q + n_kv, T). Same arithmetic as rope_f32 (then a round to half for k, as kv_write).
+// rope k straight into the K cache and write v into the V cache, at position pos[t].
+// grid (n_q + n_kv, T). Same arithmetic as rope_f32, then the cache's rounding, as kv_write_*:
+// - f16 (Q8 false): kc, vc are half [n_kv][n_ctx][head_dim]; kd, vd unused;
+// - q8_0 (Q8 true): kc, vc are int8 and kd, vd the half scales (cuda/kv_q8_0.cuh); the roped k
+//   row is staged in shared memory so a warp can take each 32-value block's amax. The block
+//   size must then be a multiple of 32 (the launches use 32..128 or head_dim threads).
 // qn_w / kn_w not null (qwen3, gemma3): q and k heads are RMS-normed first, with the sum of
 // squares taken exactly as rms_norm_f32 does when the block has head_dim threads (launch it so:
 // the same bits as the separate norm launch).
-extern "C" __global__ void rope_qk_kv_f16(const float* q, float* q_out, const float* k, const float* v, half* kc,
-                                          half* vc, const int* pos, const float* freq_factors, int n_q, int head_dim,
-                                          int q_ld, int k_ld, int v_ld, int n_ctx, float theta_base, float pos_scale,
-                                          int neox, const float* qn_w, const float* kn_w, float eps) {
-    pdl_entry();
+template <bool Q8>
+__device__ __forceinline__ void rope_qk_kv(const float* q, float* q_out, const float* k, const float* v, void* kc,
+                                           void* vc, half* kd, half* vd, const int* pos, const float* freq_factors,
+                                           int n_q, int head_dim, int q_ld, int k_ld, int v_ld, int n_ctx,
+                                           float theta_base, float pos_scale, int neox, const float* qn_w,
+                                           const float* kn_w, float eps) {
     __shared__ float scratch[32];
+    __shared__ float k_s[Q8 ? KV_MAX_HEAD_DIM : 1];
     const int h = blockIdx.x, t = blockIdx.y;
     const float p = (float)pos[t] * pos_scale;
     const bool is_q = h < n_q;
@@ -72,14 +79,49 @@ extern "C" __global__ void rope_qk_kv_f16(const float* q, float* q_out, const fl
         }
         return;
     }
-    const size_t dst = ((size_t)kvh * n_ctx + pos[t]) * head_dim;
+    const size_t row = (size_t)kvh * n_ctx + pos[t];  // the cache row of this kv head and position
     const float* vh = v + (size_t)t * v_ld + (size_t)kvh * head_dim;
+    half* kr = (half*)kc + row * head_dim;
     for (int i = threadIdx.x; i < head_dim / 2; i += blockDim.x) {
         int a, b;
         float ya, yb;
         rope_pair(xh, head_dim, i, p, freq_factors, theta_base, neox, a, b, ya, yb, inv, nw);
-        kc[dst + a] = __float2half(ya);
-        kc[dst + b] = __float2half(yb);
+        if constexpr (Q8) {
+            k_s[a] = ya;
+            k_s[b] = yb;
+        } else {
+            kr[a] = __float2half(ya);
+            kr[b] = __float2half(yb);
+        }
     }
-    for (int i = threadIdx.x; i < head_dim; i += blockDim.x) vc[dst + i] = __float2half(vh[i]);
+    if constexpr (Q8) {
+        const size_t scales = row * (head_dim / KV_Q8_0_BLOCK);
+        __syncthreads();
+        store_row_q8_0(k_s, head_dim, (int8_t*)kc + row * head_dim, kd + scales);
+        store_row_q8_0(vh, head_dim, (int8_t*)vc + row * head_dim, vd + scales);
+    } else {
+        half* vr = (half*)vc + row * head_dim;
+        for (int i = threadIdx.x; i < head_dim; i += blockDim.x) vr[i] = __float2half(vh[i]);
+    }
+}
+
+// memra-kernel: rope_qk_kv_f16(PPPPPPPPiiiiiiffiPPf)
+extern "C" __global__ void rope_qk_kv_f16(const float* q, float* q_out, const float* k, const float* v, half* kc,
+                                          half* vc, const int* pos, const float* freq_factors, int n_q, int head_dim,
+                                          int q_ld, int k_ld, int v_ld, int n_ctx, float theta_base, float pos_scale,
+                                          int neox, const float* qn_w, const float* kn_w, float eps) {
+    pdl_entry();
+    rope_qk_kv<false>(q, q_out, k, v, kc, vc, nullptr, nullptr, pos, freq_factors, n_q, head_dim, q_ld, k_ld, v_ld,
+                      n_ctx, theta_base, pos_scale, neox, qn_w, kn_w, eps);
+}
+
+// memra-kernel: rope_qk_kv_q8_0(PPPPPPPPPPiiiiiiffiPPf)
+extern "C" __global__ void rope_qk_kv_q8_0(const float* q, float* q_out, const float* k, const float* v, int8_t* kc,
+                                           int8_t* vc, half* kd, half* vd, const int* pos, const float* freq_factors,
+                                           int n_q, int head_dim, int q_ld, int k_ld, int v_ld, int n_ctx,
+                                           float theta_base, float pos_scale, int neox, const float* qn_w,
+                                           const float* kn_w, float eps) {
+    pdl_entry();
+    rope_qk_kv<true>(q, q_out, k, v, kc, vc, kd, vd, pos, freq_factors, n_q, head_dim, q_ld, k_ld, v_ld, n_ctx,
+                     theta_base, pos_scale, neox, qn_w, kn_w, eps);
 }

@@ -2,7 +2,7 @@
 
 The GPU package provides two functions (they may be absent in a CPU-only install):
     memra_engine.gpu.available() -> tuple[bool, str]        # (usable, reason when not)
-    memra_engine.gpu.create_backend(g: GGUFFile, n_ctx: int, vram_budget: int | None) -> Backend
+    memra_engine.gpu.create_backend(g: GGUFFile, n_ctx: int, vram_budget: int | None, kv_type: str) -> Backend
 create_backend must be called on the thread that will use the backend (it owns the CUDA context).
 """
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Callable
 
 from memra_engine.errors import DeviceError, MemraError
+from memra_engine.kv_type import DEFAULT_KV_TYPE, check_kv_type
 
 BACKENDS = ("auto", "cpu", "cuda")
 
@@ -45,12 +46,14 @@ def choose_backend(kind: str, progress: Callable[[str], None] | None = None) -> 
     return "cpu"
 
 
-def create_backend(kind: str, g, n_ctx: int, vram_budget: int | None = None):
-    """Build the backend for a resolved kind ("cpu" or "cuda") on the calling thread."""
+def create_backend(kind: str, g, n_ctx: int, vram_budget: int | None = None, kv_type: str = DEFAULT_KV_TYPE):
+    """Build the backend for a resolved kind ("cpu" or "cuda") on the calling thread.
+    kv_type: "f16" or "q8_0" (engine/kv_type.py); an unknown one is a one-line MemraError."""
+    check_kv_type(kv_type)
     if kind == "cpu":
         from memra_engine.cpu.backend import CpuBackend
 
-        return CpuBackend(g, n_ctx)
+        return CpuBackend(g, n_ctx, kv_type=kv_type)
     from memra_engine import gpu
 
-    return gpu.create_backend(g, n_ctx=n_ctx, vram_budget=vram_budget)
+    return gpu.create_backend(g, n_ctx=n_ctx, vram_budget=vram_budget, kv_type=kv_type)

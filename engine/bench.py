@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from memra_engine.errors import MemraError
+from memra_engine.kv_type import check_kv_type
 
 PROG = "memra-bench"
 PREFILL_CHUNK = 512
@@ -62,19 +63,19 @@ def time_decode(backend, context: list[int], n: int) -> float:
 
 
 def run_bench(model: Path, kind: str, runs: int, n_prompt: int, n_gen: int, ctx_depth: int | None,
-              progress=lambda msg: None) -> dict:
+              progress=lambda msg: None, kv_type: str = "f16") -> dict:
     from memra_engine.backend_select import choose_backend, create_backend
     from memra_engine.model.gguf_file import open_gguf
 
     kind = choose_backend(kind, progress)
     g = open_gguf(model)
     n_ctx = max(n_prompt, (ctx_depth or 0) + n_gen + 1, n_gen + 2) + 16
-    backend = create_backend(kind, g, n_ctx)
+    backend = create_backend(kind, g, n_ctx, kv_type=kv_type)
     try:
         vocab = backend.config.vocab_size
         progress("warming up…")
         time_decode(backend, random_tokens(vocab, 8, 0), 4)
-        result: dict = {"model": model.name, "backend": kind, "runs": runs}
+        result: dict = {"model": model.name, "backend": kind, "kv_type": kv_type, "runs": runs}
         progress(f"pp{n_prompt} x{runs}…")
         result[f"pp{n_prompt}_tok_s"] = statistics.median(
             time_prefill(backend, random_tokens(vocab, n_prompt, seed)) for seed in range(runs))
@@ -98,6 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description="Measure prompt processing (pp), decode (tg) and peak memory.")
     p.add_argument("model", nargs="?", metavar="MODEL", help="path to a .gguf file (default: the default model)")
     p.add_argument("--backend", choices=("auto", "cpu", "cuda"), default="auto", help="backend to measure (default auto)")
+    p.add_argument("--kv-type", default="f16", metavar="f16|q8_0",
+                   help="KV cache element type: f16, or q8_0 for about half the memory (default f16)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.add_argument("--runs", type=int, default=None, metavar="N", help="repetitions per test (default 5 cuda, 3 cpu)")
     p.add_argument("--ctx-depth", type=int, default=None, metavar="N", help="also time tg after N tokens of context")
@@ -107,9 +110,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def print_table(result: dict) -> None:
-    print(f"model: {result['model']}   backend: {result['backend']}   median of {result['runs']} runs")
+    print(f"model: {result['model']}   backend: {result['backend']}   KV {result['kv_type']}   "
+          f"median of {result['runs']} runs")
     for key, value in result.items():
-        if key in ("model", "backend", "runs"):
+        if key in ("model", "backend", "kv_type", "runs"):
             continue
         shown = f"{value:,.1f}" if isinstance(value, float) else str(value)
         print(f"  {key:<24} {shown:>12}")
@@ -122,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in ("runs", "n_prompt", "n_gen"):
             if getattr(args, name) is not None and getattr(args, name) < 1:
                 raise MemraError(f"--{name.replace('_', '-')} must be >= 1")
+        check_kv_type(args.kv_type)
         if args.model is None:
             from memra_engine.default_model import ensure_default_model
 
@@ -135,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
             from memra_engine.backend_select import choose_backend
 
             runs = 5 if choose_backend(args.backend) == "cuda" else 3
-        result = run_bench(model, args.backend, runs, args.n_prompt, args.n_gen, args.ctx_depth, say)
+        result = run_bench(model, args.backend, runs, args.n_prompt, args.n_gen, args.ctx_depth, say, args.kv_type)
     except MemraError as err:
         print(f"{PROG}: error: {err}", file=sys.stderr)
         return 1

@@ -14,6 +14,7 @@ class EngineInfo:
     backend: str  # "cpu" | "cuda"
     device_name: str
     has_chat_template: bool
+    kv_type: str = "f16"  # the KV cache's element type: "f16" | "q8_0"
 
 
 @dataclass

@@ -38,6 +38,7 @@ import numpy as np
 from memra_engine.backend_select import choose_backend, create_backend
 from memra_engine.errors import ContextOverflowError, MemraError
 from memra_engine.events import DoneEvent, EngineInfo, EngineStats, StatsEvent, TokenEvent
+from memra_engine.kv_type import DEFAULT_KV_TYPE, check_kv_type
 from memra_engine.sampling import SamplingParams, make_rng, sample
 
 log = logging.getLogger("memra.engine")
@@ -170,7 +171,8 @@ class LoadedModel:
     cached_tokens: list[int] = field(default_factory=list)  # exactly what the KV cache holds
 
 
-def open_model(g, kind: str, n_ctx: int, vram_budget, say: Progress) -> tuple[LoadedModel, EngineInfo]:
+def open_model(g, kind: str, n_ctx: int, vram_budget, say: Progress,
+               kv_type: str = DEFAULT_KV_TYPE) -> tuple[LoadedModel, EngineInfo]:
     """Build tokenizer, template and backend for an open GGUF. Runs on the engine thread."""
     from memra_engine.chat_template import ChatTemplate
     from memra_engine.tokenizer import load_tokenizer
@@ -179,7 +181,7 @@ def open_model(g, kind: str, n_ctx: int, vram_budget, say: Progress) -> tuple[Lo
     say(f"loading {path.name} on the {kind} backend…")
     tokenizer = load_tokenizer(g)
     template = ChatTemplate.from_gguf(g)
-    backend = create_backend(kind, g, n_ctx, vram_budget)
+    backend = create_backend(kind, g, n_ctx, vram_budget, kv_type)
     info = describe_model(g, path, n_ctx, kind, backend, template is not None)
     return LoadedModel(g, tokenizer, template, backend), info
 
@@ -214,6 +216,7 @@ def describe_model(g, path: Path, n_ctx: int, backend_kind: str, backend, has_te
         backend=backend_kind,
         device_name=str(device),
         has_chat_template=has_template,
+        kv_type=getattr(backend, "kv_type", DEFAULT_KV_TYPE),
     )
 
 
@@ -252,10 +255,13 @@ class Engine:
         draft=None,
         vram_budget: int | None = None,
         progress: Progress | None = None,
+        kv_type: str = DEFAULT_KV_TYPE,
     ) -> "Engine":
-        """Open the model and start the engine thread. Raises MemraError with a one-line message."""
+        """Open the model and start the engine thread. Raises MemraError with a one-line message.
+        kv_type: the KV cache's element type, "f16" or "q8_0" (engine/kv_type.py)."""
         if n_ctx < 16:
             raise MemraError(f"context size {n_ctx} is too small (use --ctx 16 or more)")
+        check_kv_type(kv_type)
         say = progress or (lambda msg: None)
         if path is None:
             from memra_engine.default_model import ensure_default_model
@@ -273,7 +279,7 @@ class Engine:
             say(f"the model was trained with a {n_ctx_train}-token context: using --ctx {n_ctx_train}")
             n_ctx = n_ctx_train
         kind = choose_backend(backend, say)
-        return cls.start(lambda: open_model(g, kind, n_ctx, vram_budget, say), draft=draft)
+        return cls.start(lambda: open_model(g, kind, n_ctx, vram_budget, say, kv_type), draft=draft)
 
     @classmethod
     def start(cls, opener: Callable[[], tuple["LoadedModel", EngineInfo]], draft=None) -> "Engine":

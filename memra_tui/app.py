@@ -66,11 +66,12 @@ class MemraApp(App[int]):
 
     def __init__(self, model: str | None, backend: str = "auto", n_ctx: int = 4096, resume: bool = False, *,
                  paths: AppPaths, load_engine: EngineLoader, clock: Callable[[], float] = time.time,
-                 picker_root: Path | None = None) -> None:
+                 picker_root: Path | None = None, kv_type: str = "f16") -> None:
         super().__init__()
         self.model = model
         self.backend = backend
         self.n_ctx = n_ctx
+        self.kv_type = kv_type
         self.resume = resume
         self.paths = paths
         self.load_engine = load_engine
@@ -101,7 +102,7 @@ class MemraApp(App[int]):
     def _load(self, model: str | None) -> None:
         shown = model or "default model"
         try:
-            engine = self.load_engine(model, backend=self.backend, n_ctx=self.n_ctx,
+            engine = self.load_engine(model, backend=self.backend, n_ctx=self.n_ctx, kv_type=self.kv_type,
                                       progress=lambda text: self.post_message(LoadProgress(text)))
         except MemraError as e:
             log.info("load failed: %s", e)
@@ -219,12 +220,12 @@ def setup_logging(log_file: Path) -> None:
     root.setLevel(logging.INFO)
 
 
-def run_app(model: str | None, backend: str, n_ctx: int, resume: bool) -> int:
+def run_app(model: str | None, backend: str, n_ctx: int, resume: bool, kv_type: str = "f16") -> int:
     """Open the chat app on `model` (None: the default model). Returns the process exit code."""
     from memra_engine.generate import Engine
 
     paths = AppPaths.default()
     setup_logging(paths.log_file)
-    app = MemraApp(model, backend, n_ctx, resume, paths=paths, load_engine=Engine.load)
+    app = MemraApp(model, backend, n_ctx, resume, paths=paths, load_engine=Engine.load, kv_type=kv_type)
     code = app.run()
     return app.return_code if code is None else int(code)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from memra_engine.errors import MemraError
 from memra_engine.events import DoneEvent, StatsEvent, TokenEvent
+from memra_engine.kv_type import check_kv_type
 from memra_engine.sampling import SamplingParams
 
 PROG = "memra-chat"
@@ -61,6 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--backend", choices=("auto", "cpu", "cuda"), default="auto",
                    help="auto takes the GPU when usable, else the CPU (default auto)")
     e.add_argument("--ctx", type=int, default=4096, metavar="N", help="context size in tokens (default 4096)")
+    e.add_argument("--kv-type", default="f16", metavar="f16|q8_0",
+                   help="KV cache element type: f16, or q8_0 for about half the memory (default f16)")
     e.add_argument("--stats", action="store_true", help="print speed and memory to stderr after the reply")
 
     m = p.add_argument_group("other")
@@ -91,7 +94,7 @@ def run_headless(args: argparse.Namespace) -> int:
     from memra_engine.generate import Engine
 
     params = sampling_from(args)
-    engine = Engine.load(args.model, backend=args.backend, n_ctx=args.ctx, progress=say)
+    engine = Engine.load(args.model, backend=args.backend, n_ctx=args.ctx, kv_type=args.kv_type, progress=say)
     try:
         if args.raw:
             job = engine.complete(args.prompt, params, stop=args.stop)
@@ -139,10 +142,11 @@ def run(args: argparse.Namespace) -> int:
 
         print(ensure_default_model(progress=say))
         return 0
+    check_kv_type(args.kv_type)  # before the UI opens: a bad value is one line on stderr
     if args.prompt is None:
         from memra_tui.app import run_app  # lazy: the headless path must not load Textual
 
-        return run_app(args.model, args.backend, args.ctx, args.resume)
+        return run_app(args.model, args.backend, args.ctx, args.resume, args.kv_type)
     return run_headless(args)
 
 

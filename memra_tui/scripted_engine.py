@@ -96,7 +96,8 @@ class ScriptedJob:
 
 
 class ScriptedEngine:
-    def __init__(self, script: Script | None = None, model_path: str = "scripted-tiny.gguf", n_ctx: int = 4096):
+    def __init__(self, script: Script | None = None, model_path: str = "scripted-tiny.gguf", n_ctx: int = 4096,
+                 kv_type: str = "f16"):
         self.script = script or Script()
         n_ctx = self.script.n_ctx or n_ctx
         self.info = EngineInfo(
@@ -108,6 +109,7 @@ class ScriptedEngine:
             backend=self.script.backend,
             device_name="NVIDIA H200 (scripted)" if self.script.backend == "cuda" else "CPU (scripted)",
             has_chat_template=True,
+            kv_type=kv_type,
         )
         self.jobs: list[ScriptedJob] = []
         self._stats = EngineStats(n_ctx=n_ctx, vram=self._memory(0), moe=MoeStats(total_experts=1536) if self.script.moe else None)
@@ -123,7 +125,7 @@ class ScriptedEngine:
         """A function with Engine.load's signature that builds a ScriptedEngine."""
         script = script or Script()
 
-        def load(path=None, backend="auto", n_ctx=4096, draft=None, vram_budget=None, progress=None):
+        def load(path=None, backend="auto", n_ctx=4096, draft=None, vram_budget=None, progress=None, kv_type="f16"):
             report = progress or (lambda msg: None)
             shown = str(path) if path else "scripted-tiny.gguf"
             for step in ("fetch: using " + shown, "kernel build: nothing to build (scripted)",
@@ -132,7 +134,7 @@ class ScriptedEngine:
                 time.sleep(script.load_delay_s / 3)
             if shown in script.fail_paths:
                 raise ModelFormatError(script.fail_paths[shown])
-            return cls(script, shown, n_ctx)
+            return cls(script, shown, n_ctx, kv_type)
 
         return load
 

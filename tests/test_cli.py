@@ -120,4 +120,4 @@ def test_no_prompt_hands_over_to_the_ui(monkeypatch):
     calls = []
     monkeypatch.setattr(memra_tui.app, "run_app", lambda *args: calls.append(args) or 7)
     assert cli.main(["model.gguf", "--backend", "cpu", "--ctx", "2048", "--resume"]) == 7
-    assert calls == [("model.gguf", "cpu", 2048, True)]
+    assert calls == [("model.gguf", "cpu", 2048, True, "f16")]

@@ -12,6 +12,7 @@ from memra_engine.cpu.ops import CpuOps
 from memra_engine.cpu.weights import DEFAULT_BUDGET_BYTES, CpuWeights
 from memra_engine.errors import ContextOverflowError
 from memra_engine.events import VramStats
+from memra_engine.kv_type import DEFAULT_KV_TYPE, check_kv_type
 from memra_engine.model import arch_module
 from memra_engine.model.config import config_from_gguf
 from memra_engine.model.gguf_file import GGUFFile
@@ -30,8 +31,10 @@ DECODE_BLAS_THREADS = 1
 
 
 class CpuBackend:
-    def __init__(self, g: GGUFFile, n_ctx: int, weight_budget_bytes: int = DEFAULT_BUDGET_BYTES):
+    def __init__(self, g: GGUFFile, n_ctx: int, weight_budget_bytes: int = DEFAULT_BUDGET_BYTES,
+                 kv_type: str = DEFAULT_KV_TYPE):
         cfg = self.config = config_from_gguf(g)
+        self.kv_type = check_kv_type(kv_type, cfg.head_dim)
         if not isinstance(n_ctx, int) or n_ctx < 1:
             raise ContextOverflowError(f"n_ctx must be a positive number of tokens, got {n_ctx!r}")
         kv_bytes = KvCache.bytes_needed(cfg.n_layer, cfg.n_kv_head, n_ctx, cfg.head_dim)
@@ -44,7 +47,7 @@ class CpuBackend:
         self.n_ctx = n_ctx
         self.n_past = 0
         self.weights = CpuWeights(g, cfg, weight_budget_bytes)
-        self.kv = KvCache(cfg.n_layer, cfg.n_kv_head, n_ctx, cfg.head_dim)
+        self.kv = KvCache(cfg.n_layer, cfg.n_kv_head, n_ctx, cfg.head_dim, kv_type)
         self.ops = CpuOps(self.kv)
         self.forward = arch_module(cfg.arch).forward
         self.blas = ThreadpoolController()

@@ -3,14 +3,49 @@
 Layout [n_layer, n_kv_head, n_ctx, head_dim]: for one layer and kv head the cached keys are a
 contiguous [n_ctx, head_dim] matrix, so scores over the first L positions are one BLAS matmul
 per kv head with no copy. np.zeros maps pages lazily: memory is only touched as the cache fills.
+
+kv_type (engine/kv_type.py) sets what a cached value reads back as, not how it is stored: the
+arrays stay float32 so attention is the same code for both.
+- "f16": the value itself (float32; the reference keeps full precision, the GPU's f16 rounding is
+  within the GPU tests' tolerance);
+- "q8_0": the value after a Q8_0 round trip, bit for bit what ggml's quantize_row_q8_0 followed
+  by dequantization gives (blocks of 32 along head_dim; see quantize_q8_0). The GPU's q8_0 cache
+  stores the same int8 values and f16 scales, so the GPU can be checked against this.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from memra_engine.kv_type import DEFAULT_KV_TYPE, Q8_0_BLOCK, check_kv_type
+
+
+def quantize_q8_0(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """x float32 [..., n] (n a multiple of 32) -> (qs int8 [..., n], d float16 [..., n/32]).
+
+    ggml's quantize_row_q8_0_ref per block of 32: d = amax / 127, id = 1/d (0 when d is 0),
+    q = roundf(x * id) (half away from zero), d stored as f16. All in float32, as in C."""
+    x = np.asarray(x, dtype=np.float32)
+    blocks = x.reshape(-1, Q8_0_BLOCK)
+    d = np.abs(blocks).max(axis=1, keepdims=True) / np.float32(127)
+    with np.errstate(divide="ignore"):
+        inv = np.where(d == 0, np.float32(0), np.float32(1) / d)
+    scaled = blocks * inv
+    a = np.abs(scaled)
+    rounded = np.floor(a)
+    rounded += a - rounded >= 0.5  # a - floor(a) is exact in float32: no double rounding
+    qs = np.copysign(rounded, scaled).astype(np.int8)
+    return qs.reshape(x.shape), d.astype(np.float16).reshape(*x.shape[:-1], -1)
+
+
+def dequantize_q8_0(qs: np.ndarray, d: np.ndarray) -> np.ndarray:
+    """(qs int8 [..., n], d float16 [..., n/32]) -> float32 [..., n]: q * float(d)."""
+    blocks = qs.reshape(-1, Q8_0_BLOCK).astype(np.float32) * d.reshape(-1, 1).astype(np.float32)
+    return blocks.reshape(qs.shape)
+
 
 class KvCache:
-    def __init__(self, n_layer: int, n_kv_head: int, n_ctx: int, head_dim: int):
+    def __init__(self, n_layer: int, n_kv_head: int, n_ctx: int, head_dim: int, kv_type: str = DEFAULT_KV_TYPE):
+        self.kv_type = check_kv_type(kv_type, head_dim)
         shape = (n_layer, n_kv_head, n_ctx, head_dim)
         self.k = np.zeros(shape, dtype=np.float32)
         self.v = np.zeros(shape, dtype=np.float32)
@@ -18,7 +53,7 @@ class KvCache:
 
     @staticmethod
     def bytes_needed(n_layer: int, n_kv_head: int, n_ctx: int, head_dim: int) -> int:
-        return 2 * n_layer * n_kv_head * n_ctx * head_dim * 4
+        return 2 * n_layer * n_kv_head * n_ctx * head_dim * 4  # float32 whatever the kv_type
 
     @property
     def nbytes(self) -> int:
@@ -27,6 +62,8 @@ class KvCache:
     def write(self, layer: int, start: int, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Store k, v [T, n_kv, hd] at positions start..start+T-1; return the layer's keys and
         values [n_kv, start+T, hd] for every position written so far, as views."""
+        if self.kv_type == "q8_0":
+            k, v = dequantize_q8_0(*quantize_q8_0(k)), dequantize_q8_0(*quantize_q8_0(v))
         end = start + k.shape[0]
         self.k[layer, :, start:end] = k.transpose(1, 0, 2)
         self.v[layer, :, start:end] = v.transpose(1, 0, 2)

@@ -26,11 +26,12 @@ from memra_engine.errors import ContextOverflowError, DeviceError, UnsupportedMo
 from memra_engine.events import VramStats
 from memra_engine.gpu.graph import CudaGraph
 from memra_engine.gpu.kv_cache import GpuKvCache
-from memra_engine.gpu.memory import MIB, VramPool
+from memra_engine.gpu.memory import MIB, OOM_HINT, OOM_HINT_Q8_0, VramPool
 from memra_engine.gpu.ops import ATTN_SPLIT_LEN, Arena, DArray, GpuOps
 from memra_engine.gpu.runtime import GpuRuntime
 from memra_engine.gpu.sampler import OUT_DTYPE, GpuSampler
 from memra_engine.gpu.weights import GpuWeights
+from memra_engine.kv_type import DEFAULT_KV_TYPE, check_kv_type
 from memra_engine.model import arch_module
 from memra_engine.model.config import config_from_gguf
 from memra_engine.sampling import SamplingParams
@@ -53,8 +54,10 @@ def splits_for(n_tokens: int) -> int:
 
 
 class CudaBackend:
-    def __init__(self, g, n_ctx: int, vram_budget: int | None = None, progress=None, use_graphs: bool = True):
+    def __init__(self, g, n_ctx: int, vram_budget: int | None = None, progress=None, use_graphs: bool = True,
+                 kv_type: str = DEFAULT_KV_TYPE):
         cfg = self.config = config_from_gguf(g)
+        self.kv_type = check_kv_type(kv_type, cfg.head_dim)
         if not isinstance(n_ctx, int) or n_ctx < 1:
             raise ContextOverflowError(f"n_ctx must be a positive number of tokens, got {n_ctx!r}")
         if splits_for(n_ctx) > MAX_SPLITS:
@@ -81,15 +84,15 @@ class CudaBackend:
         weights = GpuWeights(g, cfg)
         regions = {
             "weights": weights.nbytes(),
-            "kv": GpuKvCache.bytes_needed(cfg.n_layer, cfg.n_kv_head, self.n_ctx, cfg.head_dim),
+            "kv": GpuKvCache.bytes_needed(cfg.n_layer, cfg.n_kv_head, self.n_ctx, cfg.head_dim, self.kv_type),
             "scratch": self._scratch_bytes(g),
             "graph": GpuSampler.nbytes(cfg.vocab_size) + 4 * (self.n_ctx + 2 * PREFILL_CHUNK) + 16 * 256,
         }
-        self.pool = VramPool(regions, budget=vram_budget)
+        self.pool = VramPool(regions, budget=vram_budget, oom_hint=OOM_HINT_Q8_0 if self.kv_type == "q8_0" else OOM_HINT)
         if progress:
             progress(f"uploading weights ({regions['weights'] / MIB:.0f} MiB)")
         self.weights = weights.upload(rt, self.pool)
-        self.kv = GpuKvCache(self.pool, cfg.n_layer, cfg.n_kv_head, self.n_ctx, cfg.head_dim)
+        self.kv = GpuKvCache(self.pool, cfg.n_layer, cfg.n_kv_head, self.n_ctx, cfg.head_dim, self.kv_type)
         scratch = self.pool.alloc("scratch", regions["scratch"], "arena")
         self.ops = GpuOps(rt, cfg, self.kv, Arena(scratch.ptr, scratch.nbytes))
         alloc = lambda n, name: self.pool.alloc("graph", n, name).ptr  # noqa: E731
@@ -110,7 +113,7 @@ class CudaBackend:
         """Run the forward dry (no launches) at the largest shapes and take the arena's peak."""
         cfg = self.config
         dry_weights = GpuWeights(g, cfg).upload(None, None, dry=True)
-        kv = GpuKvCache(None, cfg.n_layer, cfg.n_kv_head, self.n_ctx, cfg.head_dim)
+        kv = GpuKvCache(None, cfg.n_layer, cfg.n_kv_head, self.n_ctx, cfg.head_dim, self.kv_type)
         arena = Arena(0, 1 << 62)
         ops = GpuOps(None, cfg, kv, arena, dry=True)
         for T, last_only in ((min(PREFILL_CHUNK, self.n_ctx), True), (min(ALL_LOGITS_CHUNK, self.n_ctx), False)):

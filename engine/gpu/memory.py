@@ -16,6 +16,7 @@ from memra_engine.events import VramStats
 ALIGN = 256  # cudaMalloc's own alignment; keeps every buffer 16-byte-load friendly
 MIB = 1 << 20
 OOM_HINT = "try a smaller --ctx, --kv-type q8_0, or a smaller model"
+OOM_HINT_Q8_0 = "try a smaller --ctx or a smaller model"  # the KV cache is q8_0 already
 
 
 @dataclass(frozen=True)
@@ -48,16 +49,18 @@ def _mib(n: int) -> str:
 
 
 class VramPool:
-    def __init__(self, regions: dict[str, int], budget: int | None = None):
-        """Reserve each region now. budget caps the total (the --vram-budget knob, or tests)."""
+    def __init__(self, regions: dict[str, int], budget: int | None = None, oom_hint: str = OOM_HINT):
+        """Reserve each region now. budget caps the total (the --vram-budget knob, or tests).
+        oom_hint ends every out-of-memory message (OOM_HINT_Q8_0 when the KV cache is q8_0)."""
         import pycuda.driver as cuda
 
         self._cuda = cuda
+        self.oom_hint = oom_hint
         self._regions: dict[str, _Region] = {}
         total = sum(int(v) for v in regions.values())
         sizes = ", ".join(f"{k} {_mib(int(v))}" for k, v in regions.items())
         if budget is not None and total > budget:
-            raise DeviceOutOfMemory(f"VRAM pool needs {_mib(total)} ({sizes}) over the budget of {_mib(budget)}; {OOM_HINT}")
+            raise DeviceOutOfMemory(f"VRAM pool needs {_mib(total)} ({sizes}) over the budget of {_mib(budget)}; {oom_hint}")
         try:
             for name, nbytes in regions.items():
                 nbytes = max(ALIGN, -(-int(nbytes) // ALIGN) * ALIGN)
@@ -67,7 +70,7 @@ class VramPool:
                     free, dev_total = cuda.mem_get_info()
                     raise DeviceOutOfMemory(
                         f"cannot reserve {_mib(nbytes)} for the {name} region ({sizes}; device free "
-                        f"{_mib(free)} of {_mib(dev_total)}); {OOM_HINT}") from None
+                        f"{_mib(free)} of {_mib(dev_total)}); {oom_hint}") from None
                 self._regions[name] = _Region(name, allocation, nbytes)
         except Exception:
             self.close()
@@ -80,7 +83,7 @@ class VramPool:
         if start + nbytes > r.size:
             raise DeviceOutOfMemory(
                 f"{region} region full: {name or 'buffer'} needs {_mib(nbytes)}, {_mib(r.size - start)} of "
-                f"{_mib(r.size)} left; {OOM_HINT}")
+                f"{_mib(r.size)} left; {self.oom_hint}")
         buf = DeviceBuffer(r.base + start, nbytes, name, region)
         r.used = start + nbytes
         r.buffers.append(buf)

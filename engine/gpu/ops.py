@@ -310,14 +310,14 @@ class GpuOps:
                 norm_w, block = (nq[1].ptr, nk[1].ptr, nq[2]), hd  # hd threads: rms_norm_f32's sum order
             self.flush()
             _, _, _, base, neox, pos_scale, ff = rq  # (not `scale`: that is the attention's)
-            self.rt.launch("rope_qk_kv_f16", (n_head + n_kv, T), block,
-                           (xq.ptr, q.ptr, xk.ptr, v.ptr, kc, vc, positions.ptr, ff.ptr if ff is not None else 0,
+            self.rt.launch(f"rope_qk_kv_{self.kv.kv_type}", (n_head + n_kv, T), block,
+                           (xq.ptr, q.ptr, xk.ptr, v.ptr, *self.kv.write_args(layer), positions.ptr, ff.ptr if ff is not None else 0,
                             n_head, hd, xq.ld, xk.ld, v.ld, self.kv.n_ctx, np.float32(base), np.float32(pos_scale),
                             int(bool(neox)), norm_w[0], norm_w[1], np.float32(norm_w[2])))
         else:
             self.flush()
-            self.rt.launch("kv_write_f16", (T, n_kv), min(128, hd),
-                           (k.ptr, v.ptr, kc, vc, positions.ptr, k.ld, v.ld, hd, self.kv.n_ctx))
+            self.rt.launch(f"kv_write_{self.kv.kv_type}", (T, n_kv), min(128, hd),
+                           (k.ptr, v.ptr, *self.kv.write_args(layer), positions.ptr, k.ld, v.ld, hd, self.kv.n_ctx))
         q = self._contiguous(q)
         S = self.n_splits
         opart = self.new((T, S, n_head, hd))

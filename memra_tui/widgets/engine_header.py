@@ -25,5 +25,6 @@ class EngineHeader(Static):
         i = self.info
         if i is None:
             return "memra"
+        kv = f" · KV {i.kv_type}" if i.kv_type != "f16" else ""  # the default goes unsaid
         return (f"[b]memra[/b] │ [b]{i.model_name}[/b] │ {i.arch} {describe_params(i.n_params)} │ {i.backend} · "
-                f"{i.device_name} │ {i.quant_mix}")
+                f"{i.device_name}{kv} │ {i.quant_mix}")
