@@ -4,6 +4,7 @@ rope_qk_kv_q8_0 (cuda/rope.cu) fill a buffer laid out as engine/gpu/kv_cache.py 
 exactly the values of engine/cpu/kv_cache.quantize_q8_0, which tests/test_kv_q8_0.py holds equal to
 gguf's own Q8_0 quantizer. Tolerance: none (the quantizer's arithmetic is IEEE float32 on both sides).
 Bytes the launch must not write (other positions, the alignment gap) keep their fill pattern.
+End to end, CudaBackend(kv_type="q8_0") follows CpuBackend(kv_type="q8_0") (bounds at the test).
 """
 from __future__ import annotations
 
@@ -118,3 +119,55 @@ def test_rope_qk_kv_q8_0_writes_the_roped_k_as_ggml_q8_0_rows(gpu, hd, n_kv, neo
         gpu.rt.launch("rope_f32", (n_kv, T), 32, (p + n_kv * hd * 4, y, ppos, ff, hd, width, n_kv * hd, f32(1e4),
                                                  f32(1.0), int(neox)))
         assert np.array_equal(gpu.get(y, (T, n_kv, hd)), roped)
+
+
+# --- end to end (needs the q8_0 read path of the attention kernels) --------------------------------
+
+E2E_MODELS = {
+    "tiny-llama": dict(preset="tiny-llama", head_dim=64, n_head=4, n_kv_head=2, d_model=256),  # kv_write / rope fused
+    "tiny-qwen3": dict(preset="tiny-qwen3"),    # head_dim 128, q/k norms fused into rope_qk_kv_q8_0
+    "tiny-gemma3": dict(preset="tiny-gemma3"),  # head_dim 256, sliding window
+}
+PREFILL_BOUND_Q8 = 0.02  # f16 cache: <= 0.01 (test_backend.py); a cached value may land one q8_0 step
+                         # (amax/127) away when the GPU's k differs from the cpu's by an ulp
+LOGIT_BOUND_Q8 = 0.12    # decode rows, as test_backend.py's bound for the f16 cache
+
+
+@pytest.mark.parametrize("name", list(E2E_MODELS))
+def test_cuda_backend_with_q8_0_follows_the_cpu_q8_0_reference(tmp_path, name):
+    """CudaBackend(kv_type="q8_0") against CpuBackend(kv_type="q8_0"): both caches hold the same
+    Q8_0 values, so the bounds of the f16 comparison hold (prefill rows <= 0.02, 32 decode steps
+    <= 0.12 each); graph replay equals eager bit for bit; the kv region is the q8_0 size."""
+    from memra_engine.cpu.backend import CpuBackend
+    from memra_engine.gpu.backend import CudaBackend
+    from memra_engine.gpu.kv_cache import GpuKvCache
+    from memra_engine.model.gguf_file import open_gguf
+    from memra_engine.model.synthetic import write_synthetic_gguf
+
+    g = open_gguf(write_synthetic_gguf(tmp_path / f"{name}.gguf", seed=3, **E2E_MODELS[name]))
+    cpu = CpuBackend(g, 128, kv_type="q8_0")
+    gpu = CudaBackend(g, n_ctx=128, kv_type="q8_0")
+    try:
+        cfg = gpu.config
+        assert gpu.memory_stats().reserved["kv"] == GpuKvCache.bytes_needed(
+            cfg.n_layer, cfg.n_kv_head, 128, cfg.head_dim, "q8_0")
+        prompt = np.random.default_rng(0).integers(0, cfg.vocab_size, 20).tolist()
+        ref, got = cpu.prefill(prompt, all_logits=True), gpu.prefill(prompt, all_logits=True)
+        assert np.all(np.isfinite(got))
+        prefill_err = np.linalg.norm(got - ref, axis=-1) / np.linalg.norm(ref, axis=-1)
+        assert prefill_err.max() <= PREFILL_BOUND_Q8, prefill_err.max()
+        tokens = [int(np.argmax(ref[-1]))]
+        errs, steps = [], []
+        for _ in range(32):
+            r, o = cpu.decode(tokens[-1]), gpu.decode(tokens[-1])
+            errs.append(np.linalg.norm(o - r) / np.linalg.norm(r))
+            steps.append(o)
+            tokens.append(int(np.argmax(r)))
+        assert max(errs) <= LOGIT_BOUND_Q8, f"max decode row error {max(errs):.4f}, mean {np.mean(errs):.4f}"
+        # the same steps again, eagerly (the decode above replays graphs): the same bits
+        gpu.truncate(len(prompt))
+        gpu.use_graphs = False
+        for token, want in zip(tokens, steps):
+            assert np.array_equal(gpu.decode(token), want)
+    finally:
+        gpu.close()
