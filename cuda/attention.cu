@@ -1,20 +1,28 @@
-// Attention over an f16 KV cache: the KV write, and one split-K flash kernel used for decode,
-// verify and prefill alike (same kernel, same reduction order), plus the combine step.
+// Attention over the KV cache: the f16 KV write, and one split-K flash kernel used for decode,
+// verify and prefill alike (same kernel, same arithmetic for a row whatever the batch).
 //
-// Cache layout per layer: K and V each [n_kv][n_ctx][HD] half. Query token t sits at position
-// pos[t] (device memory) and sees keys max(0, pos[t] + 1 - window) .. pos[t] (window 0: all).
-// The key range is cut into chunks of split_len keys (split s: keys start + s*split_len ...); grid.y
-// covers the most splits any row needs, and a block with no keys writes m = -inf, l = 0. Each
-// block writes an unnormalized partial output with its running max m and sum l; attn_combine
-// merges the splits (flash-decoding). With one split and `out` given, the block writes the final
-// output itself (bit-identical to the combine of one split) and the combine launch is skipped. Because the chunk boundaries depend only on the row's own
-// position, a row's result is the same bit for bit whatever grid.y is: decode, verify and
-// prefill agree, and a graph captured for a larger KV bucket gives eager's numbers.
+// Cache layout per layer: K and V each [n_kv][n_ctx][HD], f16 values, or for q8_0 int8 values
+// plus a separate half scale per 32 values ([n_kv][n_ctx][HD/32], ggml's Q8_0 block split into
+// planes). Query token t sits at position pos[t] (device memory) and sees keys
+// max(0, pos[t] + 1 - window) .. pos[t] (window 0: all).
+//
+// Work split. A row's n keys are cut into at most ATTN_MAX_SPLITS splits of split_len keys,
+// split_len = CHUNK * 2^k, the smallest that fits; one block per (kv head, head group, split,
+// row) walks its split CHUNK keys at a time (online softmax). The split length depends only on
+// the row's own key count, so a row's result is the same bit for bit whatever grid.y the launch
+// has (graph buckets) and whether it is decoded alone or verified in a batch. Short contexts get
+// several blocks (a 128-key decode row: 2-4), not one SM doing every key.
+//
+// Combine without a launch: a row with one split writes its output directly. Otherwise each
+// split writes an unnormalized partial (o, m, l), takes a ticket, and the row's last block to
+// finish merges the splits in split order (deterministic) and resets the ticket counter.
+// Either way the output is also written as q8_1 for the o matvec when xq is given.
 #include "common.cuh"
 #include "quants.cuh"
 
-#define ATTN_WARPS 4
-#define GMAX 8  // query heads per block (one kv head's GQA group, up to 8; more -> grid.x groups)
+#define ATTN_THREADS 128
+#define ATTN_WARPS (ATTN_THREADS / 32)
+#define ATTN_MAX_SPLITS 32
 
 // k, v [T][*] with rows k_ld / v_ld floats apart, heads of HD inside a row.
 // grid (T, n_kv); block 128.
@@ -31,232 +39,306 @@ extern "C" __global__ void kv_write_f16(const float* k, const float* v, half* kc
     }
 }
 
-// grid (n_kv * n_hgroups, n_splits, T), block 32 * ATTN_WARPS.
-// q [T][q_ld] (heads of HD inside). opart [T][S][n_head][HD], ml [T][S][n_head][2].
-// Each warp takes tiles of 32 keys (warp w: keys j0 + 32w, j0 + 32w + 128, ...). Scores: one key
-// per lane, all the group's heads at once (the K row is read once). Values: the tile's
-// probabilities go through shared memory; a V row is HD/8 lanes of one 16-byte load each, so a
-// warp reads 32/(HD/8) rows per step and each lane issues all its loads of a tile (8 at a time)
-// before the first use: one memory round trip per tile for HD 64, not one per key. The key groups'
-// partial sums are added by shuffles once, at the end.
-// xq: when not null and the block writes the final output (one split), that output is also
-// written as q8_1 rows of xq_stride bytes (for the o matvec; quants.cuh's quantize_block_q8_1).
 template <int HD>
-__device__ void attn_split(const float* __restrict__ q, int q_ld, const half* __restrict__ kc,
-                           const half* __restrict__ vc, float* __restrict__ opart, float* __restrict__ ml,
-                           const int* __restrict__ pos, int n_head, int n_kv, int n_ctx, int window, float scale,
-                           float softcap, int split_len, float* __restrict__ out, int8_t* __restrict__ xq,
-                           int xq_stride) {
-    constexpr int LPR = HD / 8;    // lanes per V row (8 dims, one 16-byte load each)
-    constexpr int KG = 32 / LPR;   // V rows a warp reads per step (key groups)
-    constexpr int KPL = 32 / KG;   // keys of a 32-key tile per lane (a multiple of 8)
-    static_assert(KPL % 8 == 0, "V loads go 8 at a time");
-    __shared__ __align__(16) float q_s[GMAX][HD];
-    __shared__ float p_s[ATTN_WARPS][GMAX][32];
-    __shared__ float m_w[ATTN_WARPS][GMAX], l_w[ATTN_WARPS][GMAX];
-    __shared__ float o_w[ATTN_WARPS][GMAX][HD];
+struct AttnShape {
+    static constexpr int CHUNK = HD == 64 ? 64 : 32;         // keys per block step (attention.py: chunk_for)
+    static constexpr int SEGS = HD / 8;                      // 8-value segments per K/V row
+    static constexpr int ROWS_PER_PASS = ATTN_THREADS / SEGS;
+    static constexpr int E = CHUNK / ROWS_PER_PASS;          // K (and V) rows per thread per step
+    static constexpr int RW = SEGS < 32 ? SEGS : 32;         // lanes of a warp that share a row
+    static_assert(E >= 1 && CHUNK % ROWS_PER_PASS == 0, "chunk must cover whole passes");
+};
+
+// 8 consecutive values of one cache row: one 16-byte load (f16) or 8 bytes + the block scale (q8_0).
+template <bool Q8> struct Kv8;
+template <> struct Kv8<false> {
+    int4 raw;
+    __device__ __forceinline__ void load(const void* base, const half*, size_t row, int seg, int hd) {
+        raw = reinterpret_cast<const int4*>(reinterpret_cast<const half*>(base) + row * hd)[seg];
+    }
+    __device__ __forceinline__ void get(float f[8]) const {
+        const half2* h = reinterpret_cast<const half2*>(&raw);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) { const float2 v = __half22float2(h[i]); f[2 * i] = v.x; f[2 * i + 1] = v.y; }
+    }
+};
+template <> struct Kv8<true> {
+    int2 raw;
+    half d;
+    __device__ __forceinline__ void load(const void* base, const half* scales, size_t row, int seg, int hd) {
+        raw = reinterpret_cast<const int2*>(reinterpret_cast<const int8_t*>(base) + row * hd)[seg];
+        d = scales[row * (hd / 32) + seg / 4];
+    }
+    __device__ __forceinline__ void get(float f[8]) const {
+        const float s = __half2float(d);
+        const int8_t* q = reinterpret_cast<const int8_t*>(&raw);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) f[i] = (float)q[i] * s;
+    }
+};
+
+// grid (n_kv * n_hgroups, n_splits >= any row's splits, T), block ATTN_THREADS.
+// q [T][q_ld] (heads of HD inside). opart [T][gridDim.y][n_head][HD], ml [T][gridDim.y][n_head][2];
+// tickets [T][gridDim.x] ints, zero before the launch and left zero after it.
+// Thread layout per step: thread i holds segment i % SEGS (8 dims) of rows i / SEGS + pass * ROWS_PER_PASS
+// of the chunk, for K and for V; all its loads of a step are issued before the first use.
+template <int HD, int G, bool Q8>
+__device__ void attn_rows(const float* __restrict__ q, int q_ld, const void* __restrict__ kc,
+                          const void* __restrict__ vc, const half* __restrict__ kd, const half* __restrict__ vd,
+                          float* __restrict__ opart, float* __restrict__ ml, int* __restrict__ tickets,
+                          const int* __restrict__ pos, int n_head, int n_kv, int n_ctx, int window, float scale,
+                          float softcap, float* __restrict__ out, int8_t* __restrict__ xq, int xq_stride) {
+    using S = AttnShape<HD>;
+    __shared__ __align__(16) float q_s[G][HD];
+    __shared__ float p_s[G][S::CHUNK];
+    __shared__ float m_s[G], l_s[G], corr_s[G];
+    __shared__ __align__(16) float o_s[ATTN_WARPS][G][HD];
+    __shared__ float c_s[G][ATTN_MAX_SPLITS], lp_s[G][ATTN_MAX_SPLITS];
+    __shared__ int last_s;
 
     const int group = n_head / n_kv;
-    const int n_hgroups = (group + GMAX - 1) / GMAX;
+    const int n_hgroups = (group + G - 1) / G;
     const int kvh = blockIdx.x / n_hgroups, hg = blockIdx.x % n_hgroups;
-    const int h0 = kvh * group + hg * GMAX;
-    const int g = min(GMAX, group - hg * GMAX);
-    const int s = blockIdx.y, S = gridDim.y, t = blockIdx.z;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int kg = lane / LPR, dseg = lane % LPR;
+    const int h0 = kvh * group + hg * G;
+    const int g = min(G, group - hg * G);
+    const int s = blockIdx.y, t = blockIdx.z;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int seg = tid % S::SEGS, r0 = tid / S::SEGS;
 
     const int p = pos[t];
     const int start = window > 0 ? max(0, p + 1 - window) : 0;
+    const int n_keys = p + 1 - start;
+    int split_len = S::CHUNK;
+    while ((n_keys + split_len - 1) / split_len > ATTN_MAX_SPLITS) split_len *= 2;
+    const int n_act = (n_keys + split_len - 1) / split_len;
+    if (s >= n_act) return;  // (the whole block: no ticket, the row's last block counts n_act)
     const int j0 = start + s * split_len, j1 = min(p + 1, j0 + split_len);
 
-    for (int i = threadIdx.x; i < GMAX * HD; i += blockDim.x) {
+    for (int i = tid; i < G * HD; i += ATTN_THREADS) {
         const int hh = i / HD, d = i % HD;
         q_s[hh][d] = hh < g ? q[(size_t)t * q_ld + (size_t)(h0 + hh) * HD + d] * scale : 0.0f;
     }
-    __syncthreads();
+    if (tid < G) { m_s[tid] = -INFINITY; l_s[tid] = 0.0f; }
 
-    float m[GMAX], l[GMAX], o[GMAX][8];  // o: dims dseg*8 .. +8 over this lane's keys
+    float o[G][8];
 #pragma unroll
-    for (int hh = 0; hh < GMAX; ++hh) {
-        m[hh] = -INFINITY;
-        l[hh] = 0.0f;
+    for (int hh = 0; hh < G; ++hh)
 #pragma unroll
         for (int e = 0; e < 8; ++e) o[hh][e] = 0.0f;
-    }
 
-    const half* kbase = kc + (size_t)kvh * n_ctx * HD;
-    const half* vbase = vc + (size_t)kvh * n_ctx * HD;
-    for (int base = j0 + warp * 32; base < j1; base += 32 * ATTN_WARPS) {
-        const int j = base + lane;
-        const bool valid = j < j1;
-        float sc[GMAX];
+    const size_t row0 = (size_t)kvh * n_ctx;
+    for (int c0 = j0; c0 < j1; c0 += S::CHUNK) {
+        Kv8<Q8> kr[S::E], vr[S::E];
 #pragma unroll
-        for (int hh = 0; hh < GMAX; ++hh) sc[hh] = 0.0f;
-        if (valid) {
-            const int4* krow = reinterpret_cast<const int4*>(kbase + (size_t)j * HD);
+        for (int e = 0; e < S::E; ++e) {  // rows past the end read the last valid row (weight 0 below)
+            const size_t row = row0 + min(c0 + r0 + e * S::ROWS_PER_PASS, j1 - 1);
+            kr[e].load(kc, kd, row, seg, HD);
+            vr[e].load(vc, vd, row, seg, HD);
+        }
+        __syncthreads();  // q_s ready (first step); p_s free (later steps)
 #pragma unroll
-            for (int c0 = 0; c0 < HD / 8; c0 += 8) {
-                int4 raw[8];
+        for (int e = 0; e < S::E; ++e) {
+            float kf[8];
+            kr[e].get(kf);
+            const int r = r0 + e * S::ROWS_PER_PASS;
 #pragma unroll
-                for (int u = 0; u < 8; ++u) raw[u] = krow[c0 + u];
+            for (int hh = 0; hh < G; ++hh) {
+                const float4 qa = *reinterpret_cast<const float4*>(&q_s[hh][8 * seg]);
+                const float4 qb = *reinterpret_cast<const float4*>(&q_s[hh][8 * seg + 4]);
+                float x = qa.x * kf[0] + qa.y * kf[1] + qa.z * kf[2] + qa.w * kf[3] +
+                          qb.x * kf[4] + qb.y * kf[5] + qb.z * kf[6] + qb.w * kf[7];
 #pragma unroll
-                for (int u = 0; u < 8; ++u) {
-                    const int c = c0 + u;
-                    const half2* kh = reinterpret_cast<const half2*>(&raw[u]);
-                    float kf[8];
-#pragma unroll
-                    for (int i = 0; i < 4; ++i) { const float2 f = __half22float2(kh[i]); kf[2 * i] = f.x; kf[2 * i + 1] = f.y; }
-#pragma unroll
-                    for (int hh = 0; hh < GMAX; ++hh) {
-                        if (hh < g) {
-                            const float4 qa = *reinterpret_cast<const float4*>(&q_s[hh][8 * c]);
-                            const float4 qb = *reinterpret_cast<const float4*>(&q_s[hh][8 * c + 4]);
-                            sc[hh] += qa.x * kf[0] + qa.y * kf[1] + qa.z * kf[2] + qa.w * kf[3] +
-                                      qb.x * kf[4] + qb.y * kf[5] + qb.z * kf[6] + qb.w * kf[7];
-                        }
-                    }
+                for (int off = S::RW / 2; off > 0; off >>= 1) x += __shfl_xor_sync(0xffffffffu, x, off);
+                if (seg % S::RW == 0) {
+                    if (softcap > 0.0f) x = softcap * tanhf(x / softcap);
+                    p_s[hh][r] = c0 + r < j1 ? x : -INFINITY;
                 }
             }
         }
+        __syncthreads();
+        // online softmax over the step's keys: warp w takes heads w, w + ATTN_WARPS, ...
+        for (int hh = warp; hh < g; hh += ATTN_WARPS) {
+            float x[(S::CHUNK + 31) / 32];
+            float mx = -INFINITY;
 #pragma unroll
-        for (int hh = 0; hh < GMAX; ++hh) {
-            if (hh >= g) continue;
-            float x = sc[hh];
-            if (softcap > 0.0f) x = softcap * tanhf(x / softcap);
-            x = valid ? x : -INFINITY;
-            const float m_new = fmaxf(m[hh], warp_max(x));
-            const float corr = expf(m[hh] - m_new);  // m = -inf at first: 0
-            const float pj = valid ? expf(x - m_new) : 0.0f;
-            l[hh] = l[hh] * corr + warp_sum(pj);
-            m[hh] = m_new;
-#pragma unroll
-            for (int e = 0; e < 8; ++e) o[hh][e] *= corr;
-            p_s[warp][hh][lane] = pj;  // 0 for keys past the end
-        }
-        __syncwarp();
-        // rows past the end are clamped to the last valid row (finite values, weight p = 0)
-        const int last = min(32, j1 - base) - 1;
-        const int4* vtile = reinterpret_cast<const int4*>(vbase + (size_t)base * HD) + dseg;
-#pragma unroll
-        for (int i0 = 0; i0 < KPL; i0 += 8) {
-            int4 raw[8];
-#pragma unroll
-            for (int u = 0; u < 8; ++u) raw[u] = vtile[(size_t)min(kg + KG * (i0 + u), last) * (HD / 8)];
-#pragma unroll
-            for (int u = 0; u < 8; ++u) {
-                const int k = kg + KG * (i0 + u);
-                const half2* vh = reinterpret_cast<const half2*>(&raw[u]);
-                float v[8];
-#pragma unroll
-                for (int i = 0; i < 4; ++i) { const float2 f = __half22float2(vh[i]); v[2 * i] = f.x; v[2 * i + 1] = f.y; }
-#pragma unroll
-                for (int hh = 0; hh < GMAX; ++hh) {
-                    if (hh < g) {
-                        const float pk = p_s[warp][hh][k];
-#pragma unroll
-                        for (int e = 0; e < 8; ++e) o[hh][e] += pk * v[e];
-                    }
-                }
+            for (int i = 0; i < (S::CHUNK + 31) / 32; ++i) {
+                x[i] = lane + 32 * i < S::CHUNK ? p_s[hh][lane + 32 * i] : -INFINITY;
+                mx = fmaxf(mx, x[i]);
             }
+            const float m_old = m_s[hh], l_old = l_s[hh];
+            const float m_new = fmaxf(m_old, warp_max(mx));  // finite: every step has a valid key
+            float sum = 0.0f;
+#pragma unroll
+            for (int i = 0; i < (S::CHUNK + 31) / 32; ++i) {
+                const float e = expf(x[i] - m_new);
+                sum += e;
+                if (lane + 32 * i < S::CHUNK) p_s[hh][lane + 32 * i] = e;
+            }
+            sum = warp_sum(sum);
+            const float corr = expf(m_old - m_new);  // 0 at the first step
+            __syncwarp();
+            if (lane == 0) { m_s[hh] = m_new; l_s[hh] = l_old * corr + sum; corr_s[hh] = corr; }
         }
-        __syncwarp();
-    }
-    // add the key groups' partial sums (lanes dseg, dseg + LPR, ...)
+        __syncthreads();
 #pragma unroll
-    for (int off = LPR; off < 32; off <<= 1) {
+        for (int hh = 0; hh < G; ++hh) {
+            const float corr = hh < g ? corr_s[hh] : 0.0f;
 #pragma unroll
-        for (int hh = 0; hh < GMAX; ++hh) {
-            if (hh < g) {
+            for (int i = 0; i < 8; ++i) o[hh][i] *= corr;
+        }
 #pragma unroll
-                for (int e = 0; e < 8; ++e) o[hh][e] += __shfl_xor_sync(0xffffffffu, o[hh][e], off);
+        for (int e = 0; e < S::E; ++e) {
+            float vf[8];
+            vr[e].get(vf);
+            const int r = r0 + e * S::ROWS_PER_PASS;
+#pragma unroll
+            for (int hh = 0; hh < G; ++hh) {
+                const float pk = hh < g ? p_s[hh][r] : 0.0f;
+#pragma unroll
+                for (int i = 0; i < 8; ++i) o[hh][i] += pk * vf[i];
             }
         }
     }
-
-    // merge the warps of this block
+    // threads with the same segment: first inside the warp, then across warps in warp order
 #pragma unroll
-    for (int hh = 0; hh < GMAX; ++hh) {
-        if (lane == 0) { m_w[warp][hh] = m[hh]; l_w[warp][hh] = l[hh]; }
-        if (kg == 0) {
+    for (int off = S::SEGS; off < 32; off <<= 1)
 #pragma unroll
-            for (int e = 0; e < 8; ++e) o_w[warp][hh][dseg * 8 + e] = o[hh][e];
-        }
+        for (int hh = 0; hh < G; ++hh)
+#pragma unroll
+            for (int i = 0; i < 8; ++i) o[hh][i] += __shfl_xor_sync(0xffffffffu, o[hh][i], off);
+    if (lane < S::SEGS) {
+#pragma unroll
+        for (int hh = 0; hh < G; ++hh)
+#pragma unroll
+            for (int i = 0; i < 8; ++i) o_s[warp][hh][8 * seg + i] = o[hh][i];
     }
     __syncthreads();
-    // g * HD is a multiple of 32 and blockDim of 32: each warp's iteration is one whole q8_1 block
-    for (int i = threadIdx.x; i < g * HD; i += blockDim.x) {
+
+    // the block's output for its heads, summed over warps in warp order, into o_s[0]
+    for (int i = tid; i < G * HD; i += ATTN_THREADS) {
         const int hh = i / HD, d = i % HD;
-        float M = -INFINITY;
-#pragma unroll
-        for (int w = 0; w < ATTN_WARPS; ++w) M = fmaxf(M, m_w[w][hh]);
-        float acc = 0.0f, L = 0.0f;
-        if (M != -INFINITY) {
-#pragma unroll
-            for (int w = 0; w < ATTN_WARPS; ++w) {
-                const float c = expf(m_w[w][hh] - M);
-                acc += c * o_w[w][hh][d];
-                L += c * l_w[w][hh];
-            }
-        }
-        if (out != nullptr && S == 1) {  // one split: the final output, as attn_combine would write it
-            const float val = (1.0f * acc) / (1.0f * L);
-            const int col = (h0 + hh) * HD + d;
-            out[(size_t)t * n_head * HD + col] = val;
-            if (xq) {
-                int8_t* row = xq + (size_t)t * xq_stride;
-                quantize_block_q8_1(val, row + col, reinterpret_cast<float2*>(row + n_head * HD) + (col >> 5));
-            }
-            continue;
-        }
-        const size_t row = ((size_t)t * S + s) * n_head + h0 + hh;
-        opart[row * HD + d] = acc;
-        if (d == 0) { ml[row * 2] = M; ml[row * 2 + 1] = L; }
-    }
-}
-
-#define ATTN_KERNEL(HD)                                                                                          \
-    extern "C" __global__ void __launch_bounds__(32 * ATTN_WARPS) attn_split_hd##HD(                             \
-        const float* q, int q_ld, const half* kc, const half* vc, float* opart, float* ml, const int* pos,       \
-        int n_head, int n_kv, int n_ctx, int window, float scale, float softcap, int split_len,                 \
-        float* out, int8_t* xq, int xq_stride) { pdl_entry();                                                                 \
-        attn_split<HD>(q, q_ld, kc, vc, opart, ml, pos, n_head, n_kv, n_ctx, window, scale, softcap, split_len,  \
-                       out, xq, xq_stride);                                                                      \
-    }
-// memra-kernel: attn_split_hd64(PiPPPPPiiiiffiPPi)
-ATTN_KERNEL(64)
-// memra-kernel: attn_split_hd128(PiPPPPPiiiiffiPPi)
-ATTN_KERNEL(128)
-// memra-kernel: attn_split_hd256(PiPPPPPiiiiffiPPi)
-ATTN_KERNEL(256)
-
-// out[t][h*HD + d] = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s. grid (n_head, T), block HD.
-// The split weights are computed once into shared memory; the sums run in split order, so an
-// empty split (m = -inf: weight exactly 0) changes nothing. xq not null: out is also written as
-// q8_1 rows of xq_stride bytes (a warp's 32 dims are one block).
-#define COMBINE_MAX_SPLITS 1024
-extern "C" __global__ void attn_combine(const float* opart, const float* ml, float* out, int n_head, int head_dim,
-                                        int n_splits, int8_t* xq, int xq_stride) {
-    pdl_entry();
-    __shared__ float c_s[COMBINE_MAX_SPLITS];
-    __shared__ float red[32];
-    const int h = blockIdx.x, t = blockIdx.y;
-    const float* mlr = ml + ((size_t)t * n_splits * n_head + h) * 2;  // split s at mlr[s * n_head * 2]
-    float M = -INFINITY;
-    for (int s = threadIdx.x; s < n_splits; s += blockDim.x) M = fmaxf(M, mlr[(size_t)s * n_head * 2]);
-    M = block_max(M, red);
-    for (int s = threadIdx.x; s < n_splits; s += blockDim.x) c_s[s] = expf(mlr[(size_t)s * n_head * 2] - M);
-    __syncthreads();
-    float L = 0.0f;
-    for (int s = 0; s < n_splits; ++s) L += c_s[s] * mlr[(size_t)s * n_head * 2 + 1];
-    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
         float acc = 0.0f;
-        for (int s = 0; s < n_splits; ++s) acc += c_s[s] * opart[(((size_t)t * n_splits + s) * n_head + h) * head_dim + d];
-        const float val = acc / L;
-        const int col = h * head_dim + d;
-        out[(size_t)t * n_head * head_dim + col] = val;
+#pragma unroll
+        for (int w = 0; w < ATTN_WARPS; ++w) acc += o_s[w][hh][d];
+        o_s[0][hh][d] = acc;
+    }
+    if (n_act > 1) {
+        const int S_grid = gridDim.y;
+        const size_t prow0 = ((size_t)t * S_grid + s) * n_head + h0;
+        for (int i = tid; i < g * HD; i += ATTN_THREADS) opart[prow0 * HD + i] = o_s[0][i / HD][i % HD];
+        if (tid < g) { ml[(prow0 + tid) * 2] = m_s[tid]; ml[(prow0 + tid) * 2 + 1] = l_s[tid]; }
+        __threadfence();  // partials visible device-wide before the ticket
+        __syncthreads();
+        int* ticket = tickets + (size_t)t * gridDim.x + blockIdx.x;
+        if (tid == 0) last_s = atomicAdd(ticket, 1) == n_act - 1;
+        __syncthreads();
+        if (!last_s) return;
+        __threadfence();
+        // The row's last block merges the n_act splits in split order. Reads go to L2 (__ldcg:
+        // other SMs wrote them) and each thread issues its loads of a batch of splits together.
+        for (int i = tid; i < g * n_act; i += ATTN_THREADS) {
+            const int hh = i / n_act, sp = i % n_act;
+            const size_t r = ((size_t)t * S_grid + sp) * n_head + h0 + hh;
+            c_s[hh][sp] = __ldcg(&ml[r * 2]);
+            lp_s[hh][sp] = __ldcg(&ml[r * 2 + 1]);
+        }
+        __syncthreads();
+        if (tid < g) {
+            float M = -INFINITY;
+            for (int sp = 0; sp < n_act; ++sp) M = fmaxf(M, c_s[tid][sp]);
+            float L = 0.0f;
+            for (int sp = 0; sp < n_act; ++sp) {
+                const float c = expf(c_s[tid][sp] - M);
+                c_s[tid][sp] = c;
+                L += c * lp_s[tid][sp];
+            }
+            l_s[tid] = L;
+            if (tid == 0) *ticket = 0;  // ready for the next launch
+        }
+        __syncthreads();
+        for (int i = tid; i < g * HD / 4; i += ATTN_THREADS) {
+            const int hh = (4 * i) / HD, d = (4 * i) % HD;
+            const float4* src = reinterpret_cast<const float4*>(opart + (((size_t)t * S_grid) * n_head + h0 + hh) * HD + d);
+            const size_t split_stride = (size_t)n_head * HD / 4;
+            float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 8
+            for (int sp = 0; sp < n_act; ++sp) {
+                const float4 v = __ldcg(src + sp * split_stride);
+                const float c = c_s[hh][sp];
+                acc.x += c * v.x; acc.y += c * v.y; acc.z += c * v.z; acc.w += c * v.w;
+            }
+            *reinterpret_cast<float4*>(&o_s[0][hh][d]) = acc;
+        }
+    }
+    __syncthreads();
+    // out = o / l, and its q8_1 copy: g * HD is a multiple of 32, so each warp's iteration is one
+    // whole q8_1 block of one head
+    for (int i = tid; i < g * HD; i += ATTN_THREADS) {
+        const int hh = i / HD, d = i % HD;
+        const float val = o_s[0][hh][d] / l_s[hh];
+        const int col = (h0 + hh) * HD + d;
+        out[(size_t)t * n_head * HD + col] = val;
         if (xq) {
-            int8_t* row = xq + (size_t)t * xq_stride;
-            quantize_block_q8_1(val, row + col, reinterpret_cast<float2*>(row + n_head * head_dim) + (col >> 5));
+            int8_t* xrow = xq + (size_t)t * xq_stride;
+            quantize_block_q8_1(val, xrow + col, reinterpret_cast<float2*>(xrow + n_head * HD) + (col >> 5));
         }
     }
 }
+
+#define ATTN_KERNEL(HD, G, KV, Q8)                                                                              \
+    extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_hd##HD##_g##G##_##KV(                        \
+        const float* q, int q_ld, const void* kc, const void* vc, const half* kd, const half* vd, float* opart,  \
+        float* ml, int* tickets, const int* pos, int n_head, int n_kv, int n_ctx, int window, float scale,       \
+        float softcap, float* out, int8_t* xq, int xq_stride) {                                                  \
+        pdl_entry();                                                                                             \
+        attn_rows<HD, G, Q8>(q, q_ld, kc, vc, kd, vd, opart, ml, tickets, pos, n_head, n_kv, n_ctx, window,      \
+                             scale, softcap, out, xq, xq_stride);                                                \
+    }
+// memra-kernel: attn_hd64_g1_f16(PiPPPPPPPPiiiiffPPi)
+ATTN_KERNEL(64, 1, f16, false)
+// memra-kernel: attn_hd64_g2_f16(PiPPPPPPPPiiiiffPPi)
+ATTN_KERNEL(64, 2, f16, false)
+// memra-kernel: attn_hd64_g4_f16(PiPPPPPPPPiiiiffPPi)
+ATTN_KERNEL(64, 4, f16, false)
+// memra-kernel: attn_hd64_g8_f16(PiPPPPPPPPiiiiffPPi)
+ATTN_KERNEL(64, 8, f16, false)
+// memra-kernel: attn_hd128_g1_f16(PiPPPPPPPPiiiiffPPi)
+ATTN_KERNEL(128, 1, f16, false)
+// memra-kernel: attn_hd128_g2_f16(PiPPPPPPPPiiiiffPPi)
+ATTN_KERNEL(128, 2, f16, false)
+// memra-kernel: attn_hd128_g4_f16(PiPPPPPPPPiiiiffPPi)
+ATTN_KERNEL(128, 4, f16, false)
+// memra-kernel: attn_hd128_g8_f16(PiPPPPPPPPiiiiffPPi)
+ATTN_KERNEL(128, 8, f16, false)
+// memra-kernel: attn_hd256_g1_f16(PiPPPPPPPPiiiiffPPi)
+ATTN_KERNEL(256, 1, f16, false)
+// memra-kernel: attn_hd256_g2_f16(PiPPPPPPPPiiiiffPPi)
+ATTN_KERNEL(256, 2, f16, false)
+// memra-kernel: attn_hd256_g4_f16(PiPPPPPPPPiiiiffPPi)
+ATTN_KERNEL(256, 4, f16, false)
+// memra-kernel: attn_hd256_g8_f16(PiPPPPPPPPiiiiffPPi)
+ATTN_KERNEL(256, 8, f16, false)
+// memra-kernel: attn_hd64_g1_q8_0(PiPPPPPPPPiiiiffPPi)
+ATTN_KERNEL(64, 1, q8_0, true)
+// memra-kernel: attn_hd64_g2_q8_0(PiPPPPPPPPiiiiffPPi)
+ATTN_KERNEL(64, 2, q8_0, true)
+// memra-kernel: attn_hd64_g4_q8_0(PiPPPPPPPPiiiiffPPi)
+ATTN_KERNEL(64, 4, q8_0, true)
+// memra-kernel: attn_hd64_g8_q8_0(PiPPPPPPPPiiiiffPPi)
+ATTN_KERNEL(64, 8, q8_0, true)
+// memra-kernel: attn_hd128_g1_q8_0(PiPPPPPPPPiiiiffPPi)
+ATTN_KERNEL(128, 1, q8_0, true)
+// memra-kernel: attn_hd128_g2_q8_0(PiPPPPPPPPiiiiffPPi)
+ATTN_KERNEL(128, 2, q8_0, true)
+// memra-kernel: attn_hd128_g4_q8_0(PiPPPPPPPPiiiiffPPi)
+ATTN_KERNEL(128, 4, q8_0, true)
+// memra-kernel: attn_hd128_g8_q8_0(PiPPPPPPPPiiiiffPPi)
+ATTN_KERNEL(128, 8, q8_0, true)
+// memra-kernel: attn_hd256_g1_q8_0(PiPPPPPPPPiiiiffPPi)
+ATTN_KERNEL(256, 1, q8_0, true)
+// memra-kernel: attn_hd256_g2_q8_0(PiPPPPPPPPiiiiffPPi)
+ATTN_KERNEL(256, 2, q8_0, true)
+// memra-kernel: attn_hd256_g4_q8_0(PiPPPPPPPPiiiiffPPi)
+ATTN_KERNEL(256, 4, q8_0, true)
+// memra-kernel: attn_hd256_g8_q8_0(PiPPPPPPPPiiiiffPPi)
+ATTN_KERNEL(256, 8, q8_0, true)

@@ -13,7 +13,8 @@ import argparse
 import statistics
 from collections import OrderedDict
 
-from memra_engine.gpu.backend import CudaBackend, splits_for
+from memra_engine.gpu.backend import CudaBackend
+from memra_engine.gpu.ops import kv_bucket
 from memra_engine.gpu.graph import CudaGraph
 from memra_engine.model.gguf_file import open_gguf
 from memra_engine.sampling import SamplingParams
@@ -48,8 +49,8 @@ def profile(backend: CudaBackend, ctx: int) -> None:
 
     rt.launch = recording
     backend.graphs.clear()
-    n_splits = splits_for(backend.n_past + 200)
-    full = backend._graph(n_splits, sample=True)
+    bucket = kv_bucket(backend.n_past + 200)
+    full = backend._graph(bucket, sample=True)
     rt.launch = launch
     backend._write_step(1)
     total = time_graph(rt, full)

@@ -11,9 +11,8 @@ import numpy as np
 import pytest
 
 from memra_engine.gpu import build
-from memra_engine.gpu.backend import splits_for
 from memra_engine.gpu.kv_cache import GpuKvCache
-from memra_engine.gpu.ops import Arena, DArray, GpuOps
+from memra_engine.gpu.ops import Arena, DArray, GpuOps, kv_bucket
 from memra_engine.gpu.sampler import GpuSampler
 from memra_engine.gpu.weights import GpuWeights
 from memra_engine.model import arch_module
@@ -83,7 +82,7 @@ def run_forward(path, T: int, n_ctx: int = 300) -> list[str]:
     rt = RecordingRuntime()
     ops = GpuOps(None, cfg, kv, Arena(0, 1 << 40), dry=True)
     ops.rt = rt
-    ops.begin(splits_for(n_ctx), history_ptr=4096)
+    ops.begin(kv_bucket(n_ctx), history_ptr=4096)
     ids = DArray(1 << 20, (T,), 1)
     arch_module(cfg.arch).forward(ops, weights, cfg, ids, ids, last_only=T == 1)
     ops.flush()
@@ -95,16 +94,16 @@ def run_forward(path, T: int, n_ctx: int = 300) -> list[str]:
 def test_every_launch_matches_its_kernel(model_paths, name, T):
     launches = run_forward(model_paths[name], T)
     assert launches[0].startswith("embed_")
-    assert any(n.startswith("attn_split_hd") for n in launches)
+    assert any(n.startswith("attn_hd") for n in launches)
 
 
-def test_decode_is_ten_kernels_per_llama_layer(model_paths):
+def test_decode_is_nine_kernels_per_llama_layer(model_paths):
     launches = run_forward(model_paths["tiny-llama"], 1)
     n_layer = 2
     # embed, the first layer's norm and the LM head, then per layer: qkv, rope_qk_kv, attention,
-    # combine (the grid has 3 splits), o, add+norm, gate_up, silu, down, add+next norm
+    # o, add+norm, gate_up, silu, down, add+next norm (attention merges its splits itself: no combine)
     per_layer = (len(launches) - 3) / n_layer
-    assert per_layer == 10, launches
+    assert per_layer == 9, launches
     assert "quantize_q8_1" not in launches and "add_f32" not in launches and "rope_f32" not in launches
 
 

@@ -3,7 +3,7 @@ programs as the numpy backend (engine/model/<arch>.py) with GpuOps.
 
 This is the runner: it owns the device state (runtime, pool, weights, KV cache, sampler) and is
 the only place that captures CUDA graphs. A one-token decode is captured once per KV-length
-bucket (the bucket only sets the attention grid; see ops.ATTN_SPLIT_LEN) and replayed with the
+bucket (the bucket only sets the attention grid; see ops.kv_bucket) and replayed with the
 token id and position at fixed device addresses. `decode_sample` captures the sampler too, so a
 step is one graph launch plus an 8-byte readback (token id and its logprob).
 
@@ -27,7 +27,7 @@ from memra_engine.events import VramStats
 from memra_engine.gpu.graph import CudaGraph
 from memra_engine.gpu.kv_cache import GpuKvCache
 from memra_engine.gpu.memory import MIB, OOM_HINT, OOM_HINT_Q8_0, VramPool
-from memra_engine.gpu.ops import ATTN_SPLIT_LEN, Arena, DArray, GpuOps
+from memra_engine.gpu.ops import Arena, DArray, GpuOps, attn_tickets, kv_bucket
 from memra_engine.gpu.runtime import GpuRuntime
 from memra_engine.gpu.sampler import OUT_DTYPE, GpuSampler
 from memra_engine.gpu.weights import GpuWeights
@@ -39,18 +39,9 @@ from memra_engine.sampling import SamplingParams
 PREFILL_CHUNK = 512      # tokens per prefill forward (bounds the scratch arena)
 ALL_LOGITS_CHUNK = 64    # tokens per forward when every row's logits come back
 HEAD_DIMS = (64, 128, 256)
-MAX_SPLITS = 1024        # COMBINE_MAX_SPLITS in attention.cu
 AHEAD_STEPS = 2          # decode_sample steps queued past the one returned (one hides the host's
                          # work per token; the second also the wake-up and launch after the sync)
 SCRATCH_SLACK = 4 * MIB
-
-
-def splits_for(n_tokens: int) -> int:
-    """Attention grid.y for a KV length: the power-of-two bucket over ATTN_SPLIT_LEN-key chunks."""
-    bucket = ATTN_SPLIT_LEN
-    while bucket < n_tokens:
-        bucket *= 2
-    return bucket // ATTN_SPLIT_LEN
 
 
 class CudaBackend:
@@ -60,9 +51,6 @@ class CudaBackend:
         self.kv_type = check_kv_type(kv_type, cfg.head_dim)
         if not isinstance(n_ctx, int) or n_ctx < 1:
             raise ContextOverflowError(f"n_ctx must be a positive number of tokens, got {n_ctx!r}")
-        if splits_for(n_ctx) > MAX_SPLITS:
-            raise ContextOverflowError(f"a {n_ctx}-token context is over the CUDA backend's limit of "
-                                       f"{MAX_SPLITS * ATTN_SPLIT_LEN} tokens; use a smaller --ctx")
         if cfg.head_dim not in HEAD_DIMS:
             raise UnsupportedModelError(f"head dimension {cfg.head_dim} has no CUDA attention kernel (have {HEAD_DIMS})")
         self.n_ctx, self.n_past, self.use_graphs = n_ctx, 0, use_graphs
@@ -86,7 +74,8 @@ class CudaBackend:
             "weights": weights.nbytes(),
             "kv": GpuKvCache.bytes_needed(cfg.n_layer, cfg.n_kv_head, self.n_ctx, cfg.head_dim, self.kv_type),
             "scratch": self._scratch_bytes(g),
-            "graph": GpuSampler.nbytes(cfg.vocab_size) + 4 * (self.n_ctx + 2 * PREFILL_CHUNK) + 16 * 256,
+            "graph": GpuSampler.nbytes(cfg.vocab_size) + 4 * (self.n_ctx + 2 * PREFILL_CHUNK) + 16 * 256
+                     + 4 * self._n_tickets(),
         }
         self.pool = VramPool(regions, budget=vram_budget, oom_hint=OOM_HINT_Q8_0 if self.kv_type == "q8_0" else OOM_HINT)
         if progress:
@@ -100,6 +89,8 @@ class CudaBackend:
         self.tokens_ptr = alloc(4 * PREFILL_CHUNK, "tokens")
         self.positions_ptr = alloc(4 * PREFILL_CHUNK, "positions")
         self.step_ptr = alloc(8, "step")  # decode graph inputs: int32 token, int32 position
+        self.ops.tickets_ptr = alloc(4 * self._n_tickets(), "attention_tickets")
+        rt.memset_u32(self.ops.tickets_ptr, 0, self._n_tickets())  # attention leaves them zero after each launch
         self.sampler = GpuSampler(rt, self.pool, cfg.vocab_size)
         self.step_host = rt.pinned(2, np.int32)
         self.out_host = rt.pinned(1, OUT_DTYPE)
@@ -109,6 +100,10 @@ class CudaBackend:
         rt.resolve_all()
         rt.synchronize()
 
+    def _n_tickets(self) -> int:
+        cfg = self.config
+        return attn_tickets(cfg.n_head, cfg.n_kv_head, max(PREFILL_CHUNK, ALL_LOGITS_CHUNK))
+
     def _scratch_bytes(self, g) -> int:
         """Run the forward dry (no launches) at the largest shapes and take the arena's peak."""
         cfg = self.config
@@ -117,7 +112,7 @@ class CudaBackend:
         arena = Arena(0, 1 << 62)
         ops = GpuOps(None, cfg, kv, arena, dry=True)
         for T, last_only in ((min(PREFILL_CHUNK, self.n_ctx), True), (min(ALL_LOGITS_CHUNK, self.n_ctx), False)):
-            ops.begin(splits_for(self.n_ctx))
+            ops.begin(kv_bucket(self.n_ctx))
             tokens = DArray(0, (T,), 1)
             self.forward(ops, dry_weights, cfg, tokens, tokens, last_only)
         return arena.peak + SCRATCH_SLACK
@@ -144,7 +139,7 @@ class CudaBackend:
         ids = self._check([token])
         if not self.use_graphs:
             return self._run_eager(ids, last_only=True, want_logits=True)[0]
-        graph = self._graph(splits_for(self.n_past + 1), sample=False)
+        graph = self._graph(kv_bucket(self.n_past + 1), sample=False)
         self._write_step(int(ids[0]))
         graph.launch(self.rt)
         self.rt.cuda.memcpy_dtoh_async(self.logits_host, graph.logits_ptr, self.rt.stream)
@@ -221,7 +216,7 @@ class CudaBackend:
     def _queue_step(self, pos: int) -> None:
         """One decode+sample graph launch at position pos and the async readback of its result."""
         slot = next(i for i in range(AHEAD_STEPS) if all(s != i for _, s in self._ahead))
-        graph = self._graph(splits_for(pos + 1), sample=True)
+        graph = self._graph(kv_bucket(pos + 1), sample=True)
         graph.launch(self.rt)
         self.rt.cuda.memcpy_dtoh_async(self.out_slots[slot], self.sampler.out_ptr, self.rt.stream)
         self.out_events[slot].record(self.rt.stream)
@@ -263,8 +258,8 @@ class CudaBackend:
         self.step_host[1] = self.n_past if pos is None else pos
         self.rt.upload_async(self.step_ptr, self.step_host)
 
-    def _forward(self, n_tokens: int, tokens_ptr: int, positions_ptr: int, n_splits: int, last_only: bool) -> DArray:
-        self.ops.begin(n_splits, self.history_ptr)
+    def _forward(self, n_tokens: int, tokens_ptr: int, positions_ptr: int, bucket: int, last_only: bool) -> DArray:
+        self.ops.begin(bucket, self.history_ptr)
         self.ops._positions_ptr = positions_ptr
         tokens = DArray(tokens_ptr, (n_tokens,), 1)
         positions = DArray(positions_ptr, (n_tokens,), 1)
@@ -276,21 +271,21 @@ class CudaBackend:
         T = len(ids)
         self.rt.upload(self.tokens_ptr, ids)
         self.rt.upload(self.positions_ptr, np.arange(self.n_past, self.n_past + T, dtype=np.int32))
-        logits = self._forward(T, self.tokens_ptr, self.positions_ptr, splits_for(self.n_past + T), last_only)
+        logits = self._forward(T, self.tokens_ptr, self.positions_ptr, kv_bucket(self.n_past + T), last_only)
         out = self.rt.download(logits.ptr, (logits.rows, self.config.vocab_size), np.float32) if want_logits else None
         self.rt.synchronize()
         self.n_past += T
         return out
 
-    def _graph(self, n_splits: int, sample: bool) -> CudaGraph:
-        key = (n_splits, sample)
+    def _graph(self, bucket: int, sample: bool) -> CudaGraph:
+        key = (bucket, sample)
         graph = self.graphs.get(key)
         if graph is not None:
             return graph
         graph = CudaGraph()
         self.rt.synchronize()
         with graph.capture(self.rt):
-            logits = self._forward(1, self.step_ptr, self.step_ptr + 4, n_splits, last_only=True)
+            logits = self._forward(1, self.step_ptr, self.step_ptr + 4, bucket, last_only=True)
             if sample:
                 self.sampler.launch(logits.ptr, self.history_ptr, self.step_ptr + 4,
                                     token_io_ptr=self.step_ptr, pos_io_ptr=self.step_ptr + 4)
@@ -306,7 +301,7 @@ class CudaBackend:
         cuda = self.rt.cuda
         self.set_sampling(params or SamplingParams(temperature=0.0), seed=0)
         n = min(n, self.n_ctx - self.n_past - 1)
-        graph = self._graph(splits_for(self.n_past + n), sample=True)
+        graph = self._graph(kv_bucket(self.n_past + n), sample=True)
         self._write_step(1)
         start, stop = cuda.Event(), cuda.Event()
         start.record(self.rt.stream)

@@ -33,7 +33,8 @@ from memra_engine.gpu.quant_ops import GpuWeight
 
 ARENA_ALIGN = 256
 EW_BLOCK = 256  # elementwise kernels
-ATTN_SPLIT_LEN = 128  # keys per attention split: 4 warps x 32 keys (see attention.cu: fixed chunks keep rows exact)
+ATTN_MAX_SPLITS = 32  # attention.cu: a row's keys go to at most this many blocks
+ATTN_MIN_BUCKET = 32  # KV buckets (graph keys) are powers of two from here
 BATCHED_MATVEC_MAX = quant_ops.MATVEC_MAX_COLUMNS  # up to this many tokens: matvec, beyond: GEMM
 FUSED_QUANT_MAX_ROWS = 16384  # one-token matvecs quantize x per block; the LM head shares one quantize
 
@@ -112,30 +113,71 @@ def _blocks(n: int, per: int = EW_BLOCK) -> int:
     return -(-n // per)
 
 
+def kv_bucket(n_keys: int) -> int:
+    """The power of two >= n_keys (at least ATTN_MIN_BUCKET) that sizes the attention grid."""
+    bucket = ATTN_MIN_BUCKET
+    while bucket < n_keys:
+        bucket *= 2
+    return bucket
+
+
+def attn_chunk(head_dim: int) -> int:
+    """Keys per block step in attention.cu (AttnShape::CHUNK)."""
+    return 64 if head_dim == 64 else 32
+
+
+def attn_splits(bucket: int, head_dim: int) -> int:
+    """grid.y: the most splits any row of up to `bucket` keys uses (attention.cu's split rule)."""
+    return min(ATTN_MAX_SPLITS, -(-bucket // attn_chunk(head_dim)))
+
+
+def attn_group_tile(group: int) -> int:
+    """Query heads per block: the kernel instance (1, 2, 4 or 8) that covers a GQA group."""
+    return next(g for g in (1, 2, 4, 8) if g >= min(group, 8))
+
+
+def attention_launch(rt, q, q_ld, kc, vc, kd, vd, opart, ml, tickets, positions, T, n_head, n_kv, head_dim,
+                     n_ctx, window, scale, softcap, out, xq, xq_stride, n_splits, kv_type="f16") -> None:
+    """One launch of attn_hd*_g*_*: decode, verify and prefill rows alike (see attention.cu)."""
+    G = attn_group_tile(n_head // n_kv)
+    n_hgroups = -(-(n_head // n_kv) // G)
+    rt.launch(f"attn_hd{head_dim}_g{G}_{kv_type}", (n_kv * n_hgroups, n_splits, T), 128,
+              (q, q_ld, kc, vc, kd, vd, opart, ml, tickets, positions, n_head, n_kv, n_ctx, int(window),
+               np.float32(scale), np.float32(softcap), out, xq, xq_stride))
+
+
+def attn_tickets(n_head: int, n_kv: int, max_tokens: int) -> int:
+    """Ints of the attention ticket buffer for up to max_tokens rows per launch."""
+    group = n_head // n_kv
+    return max_tokens * n_kv * -(-group // attn_group_tile(group))
+
+
 class GpuOps:
     def __init__(self, rt, cfg, kv, arena: Arena, dry: bool = False):
         """kv: engine.gpu.kv_cache.GpuKvCache (pointers per layer). rt None with dry=True."""
         self.rt = _DryRuntime() if dry else rt
         self.cfg, self.kv, self.arena, self.dry = cfg, kv, arena, dry
         self.history_ptr = 0  # device token history the embed kernel records into (0: none)
-        self.n_splits = 1     # attention grid.y for this forward (set by the backend per KV bucket)
+        self.bucket = ATTN_MIN_BUCKET  # KV bucket of this forward: sets the attention grid (see begin)
+        self.tickets_ptr = 0  # zeroed ints for attention's last-block combine (attn_tickets), set by the backend
         self._xq: dict[tuple[int, int], int] = {}
         # Fusion switches (all on; the A/B script scripts/profile_decode.py turns them off one by one).
-        self.fuse_add_norm = self.fuse_rope_kv = self.fuse_quant = self.direct_attention = True
+        self.fuse_add_norm = self.fuse_rope_kv = self.fuse_quant = True
         self._pending_add: tuple[DArray, DArray, DArray] | None = None  # (sum, a, b)
         self._pending_pre: tuple | None = None  # the pending add's b is this deferred norm's output
         self._pending_norm2d: tuple | None = None  # a row norm: (x, w, eps, y, xq, xq_stride)
         self._pending_norm: dict[int, tuple] = {}  # per-head norm output ptr -> (x, w, eps, y)
         self._pending_rope: dict[int, tuple] = {}  # output ptr -> (x, y, positions, base, neox, scale, ff)
 
-    def begin(self, n_splits: int, history_ptr: int = 0) -> None:
-        """Start a forward: reset the arena and the per-forward q8_1 cache."""
+    def begin(self, bucket: int, history_ptr: int = 0) -> None:
+        """Start a forward over at most `bucket` keys per row (kv_bucket): reset the arena and the
+        per-forward q8_1 cache."""
         self.arena.reset()
         self._xq.clear()
         self._pending_add = self._pending_pre = self._pending_norm2d = None
         self._pending_norm.clear()
         self._pending_rope.clear()
-        self.n_splits = n_splits
+        self.bucket = bucket
         self.history_ptr = history_ptr
 
     def new(self, shape: tuple[int, ...], itemsize: int = 4) -> DArray:
@@ -319,19 +361,15 @@ class GpuOps:
             self.rt.launch(f"kv_write_{self.kv.kv_type}", (T, n_kv), min(128, hd),
                            (k.ptr, v.ptr, *self.kv.write_args(layer), positions.ptr, k.ld, v.ld, hd, self.kv.n_ctx))
         q = self._contiguous(q)
-        S = self.n_splits
+        S = attn_splits(self.bucket, hd)
         opart = self.new((T, S, n_head, hd))
         ml = self.new((T, S, n_head, 2))
-        group = n_head // n_kv
-        n_hgroups = -(-group // 8)
         y = self.new((T, n_head * hd))
         xq, stride = self._quantized_output(y)  # the o matvec reads it (no quantize launch)
-        self.rt.launch(f"attn_split_hd{hd}", (n_kv * n_hgroups, S, T), 128,
-                       (q.ptr, q.ld, kc, vc, opart.ptr, ml.ptr, positions.ptr, n_head, n_kv, self.kv.n_ctx,
-                        int(window), np.float32(scale), np.float32(softcap), ATTN_SPLIT_LEN,
-                        y.ptr if self.direct_attention else 0, xq, stride))
-        if S > 1 or not self.direct_attention:
-            self.rt.launch("attn_combine", (n_head, T), hd, (opart.ptr, ml.ptr, y.ptr, n_head, hd, S, xq, stride))
+        kd, vd = self.kv.layer_scale_ptrs(layer)
+        attention_launch(self.rt, q.ptr, q.ld, kc, vc, kd, vd, opart.ptr, ml.ptr, self.tickets_ptr, positions.ptr,
+                         T, n_head, n_kv, hd, self.kv.n_ctx, window, scale, softcap, y.ptr, xq, stride, S,
+                         self.kv.kv_type)
         return y
 
     def swiglu(self, gate: DArray, up: DArray) -> DArray:

@@ -6,12 +6,14 @@ cuModuleGetFunction fails inside a capture region; `kernel()` refuses lookups wh
 """
 from __future__ import annotations
 
+import os
 from typing import Sequence
 
 import numpy as np
 
 from memra_engine.errors import DeviceError
 from memra_engine.gpu import build
+from memra_engine.gpu.pdl import PdlKernels
 
 Grid = int | tuple[int, ...]
 
@@ -47,9 +49,13 @@ class GpuRuntime:
             self._modules: dict[str, object] = {}
             self._kernels: dict[str, object] = {}
             self._signatures = build.kernel_signatures(families)
+            fatbins = {}
             for family in sorted({fam for fam, _ in self._signatures.values()}):
-                data = build.build_fatbin(family, archs=(self.arch,), progress=progress)
-                self._modules[family] = cuda.module_from_buffer(data)
+                fatbins[family] = build.build_fatbin(family, archs=(self.arch,), progress=progress)
+                self._modules[family] = cuda.module_from_buffer(fatbins[family])
+            # Programmatic dependent launch inside captured graphs: sm_90+ only (MEMRA_PDL=0 turns it off).
+            use_pdl = major >= 9 and os.environ.get("MEMRA_PDL", "1") != "0"
+            self.pdl = PdlKernels(fatbins) if use_pdl else None
         except Exception:
             self.context.pop()
             self.context.detach()
@@ -68,6 +74,8 @@ class GpuRuntime:
         family, parsed = self._signatures[name]
         fn = self._modules[family].get_function(name)
         fn.prepare(signature if signature is not None else parsed)
+        if self.pdl is not None:
+            self.pdl.prepare(name, family, signature if signature is not None else parsed)
         self._kernels[name] = fn
         return fn
 
@@ -79,10 +87,17 @@ class GpuRuntime:
     def set_max_dynamic_shared(self, name: str, nbytes: int) -> None:
         fn = self.kernel(name)
         fn.set_attribute(self.cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, int(nbytes))
+        if self.pdl is not None:
+            self.pdl.set_max_dynamic_shared(name, nbytes)
 
     def launch(self, name: str, grid: Grid, block: Grid, args: Sequence, shared: int = 0) -> None:
-        """Asynchronous launch on self.stream: no sync, no allocation, so graph-capturable."""
-        self.kernel(name).prepared_async_call(_dim3(grid), _dim3(block), self.stream, *args, shared_size=shared)
+        """Asynchronous launch on self.stream: no sync, no allocation, so graph-capturable.
+        Inside a capture on sm_90+ the launch carries the PDL attribute (see gpu/pdl.py)."""
+        fn = self.kernel(name)
+        if self.capturing and self.pdl is not None:
+            self.pdl.launch(name, _dim3(grid), _dim3(block), self.stream.handle, args, shared)
+            return
+        fn.prepared_async_call(_dim3(grid), _dim3(block), self.stream, *args, shared_size=shared)
 
     # ---- copies and sync -------------------------------------------------------------------
     def upload(self, dst_ptr: int, host: np.ndarray) -> None:
@@ -128,6 +143,8 @@ class GpuRuntime:
         finally:
             self._kernels.clear()
             self._modules.clear()
+            if self.pdl is not None:
+                self.pdl.close()
             self.stream = None
             self.context.pop()
             self.context.detach()
