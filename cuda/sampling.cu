@@ -78,89 +78,150 @@ __device__ __forceinline__ bool before(float va, int ia, float vb, int ib) {
     return va > vb || (va == vb && ia < ib);
 }
 
-// In-place bitonic sort of n (a power of two) pairs in shared memory, best first.
-__device__ void bitonic_sort(float* v, int* ix, int n) {
-    for (int k = 2; k <= n; k <<= 1) {
-        for (int j = k >> 1; j > 0; j >>= 1) {
-            for (int i = threadIdx.x; i < n; i += blockDim.x) {
-                const int o = i ^ j;
-                if (o > i) {
-                    const bool up = (i & k) == 0;
-                    const bool swap = up ? before(v[o], ix[o], v[i], ix[i]) : before(v[i], ix[i], v[o], ix[o]);
-                    if (swap) {
-                        const float tv = v[i]; v[i] = v[o]; v[o] = tv;
-                        const int ti = ix[i]; ix[i] = ix[o]; ix[o] = ti;
-                    }
-                }
-            }
-            __syncthreads();
-        }
-    }
-}
-
-// Runs of RUN pairs sorted best first, merged without a block-wide sort: each warp sorts its own
-// run with __syncwarp only, then a tree of merge-prune steps keeps the best RUN of two runs
-// (bitonic: pair a_i with b_(RUN-1-i), keep the better, then a half-cleaner pass sorts the
-// result). The order is total (value, then index), so the best RUN come out exactly as a full
-// sort would give them. About a third of the work of a 4096-wide bitonic sort, and no block
-// barrier inside a run's sort.
+// Sorting, in two pieces that need few block barriers:
+//  - warp_sort128: a warp sorts 128 (value, index) pairs it holds in registers, 4 per lane
+//    (position r * 32 + lane in register r): a bitonic network whose partners are either in the
+//    same lane (distance >= 32: a register swap) or in lane ^ j (a shuffle). No shared memory.
+//  - merge_round: the block merges pairs of sorted runs in shared memory by rank. An element's
+//    place in the merged run is its place in its own run plus the count of the partner run's
+//    elements that go before it (a binary search); ties go to the even run first, so a pair's
+//    positions are a permutation. Keeping only the best `cap` of each merged run makes it a
+//    top-cap selection. One barrier between all reads and all writes, one after.
+// Sorted runs of stage 1 go to stage 2 as they are; stage 2 only merges.
 #define RUN 128
 
-__device__ __forceinline__ void cswap(float* v, int* ix, int i, int o, bool best_first) {
-    const bool swap = best_first ? before(v[o], ix[o], v[i], ix[i]) : before(v[i], ix[i], v[o], ix[o]);
-    if (swap) {
-        const float tv = v[i]; v[i] = v[o]; v[o] = tv;
-        const int ti = ix[i]; ix[i] = ix[o]; ix[o] = ti;
-    }
-}
-
-// One warp sorts v/ix[0, RUN) best first.
-__device__ void warp_sort_run(float* v, int* ix) {
+__device__ void warp_sort128(float (&v)[4], int (&ix)[4]) {
     const int lane = threadIdx.x & 31;
+#pragma unroll
     for (int k = 2; k <= RUN; k <<= 1) {
+#pragma unroll
         for (int j = k >> 1; j > 0; j >>= 1) {
-            for (int i = lane; i < RUN; i += 32) {
-                const int o = i ^ j;
-                if (o > i) cswap(v, ix, i, o, (i & k) == 0);
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                const int i = r * 32 + lane;
+                const bool up = (i & k) == 0;  // this k-sequence runs best first
+                if (j >= 32) {                 // partner: register r ^ (j / 32) of this lane
+                    const int ro = r ^ (j >> 5);
+                    if (ro > r) {
+                        const bool swap = up ? before(v[ro], ix[ro], v[r], ix[r]) : before(v[r], ix[r], v[ro], ix[ro]);
+                        if (swap) {
+                            const float tv = v[r]; v[r] = v[ro]; v[ro] = tv;
+                            const int ti = ix[r]; ix[r] = ix[ro]; ix[ro] = ti;
+                        }
+                    }
+                } else {                       // partner: register r of lane ^ j
+                    const float ov = __shfl_xor_sync(0xffffffffu, v[r], j);
+                    const int oi = __shfl_xor_sync(0xffffffffu, ix[r], j);
+                    const bool wants_better = ((i & j) == 0) == up;  // the pair's first place when up
+                    const bool take = wants_better ? before(ov, oi, v[r], ix[r]) : before(v[r], ix[r], ov, oi);
+                    if (take) { v[r] = ov; ix[r] = oi; }
+                }
             }
-            __syncwarp();
         }
     }
 }
 
-// One warp: a := the best RUN of a and b (both sorted best first), sorted best first.
-__device__ void warp_merge_runs(float* av, int* ai, const float* bv, const int* bi) {
-    const int lane = threadIdx.x & 31;
-    for (int i = lane; i < RUN; i += 32) {
-        const int o = RUN - 1 - i;
-        if (before(bv[o], bi[o], av[i], ai[i])) { av[i] = bv[o]; ai[i] = bi[o]; }
-    }
-    __syncwarp();
-    for (int j = RUN >> 1; j > 0; j >>= 1) {  // a is bitonic now: half-cleaners sort it
-        for (int i = lane; i < RUN; i += 32) {
-            if ((i & j) == 0) cswap(av, ai, i, i + j, true);
+// Runs r = 0 .. n_runs-1 (n_runs even) of length L at v/ix + r * L, each sorted best first;
+// run pair (2q, 2q+1) becomes run q of length Lo = min(2L, cap) at q * Lo: the best Lo of the
+// pair, sorted. MAXE >= n_runs * L / blockDim.x. Ends with __syncthreads.
+template <int MAXE>
+__device__ void merge_round(float* v, int* ix, int n_runs, int L, int cap) {
+    const int Lo = min(2 * L, cap);
+    const int n = n_runs * L;
+    float xv[MAXE];
+    int xi[MAXE], cnt[MAXE], other[MAXE];
+#pragma unroll
+    for (int m = 0; m < MAXE; ++m) {
+        const int e = threadIdx.x + m * blockDim.x;
+        cnt[m] = 0;
+        other[m] = -1;
+        xv[m] = -INFINITY;
+        xi[m] = 0;
+        if (e < n) {
+            xv[m] = v[e];
+            xi[m] = ix[e];
+            other[m] = ((e / L) ^ 1) * L;  // the partner run's start
         }
-        __syncwarp();
     }
-}
-
-// The block's warps: runs r = 0 .. n_runs-1 at v/ix + r*RUN (each sorted unless `sorted`), merged
-// into run 0. Ends with __syncthreads.
-__device__ void best_run(float* v, int* ix, int n_runs, bool sorted) {
-    const int warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
-    if (!sorted)
-        for (int r = warp; r < n_runs; r += n_warps) warp_sort_run(v + r * RUN, ix + r * RUN);
+    // cnt = how many of the partner run go first: a prefix of it (it is sorted), found by binary
+    // lifting; the MAXE searches of a thread advance together so their loads overlap.
+    for (int step = 1 << (31 - __clz(L)); step > 0; step >>= 1) {
+#pragma unroll
+        for (int m = 0; m < MAXE; ++m) {
+            if (other[m] >= 0 && cnt[m] + step <= L) {
+                const int b = other[m] + cnt[m] + step - 1;
+                const bool odd = other[m] < (int)(threadIdx.x + m * blockDim.x);  // x is in the odd run
+                const bool first = odd ? !before(xv[m], xi[m], v[b], ix[b])       // even run: ties too
+                                       : before(v[b], ix[b], xv[m], xi[m]);       // odd run: strictly
+                if (first) cnt[m] += step;
+            }
+        }
+    }
     __syncthreads();
-    for (int step = 1; step < n_runs; step <<= 1) {
-        for (int r = warp * 2 * step; r + step < n_runs; r += n_warps * 2 * step)
-            warp_merge_runs(v + r * RUN, ix + r * RUN, v + (r + step) * RUN, ix + (r + step) * RUN);
-        __syncthreads();
+#pragma unroll
+    for (int m = 0; m < MAXE; ++m) {
+        const int e = threadIdx.x + m * blockDim.x;
+        if (e < n) {
+            const int r = e / L;
+            const int pos = e - r * L + cnt[m];
+            if (pos < Lo) { v[(r >> 1) * Lo + pos] = xv[m]; ix[(r >> 1) * Lo + pos] = xi[m]; }
+        }
     }
+    __syncthreads();
+}
+
+// Exclusive prefix sum over the block's threads (thread order); every thread also gets the
+// total. Fixed order: the same inputs give the same bits. scratch: >= 33 entries.
+template <typename T>
+__device__ T block_excl_scan(T x, T* scratch, T* total) {
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    T incl = x;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const T y = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += y;
+    }
+    T excl = __shfl_up_sync(0xffffffffu, incl, 1);
+    if (lane == 0) excl = T(0);
+    __syncthreads();
+    if (lane == 31) scratch[wid] = incl;
+    __syncthreads();
+    if (wid == 0) {
+        const T t = lane < nw ? scratch[lane] : T(0);
+        T ti = t;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const T y = __shfl_up_sync(0xffffffffu, ti, o);
+            if (lane >= o) ti += y;
+        }
+        T te = __shfl_up_sync(0xffffffffu, ti, 1);
+        if (lane == 0) te = T(0);
+        scratch[lane] = te;
+        if (lane == 31) scratch[32] = ti;
+    }
+    __syncthreads();
+    const T r = scratch[wid] + excl;
+    *total = scratch[32];
+    __syncthreads();
+    return r;
+}
+
+__device__ int block_min_int(int x, int* scratch) {
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) x = min(x, __shfl_xor_sync(0xffffffffu, x, o));
+    __syncthreads();
+    if (lane == 0) scratch[wid] = x;
+    __syncthreads();
+    x = lane < nw ? scratch[lane] : 0x7fffffff;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) x = min(x, __shfl_xor_sync(0xffffffffu, x, o));
+    return x;
 }
 
 // Stage 1: grid ceil(vocab / S1_CHUNK), block S1_THREADS. Masks disallowed tokens to -inf in
 // place, then per block: max logit, argmax, sum e^(l - max) at T = 1 and at T, the best Gumbel
-// score, and (filters on) its local_k best logits sorted.
+// score, and (filters on) its local_k best logits sorted best first.
 // part: per block 8 floats: max, argmax, sum1, sumT, gumbel value, gumbel index, -, -.
 extern "C" __global__ void __launch_bounds__(S1_THREADS) sample_stage1(
     float* logits, const uint32_t* mask, const SampleParams* params, float* part, float* cand_v, int* cand_i,
@@ -170,6 +231,7 @@ extern "C" __global__ void __launch_bounds__(S1_THREADS) sample_stage1(
     __shared__ int si[S1_CHUNK];
     __shared__ float red[32];
     __shared__ float bmax_s;
+    constexpr int PER = S1_CHUNK / S1_THREADS;  // 4: a warp holds one run of RUN = 128
     const SampleParams p = *params;
     const float temp = p.temperature > 0.0f ? p.temperature : 1.0f;
     const int base = blockIdx.x * S1_CHUNK;
@@ -178,16 +240,19 @@ extern "C" __global__ void __launch_bounds__(S1_THREADS) sample_stage1(
     int imax = 0x7fffffff;
     float gbest = -INFINITY;
     int gidx = 0x7fffffff;
+    float lv[PER];
+    int li[PER];
     const bool want_gumbel = p.temperature > 0.0f && !filters_on(p, vocab);  // Philox only when drawn from
-    for (int i = threadIdx.x; i < S1_CHUNK; i += S1_THREADS) {
-        const int idx = base + i;
+#pragma unroll
+    for (int r = 0; r < PER; ++r) {
+        const int idx = base + threadIdx.x + r * S1_THREADS;
         float l = -INFINITY;
         if (idx < vocab) {
             l = logits[idx];
             if (p.use_mask && !((mask[idx >> 5] >> (idx & 31)) & 1u)) { l = -INFINITY; logits[idx] = l; }
         }
-        sv[i] = l;
-        si[i] = idx < vocab ? idx : 0x7fffffff;
+        lv[r] = l;
+        li[r] = idx < vocab ? idx : 0x7fffffff;
         if (before(l, idx, vmax, imax) && l > -INFINITY) { vmax = l; imax = idx; }
         if (want_gumbel && l > -INFINITY) {
             const float gs = l / temp + gumbel(p, idx);
@@ -219,8 +284,9 @@ extern "C" __global__ void __launch_bounds__(S1_THREADS) sample_stage1(
     const float bmax = bmax_s;
     float s1 = 0.0f, sT = 0.0f;
     if (bmax > -INFINITY) {
-        for (int i = threadIdx.x; i < S1_CHUNK; i += S1_THREADS) {
-            const float l = sv[i];
+#pragma unroll
+        for (int r = 0; r < PER; ++r) {
+            const float l = lv[r];
             if (l > -INFINITY) { s1 += expf(l - bmax); sT += expf((l - bmax) / temp); }
         }
     }
@@ -233,8 +299,20 @@ extern "C" __global__ void __launch_bounds__(S1_THREADS) sample_stage1(
         o[4] = gbest; o[5] = __int_as_float(gidx); o[6] = 0.0f; o[7] = 0.0f;
     }
     if (p.temperature > 0.0f && filters_on(p, vocab)) {
+        // the warp's 128 pairs (position r * 32 + lane) sorted in registers, then 5 merge rounds
+        // keep the block's best local_k (<= RUN, sampler.py LOCAL_K_MAX) in sv/si[0, local_k)
+        warp_sort128(lv, li);
+#pragma unroll
+        for (int r = 0; r < PER; ++r) {
+            sv[warp * RUN + r * 32 + lane] = lv[r];
+            si[warp * RUN + r * 32 + lane] = li[r];
+        }
         __syncthreads();
-        best_run(sv, si, S1_CHUNK / RUN, false);  // local_k <= RUN (sampler.py LOCAL_K_MAX)
+        int L = RUN;
+        for (int runs = S1_CHUNK / RUN; runs > 1; runs >>= 1) {
+            merge_round<PER>(sv, si, runs, L, local_k);
+            L = min(2 * L, local_k);
+        }
         for (int i = threadIdx.x; i < local_k; i += S1_THREADS) {
             cand_v[blockIdx.x * local_k + i] = sv[i];
             cand_i[blockIdx.x * local_k + i] = si[i];
@@ -242,8 +320,87 @@ extern "C" __global__ void __launch_bounds__(S1_THREADS) sample_stage1(
     }
 }
 
+// The filtered draw over cv/ci[0, n), sorted best first (the top candidates): top_k (the first
+// k) -> top_p -> min_p -> temperature, then an inverse-CDF draw. Every cut is a prefix of the
+// sorted list, found by block-wide scans and counts; thread t owns the contiguous positions
+// [t * per, (t + 1) * per). Z1: sum e^(l - M) over the whole vocabulary (top_p with top_k off).
+// Block-uniform control flow; writes *pick_s / *logprob_s from thread 0.
+__device__ void filtered_draw(const float* cv, const int* ci, int n, const SampleParams& p, bool k_on, float Z1,
+                              float M, float temp, double* scratch, int* pick_s, float* logprob_s) {
+    constexpr int E = S2_MAX_CAND / S2_THREADS;
+    int* iscratch = reinterpret_cast<int*>(scratch);
+    const int per = (n + S2_THREADS - 1) / S2_THREADS;  // <= E
+    const int first = threadIdx.x * per;
+    int kept = 0;  // sorted: the finite ones come first
+    for (int b = 0; b < n; b += S2_THREADS)
+        kept += __syncthreads_count(b + (int)threadIdx.x < n && cv[b + threadIdx.x] > -INFINITY);
+    if (k_on) kept = min(kept, p.top_k);
+    const float c0 = cv[0];
+    if (kept == 0) {  // every token masked: nothing to draw from
+        if (threadIdx.x == 0) { *pick_s = ci[0]; *logprob_s = -INFINITY; }
+        __syncthreads();
+        return;
+    }
+    // Running sums in double: a float sum over thousands of terms drifts by ~1e-5 of the total,
+    // enough to move the top_p cut by a token against the CPU's float64 cumsum.
+    float w[E];
+    double total, cum;
+    if (p.top_p < 1.0f && kept > 1) {
+        // top_k on: nucleus of the renormalised top k; off: of the whole vocabulary
+        double s = 0.0;
+#pragma unroll
+        for (int e = 0; e < E; ++e) {
+            const int i = first + e;
+            w[e] = (e < per && i < kept) ? expf(cv[i] - c0) : 0.0f;
+            s += w[e];
+        }
+        cum = block_excl_scan(s, scratch, &total);
+        const double target = (double)p.top_p * (k_on ? total : (double)Z1 * exp((double)M - (double)c0));
+        int cross = 0x7fffffff;  // the first place where the running sum reaches top_p: kept
+#pragma unroll
+        for (int e = 0; e < E; ++e) {
+            cum += w[e];
+            if (e < per && first + e < kept && cum >= target && cross == 0x7fffffff) cross = first + e;
+        }
+        cross = block_min_int(cross, iscratch);
+        kept = min(kept, cross + 1);  // never reached (the nucleus is wider than the candidates): all
+    }
+    if (p.min_p > 0.0f) {  // p >= min_p * p_max at T = 1, as engine/sampling.py
+        const float floor_l = c0 + logf(p.min_p);
+        int k2 = 0;
+        for (int b = 0; b < kept; b += S2_THREADS)
+            k2 += __syncthreads_count(b + (int)threadIdx.x < kept && cv[b + threadIdx.x] >= floor_l);
+        kept = max(k2, 1);
+    }
+    double s = 0.0;
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+        const int i = first + e;
+        w[e] = (e < per && i < kept) ? expf((cv[i] - c0) / temp) : 0.0f;
+        s += w[e];
+    }
+    cum = block_excl_scan(s, scratch, &total);
+    const philox_out r = philox4x32(p.counter, 0u, 0u, 0u, p.seed_lo, p.seed_hi);
+    const double u = (double)u32_to_unit(r.x[0]) * total;
+    int pick = 0x7fffffff;  // the first place whose running sum passes u
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+        cum += w[e];
+        if (e < per && first + e < kept && cum > u && pick == 0x7fffffff) pick = first + e;
+    }
+    pick = min(block_min_int(pick, iscratch), kept - 1);  // u rounded up to the total: the last
+    if (threadIdx.x == 0) {
+        *pick_s = ci[pick];
+        *logprob_s = (cv[pick] - c0) / temp - (float)log(total);
+    }
+    __syncthreads();
+}
+
 // Stage 2: one block. Merges the stage-1 partials, picks the token, writes the outputs and
 // advances the device state: token (the next step's input), position, Philox counter.
+// Filters on: the stage-1 runs (padded with empty runs to a power of two, <= S2_MAX_CAND pairs,
+// sampler.py local_k_for) are merged: fully sorted with top_k off, only the best top_k kept
+// with it on; then filtered_draw.
 extern "C" __global__ void __launch_bounds__(S2_THREADS) sample_finish(
     const float* logits, SampleParams* params, const float* part, const float* cand_v, const int* cand_i,
     int n_blocks, int local_k, int vocab, int* token_io, int* pos_io, SampleOut* out) {
@@ -251,7 +408,8 @@ extern "C" __global__ void __launch_bounds__(S2_THREADS) sample_finish(
     extern __shared__ float dyn[];
     float* cv = dyn;                                  // [S2_MAX_CAND]
     int* ci = reinterpret_cast<int*>(dyn + S2_MAX_CAND);  // [S2_MAX_CAND]
-    __shared__ float red[32];
+    __shared__ float red[2];
+    __shared__ double dred[33];
     __shared__ int pick_s;
     __shared__ float logprob_s;
     const SampleParams p = *params;
@@ -303,65 +461,22 @@ extern "C" __global__ void __launch_bounds__(S2_THREADS) sample_finish(
     __syncthreads();
     if (pick_s < 0) {
         const float Z1 = red[0], M = red[1];
-        __syncthreads();
-        int n = n_blocks * local_k;
-        // top_k <= RUN: only the best RUN matter, and stage 1's runs are sorted: merge them
-        const bool merge = local_k == RUN && p.top_k > 0 && p.top_k <= RUN;
-        int npow = 1;
-        while (npow < n) npow <<= 1;
-        for (int i = threadIdx.x; i < npow; i += S2_THREADS) {
-            cv[i] = i < n ? cand_v[i] : -INFINITY;
-            ci[i] = i < n ? cand_i[i] : 0x7fffffff;
+        int n_runs = 1;
+        while (n_runs < n_blocks) n_runs <<= 1;
+        const int n_real = n_blocks * local_k, n_all = n_runs * local_k;  // n_all <= S2_MAX_CAND
+        for (int i = threadIdx.x; i < n_all; i += S2_THREADS) {
+            cv[i] = i < n_real ? cand_v[i] : -INFINITY;
+            ci[i] = i < n_real ? cand_i[i] : 0x7fffffff;
         }
         __syncthreads();
-        if (merge) {
-            best_run(cv, ci, n_blocks, true);
-            n = RUN;
-        } else {
-            bitonic_sort(cv, ci, npow);
+        const bool k_on = p.top_k > 0 && p.top_k < vocab;
+        const int cap = k_on ? min(p.top_k, n_all) : n_all;
+        int L = local_k;
+        for (int runs = n_runs; runs > 1; runs >>= 1) {
+            merge_round<S2_MAX_CAND / S2_THREADS>(cv, ci, runs, L, cap);
+            L = min(2 * L, cap);
         }
-        int kept = 0;  // sorted: the finite ones come first
-        for (int b = 0; b < n; b += S2_THREADS)
-            kept += __syncthreads_count(b + (int)threadIdx.x < n && cv[b + threadIdx.x] > -INFINITY);
-        if (threadIdx.x == 0) {
-            if (p.top_k > 0 && p.top_k < kept) kept = p.top_k;
-            const float c0 = cv[0];
-            if (p.top_p < 1.0f && kept > 1) {
-                // top_k on: nucleus of the renormalised top k; off: of the whole vocabulary
-                float Zp = 0.0f;
-                if (p.top_k > 0 && p.top_k < vocab) {
-                    for (int i = 0; i < kept; ++i) Zp += expf(cv[i] - c0);
-                } else {
-                    Zp = Z1 * expf(M - c0);
-                }
-                float cum = 0.0f;
-                int last = kept - 1;
-                for (int i = 0; i < kept; ++i) {
-                    cum += expf(cv[i] - c0) / Zp;
-                    if (cum >= p.top_p) { last = i; break; }
-                }
-                kept = last + 1;
-            }
-            if (p.min_p > 0.0f) {
-                const float floor_l = c0 + logf(p.min_p);
-                int k2 = 0;
-                while (k2 < kept && cv[k2] >= floor_l) ++k2;
-                kept = max(k2, 1);
-            }
-            float total = 0.0f;
-            for (int i = 0; i < kept; ++i) total += expf((cv[i] - c0) / temp);
-            const philox_out r = philox4x32(p.counter, 0u, 0u, 0u, p.seed_lo, p.seed_hi);
-            const float u = u32_to_unit(r.x[0]) * total;
-            float cum = 0.0f;
-            int pick = kept - 1;
-            for (int i = 0; i < kept; ++i) {
-                cum += expf((cv[i] - c0) / temp);
-                if (cum > u) { pick = i; break; }
-            }
-            pick_s = ci[pick];
-            logprob_s = (cv[pick] - c0) / temp - logf(total);
-        }
-        __syncthreads();
+        filtered_draw(cv, ci, min(L, cap), p, k_on, Z1, M, temp, dred, &pick_s, &logprob_s);
     }
     if (threadIdx.x == 0) {
         out->token = pick_s;
