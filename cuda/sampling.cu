@@ -137,7 +137,7 @@ __device__ void merge_round(float* v, int* ix, int n_runs, int L, int cap) {
         other[m] = -1;
         xv[m] = -INFINITY;
         xi[m] = 0;
-        if (e < n) {
+        if (e < n && e % L < Lo) {  // from place i >= Lo in its own run it cannot make the cut
             xv[m] = v[e];
             xi[m] = ix[e];
             other[m] = ((e / L) ^ 1) * L;  // the partner run's start
@@ -161,7 +161,7 @@ __device__ void merge_round(float* v, int* ix, int n_runs, int L, int cap) {
 #pragma unroll
     for (int m = 0; m < MAXE; ++m) {
         const int e = threadIdx.x + m * blockDim.x;
-        if (e < n) {
+        if (other[m] >= 0) {
             const int r = e / L;
             const int pos = e - r * L + cnt[m];
             if (pos < Lo) { v[(r >> 1) * Lo + pos] = xv[m]; ix[(r >> 1) * Lo + pos] = xi[m]; }

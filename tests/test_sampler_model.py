@@ -60,16 +60,17 @@ def merge_round(v, ix, n_runs, L, cap):
     xv, xi = v[:n].copy(), ix[:n].copy()
     other = ((e // L) ^ 1) * L
     odd = other < e
+    active = e % L < Lo  # the kernel skips the search for places that cannot make the cut
     cnt = np.zeros(n, np.int64)
     step = 1 << (L.bit_length() - 1)
     while step > 0:
-        ok = cnt + step <= L
+        ok = active & (cnt + step <= L)
         b = np.where(ok, other + cnt + step - 1, 0)
         first = np.where(odd, ~before(xv, xi, v[b], ix[b]), before(v[b], ix[b], xv, xi))
         cnt += np.where(ok & first, step, 0)
         step >>= 1
     pos = e - (e // L) * L + cnt
-    keep = pos < Lo
+    keep = active & (pos < Lo)
     dst = (e // L >> 1) * Lo + pos
     assert len(set(dst[keep].tolist())) == keep.sum(), "two elements written to one place"
     v[dst[keep]], ix[dst[keep]] = xv[keep], xi[keep]

@@ -5,7 +5,12 @@
 - each filter: empirical frequencies of N draws vs final_distribution, chi-square statistic
   under df + 6 * sqrt(2 df) (a ~6 sigma bound: a wrong distribution fails by far), no token
   outside the support;
-- same seed, same tokens; another seed, other tokens; the bitmask restricts the support.
+- same seed, same tokens; another seed, other tokens; the bitmask restricts the support;
+- at the real vocabularies (49152, 262144), with top_k off (the path that sorts every candidate)
+  and on, peaked and flat logits: chi-square over probability-ranked groups, the support, and
+  each draw's logprob within 2e-5 of the CPU's (one token more or less in a wide nucleus moves
+  the normaliser by ~1e-4: this sees the cut itself, not just the shape);
+- a nucleus wider than the candidates (the documented bound) keeps exactly the candidates.
 """
 from __future__ import annotations
 
@@ -139,3 +144,102 @@ def test_bitmask_restricts_the_support(gpu, sampler):
     for params in (FILTERS["temperature"], FILTERS["default_chain"]):
         tokens, _ = draw(gpu, sampler, logits, params, [], 200, mask=allowed)
         assert allowed[tokens].all()
+
+
+# ---- real vocabularies: the filtered path with top_k off -----------------------------------------
+
+BIG_CASES = {
+    "top_p": SamplingParams(temperature=1.0, top_k=0, top_p=0.9, min_p=0.0),
+    "min_p": SamplingParams(temperature=0.8, top_k=0, top_p=1.0, min_p=0.02),
+    "top_p+min_p": SamplingParams(temperature=0.7, top_k=0, top_p=0.95, min_p=0.01),
+    "default": SamplingParams(),
+    "top_k 300": SamplingParams(temperature=1.0, top_k=300, top_p=0.9, min_p=0.0),
+}
+
+
+@pytest.fixture(params=[49152, 262144], ids=lambda v: f"vocab{v}")
+def big_sampler(gpu, request):
+    return GpuSampler(gpu.rt, _GraphPoolView(gpu.pool), request.param)
+
+
+def big_logits(kind, vocab, seed):
+    """As tests/test_sampler_model.py: 'peaked' (a dozen likely tokens over a noisy floor) or
+    'flat' (top_p 0.9 keeps ~1% of the vocabulary: ~400 / ~3300 tokens)."""
+    rng = np.random.default_rng(seed)
+    if kind == "peaked":
+        x = rng.standard_normal(vocab) * 1.5
+        x[rng.choice(vocab, 12, replace=False)] += rng.uniform(12, 17, 12)
+    else:
+        x = rng.standard_normal(vocab) * 3.6
+    return x.astype(np.float32)
+
+
+def grouped_chi_square(tokens, ids, probs, min_expected=10.0):
+    """Chi-square of the draws against (ids, probs), tokens grouped in order of probability so
+    that each group expects >= min_expected draws. Returns (chi2, df)."""
+    n = tokens.size
+    order = np.argsort(-probs, kind="stable")
+    ids, probs = ids[order], probs[order]
+    place = {t: i for i, t in enumerate(ids.tolist())}
+    counts = np.bincount([place[t] for t in tokens.tolist()], minlength=ids.size)
+    obs, exp = [], []
+    o = e = 0.0
+    for c, p in zip(counts.tolist(), (probs * n).tolist()):
+        o, e = o + c, e + p
+        if e >= min_expected:
+            obs.append(o)
+            exp.append(e)
+            o = e = 0.0
+    if e > 0:
+        if exp:
+            obs[-1], exp[-1] = obs[-1] + o, exp[-1] + e
+        else:
+            obs.append(o)
+            exp.append(e)
+    obs, exp = np.array(obs), np.array(exp)
+    return float(np.sum((obs - exp) ** 2 / exp)), max(1, obs.size - 1)
+
+
+@pytest.mark.parametrize("kind", ["peaked", "flat"])
+@pytest.mark.parametrize("name", list(BIG_CASES))
+def test_real_vocab_draws_follow_the_cpu_distribution(gpu, big_sampler, name, kind):
+    params, vocab = BIG_CASES[name], big_sampler.vocab
+    logits = big_logits(kind, vocab, seed=vocab % 97)
+    ids, probs = final_distribution(logits, params, [])
+    n = 5000
+    tokens, logprobs = draw(gpu, big_sampler, logits, params, [], n)
+    assert set(tokens.tolist()) <= set(ids.tolist()), "drew a token the filters remove"
+    chi2, df = grouped_chi_square(tokens, ids, probs)
+    assert chi2 < df + 6 * np.sqrt(2 * df), (name, kind, vocab, chi2, df, ids.size)
+    prob_of = dict(zip(ids.tolist(), probs.tolist()))
+    ref_lp = np.log([prob_of[t] for t in tokens.tolist()])
+    assert np.max(np.abs(logprobs - ref_lp)) < 2e-5, "the kept set or its normaliser differs from the CPU's"
+
+
+def test_real_vocab_same_seed_same_tokens(gpu, big_sampler):
+    logits = big_logits("flat", big_sampler.vocab, seed=5)
+    params = BIG_CASES["top_p+min_p"]
+    a, _ = draw(gpu, big_sampler, logits, params, [], 200, seed=7)
+    b, _ = draw(gpu, big_sampler, logits, params, [], 200, seed=7)
+    c, _ = draw(gpu, big_sampler, logits, params, [], 200, seed=8)
+    assert np.array_equal(a, b)
+    assert not np.array_equal(a, c)
+    assert len(set(a.tolist())) > 20  # a wide nucleus: many distinct tokens
+
+
+def test_a_nucleus_wider_than_the_candidates_keeps_the_candidates(gpu):
+    """The bound in docs/gpu-notes.md: each 4096-token block gives its best local_k candidates; a
+    nucleus with more than that in one block (N(0, 3^2) logits, top_p 0.95: ~23k tokens of 262k)
+    is cut to the candidates, drawn from by their softmax."""
+    vocab = 262144
+    sampler = GpuSampler(gpu.rt, _GraphPoolView(gpu.pool), vocab)
+    logits = (np.random.default_rng(0).standard_normal(vocab) * 3).astype(np.float32)
+    params = SamplingParams(temperature=1.0, top_k=0, top_p=0.95, min_p=0.0)
+    blocks = logits.reshape(-1, 4096)
+    best = np.argsort(-blocks, axis=1, kind="stable")[:, : sampler.local_k]
+    cand = (best + 4096 * np.arange(blocks.shape[0])[:, None]).ravel()
+    tokens, logprobs = draw(gpu, sampler, logits, params, [], 300)
+    assert set(tokens.tolist()) <= set(cand.tolist())
+    lv = logits[cand].astype(np.float64)
+    log_z = np.log(np.exp(lv - lv.max()).sum()) + lv.max()
+    assert np.max(np.abs(logprobs - (logits[tokens] - log_z))) < 2e-5
