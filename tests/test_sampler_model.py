@@ -261,3 +261,12 @@ def test_a_nucleus_wider_than_the_candidates_keeps_them_all():
     ref_ids, _ = filtered_candidates(logits, p, [])
     assert ids.size == STAGE2_MAX_CANDIDATES < ref_ids.size
     assert set(ids.tolist()) <= set(ref_ids.tolist())
+
+
+@pytest.mark.parametrize("vocab", [100, 4096, 5000, 32000, 49152, 151936, 262144, 262145, 1_000_000])
+def test_padded_runs_fit_stage2(vocab):
+    """sample_finish pads the stage-1 runs to a power-of-two count: they must fit its buffer."""
+    k = local_k_for(vocab)
+    n_blocks = -(-vocab // STAGE1_CHUNK)
+    assert (1 << (n_blocks - 1).bit_length()) * k <= STAGE2_MAX_CANDIDATES
+    assert k == 128 or n_blocks * 2 * k > STAGE2_MAX_CANDIDATES  # as many as fit

@@ -5,6 +5,12 @@ new temperature or seed is one small host-to-device copy, not a recapture. The P
 that block advances on the device once per sampled token.
 
 Launch order (all on rt.stream, graph-capturable): sample_penalize, sample_stage1, sample_finish.
+
+Filtered draws (any of top_k / top_p / min_p on): stage 1 leaves each 4096-token block's best
+local_k logits sorted; sample_finish merges those runs (all of them with top_k off, the best
+top_k with it on) and cuts top_p / min_p / the draw with block-wide scans. Exact against
+engine/sampling.py as long as no block holds more than local_k of the kept tokens; a wider
+nucleus is cut to the candidates (docs/gpu-notes.md, "Sampler, round 3").
 """
 from __future__ import annotations
 
@@ -27,11 +33,16 @@ LOCAL_K_MAX = 128
 
 
 def local_k_for(vocab: int) -> int:
-    """Candidates kept per stage-1 block: 128, fewer when the vocabulary has > 64 blocks."""
+    """Candidates kept per stage-1 block: 128, fewer when the vocabulary has > 64 blocks.
+
+    A power of two with n_blocks * k <= STAGE2_MAX_CANDIDATES, so the runs padded to a power-of-
+    two count (what sample_finish merges) fit too: next_pow2(n_blocks) * k <= STAGE2_MAX_CANDIDATES.
+    """
     n_blocks = -(-vocab // STAGE1_CHUNK)
     k = LOCAL_K_MAX
     while k * n_blocks > STAGE2_MAX_CANDIDATES:
         k //= 2
+    assert k >= 1 and (1 << (n_blocks - 1).bit_length()) * k <= STAGE2_MAX_CANDIDATES, vocab
     return k
 
 
