@@ -7,9 +7,11 @@
 // numbers are Philox4x32 of (seed, step counter): the counter lives on the device and advances
 // once per sampled token, so the same seed gives the same tokens.
 //
-// Candidates: stage 1 keeps each block's best `local_k` logits; stage 2 merges them. The GPU
-// therefore applies top_k <= local_k (128 up to a 256k vocabulary) and, with top_k off, top_p /
-// min_p within the best local_k * n_blocks tokens; see docs/gpu-notes.md.
+// Candidates: stage 1 keeps each block's best `local_k` logits, sorted; stage 2 merges those
+// runs (all of them with top_k off, the best top_k with it on) and finds each cut with
+// block-wide scans and counts, no serial loop. The GPU is therefore exact while no block holds
+// more than local_k (128 up to a 256k vocabulary) of the kept tokens; a wider nucleus is cut to
+// the candidates. See docs/gpu-notes.md, "Sampler, round 3".
 #include "common.cuh"
 
 struct SampleParams {      // mirrored by engine/gpu/sampler.py PARAMS_DTYPE
