@@ -152,9 +152,13 @@ __device__ void merge_round(float* v, int* ix, int n_runs, int L, int cap) {
         for (int m = 0; m < MAXE; ++m) {
             if (other[m] >= 0 && cnt[m] + step <= L) {
                 const int b = other[m] + cnt[m] + step - 1;
-                const bool odd = other[m] < (int)(threadIdx.x + m * blockDim.x);  // x is in the odd run
-                const bool first = odd ? !before(xv[m], xi[m], v[b], ix[b])       // even run: ties too
-                                       : before(v[b], ix[b], xv[m], xi[m]);       // odd run: strictly
+                const float vb = v[b];
+                bool first = vb > xv[m];  // b goes before x; equal values: by index (a second load)
+                if (vb == xv[m]) {
+                    const bool odd = other[m] < (int)(threadIdx.x + m * blockDim.x);  // x in the odd run
+                    first = odd ? ix[b] <= xi[m]   // the even run's element goes first on a full tie
+                                : ix[b] < xi[m];
+                }
                 if (first) cnt[m] += step;
             }
         }

@@ -66,7 +66,8 @@ def merge_round(v, ix, n_runs, L, cap):
     while step > 0:
         ok = active & (cnt + step <= L)
         b = np.where(ok, other + cnt + step - 1, 0)
-        first = np.where(odd, ~before(xv, xi, v[b], ix[b]), before(v[b], ix[b], xv, xi))
+        vb = v[b]  # as the kernel: the index decides only on equal values
+        first = (vb > xv) | ((vb == xv) & np.where(odd, ix[b] <= xi, ix[b] < xi))
         cnt += np.where(ok & first, step, 0)
         step >>= 1
     pos = e - (e // L) * L + cnt
