@@ -105,6 +105,11 @@ __device__ void attn_rows(const float* __restrict__ q, int q_ld, const void* __r
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int seg = tid % S::SEGS, r0 = tid / S::SEGS;
 
+    // q first: its loads do not wait for the position's
+    for (int i = tid; i < G * HD; i += ATTN_THREADS) {
+        const int hh = i / HD, d = i % HD;
+        q_s[hh][d] = hh < g ? q[(size_t)t * q_ld + (size_t)(h0 + hh) * HD + d] * scale : 0.0f;
+    }
     const int p = pos[t];
     const int start = window > 0 ? max(0, p + 1 - window) : 0;
     const int n_keys = p + 1 - start;
@@ -114,10 +119,6 @@ __device__ void attn_rows(const float* __restrict__ q, int q_ld, const void* __r
     if (s >= n_act) return;  // (the whole block: no ticket, the row's last block counts n_act)
     const int j0 = start + s * split_len, j1 = min(p + 1, j0 + split_len);
 
-    for (int i = tid; i < G * HD; i += ATTN_THREADS) {
-        const int hh = i / HD, d = i % HD;
-        q_s[hh][d] = hh < g ? q[(size_t)t * q_ld + (size_t)(h0 + hh) * HD + d] * scale : 0.0f;
-    }
     if (tid < G) { m_s[tid] = -INFINITY; l_s[tid] = 0.0f; }
 
     float o[G][8];
@@ -136,20 +137,34 @@ __device__ void attn_rows(const float* __restrict__ q, int q_ld, const void* __r
             vr[e].load(vc, vd, row, seg, HD);
         }
         __syncthreads();  // q_s ready (first step); p_s free (later steps)
+        // partial dots first, then the lane reductions level by level over all of them: E * G
+        // independent shuffle chains in flight instead of one chain at a time
+        float sc[S::E][G];
 #pragma unroll
         for (int e = 0; e < S::E; ++e) {
             float kf[8];
             kr[e].get(kf);
-            const int r = r0 + e * S::ROWS_PER_PASS;
 #pragma unroll
             for (int hh = 0; hh < G; ++hh) {
                 const float4 qa = *reinterpret_cast<const float4*>(&q_s[hh][8 * seg]);
                 const float4 qb = *reinterpret_cast<const float4*>(&q_s[hh][8 * seg + 4]);
-                float x = qa.x * kf[0] + qa.y * kf[1] + qa.z * kf[2] + qa.w * kf[3] +
-                          qb.x * kf[4] + qb.y * kf[5] + qb.z * kf[6] + qb.w * kf[7];
+                sc[e][hh] = (qa.x * kf[0] + qa.y * kf[1] + qa.z * kf[2] + qa.w * kf[3]) +
+                            (qb.x * kf[4] + qb.y * kf[5] + qb.z * kf[6] + qb.w * kf[7]);
+            }
+        }
 #pragma unroll
-                for (int off = S::RW / 2; off > 0; off >>= 1) x += __shfl_xor_sync(0xffffffffu, x, off);
-                if (seg % S::RW == 0) {
+        for (int off = S::RW / 2; off > 0; off >>= 1)
+#pragma unroll
+            for (int e = 0; e < S::E; ++e)
+#pragma unroll
+                for (int hh = 0; hh < G; ++hh) sc[e][hh] += __shfl_xor_sync(0xffffffffu, sc[e][hh], off);
+        if (seg == 0) {
+#pragma unroll
+            for (int e = 0; e < S::E; ++e) {
+                const int r = r0 + e * S::ROWS_PER_PASS;
+#pragma unroll
+                for (int hh = 0; hh < G; ++hh) {
+                    float x = sc[e][hh];
                     if (softcap > 0.0f) x = softcap * tanhf(x / softcap);
                     p_s[hh][r] = c0 + r < j1 ? x : -INFINITY;
                 }

@@ -1,0 +1,83 @@
+"""Decode attention alone: µs per launch inside a graph, by head dim and key count.
+
+Each figure is the median of 5 batches of 50 back-to-back launches of one captured graph (so the
+launch gap is included, as in the decode graph). A one-element add_f32 is the floor: what any
+kernel costs in this graph. Run on the GPU machine: python scripts/bench_attention.py
+"""
+from __future__ import annotations
+
+import statistics
+
+import numpy as np
+
+from memra_engine.gpu.graph import CudaGraph
+from memra_engine.gpu.memory import VramPool
+from memra_engine.gpu.ops import attention_launch, attn_splits, attn_tickets, kv_bucket
+from memra_engine.gpu.runtime import GpuRuntime
+
+SHAPES = {"smollm2 hd64 9/3": (9, 3, 64), "gemma3 hd256 4/1": (4, 1, 256), "qwen3 hd128 16/8": (16, 8, 128)}
+KEYS = (1, 33, 129, 513, 4097)
+REPS = 50
+
+
+def time_launches(rt, body) -> float:
+    graph = CudaGraph()
+    rt.synchronize()
+    with graph.capture(rt):
+        for _ in range(REPS):
+            body()
+    cuda, out = rt.cuda, []
+    for _ in range(5):
+        a, b = cuda.Event(), cuda.Event()
+        a.record(rt.stream)
+        graph.launch(rt)
+        b.record(rt.stream)
+        b.synchronize()
+        out.append(b.time_since(a) * 1000 / REPS)
+    graph.destroy()
+    return statistics.median(out)
+
+
+def main() -> None:
+    rt = GpuRuntime(families=["attention", "activation"])
+    rt.resolve_all()
+    try:
+        run(rt)
+    finally:
+        rt.close()
+
+
+def run(rt) -> None:
+    pool = VramPool({"scratch": 256 << 20})
+    rng = np.random.default_rng(0)
+
+    def put(a: np.ndarray) -> int:
+        buf = pool.alloc("scratch", a.nbytes, "x")
+        rt.upload(buf.ptr, a)
+        return buf.ptr
+
+    one = put(np.ones(4, np.float32))
+    floor = time_launches(rt, lambda: rt.launch("add_f32", 1, 32, (one, one, one, 1)))
+    print(f"floor (add_f32 of 1 element): {floor:.2f} µs per launch")
+    print(f"{'shape':20s}" + "".join(f"{k:>9d}" for k in KEYS) + "   keys")
+    n_ctx = 4200
+    for name, (H, n_kv, hd) in SHAPES.items():
+        kc = put(rng.standard_normal((n_kv, n_ctx, hd)).astype(np.float16))
+        vc = put(rng.standard_normal((n_kv, n_ctx, hd)).astype(np.float16))
+        q = put(rng.standard_normal(H * hd).astype(np.float32))
+        out = put(np.zeros(H * hd, np.float32))
+        tickets = put(np.zeros(attn_tickets(H, n_kv, 1), np.int32))
+        row = []
+        for n in KEYS:
+            S = attn_splits(kv_bucket(n), hd)
+            opart = put(np.zeros(S * H * hd, np.float32))
+            ml = put(np.zeros(S * H * 2, np.float32))
+            pos = put(np.array([n - 1], np.int32))
+            row.append(time_launches(rt, lambda: attention_launch(
+                rt, q, H * hd, kc, vc, 0, 0, opart, ml, tickets, pos, 1, H, n_kv, hd, n_ctx, 0, 0.125, 0.0, out,
+                0, 0, S)))
+        print(f"{name:20s}" + "".join(f"{x:9.2f}" for x in row) + "   µs")
+
+
+if __name__ == "__main__":
+    main()
