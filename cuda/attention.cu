@@ -47,6 +47,7 @@ struct AttnShape {
     static constexpr int E = CHUNK / ROWS_PER_PASS;          // K (and V) rows per thread per step
     static constexpr int RW = SEGS < 32 ? SEGS : 32;         // lanes of a warp that share a row
     static_assert(E >= 1 && CHUNK % ROWS_PER_PASS == 0, "chunk must cover whole passes");
+    static_assert(ATTN_MAX_SPLITS <= 32, "the combine gives each split one lane");
 };
 
 // 8 consecutive values of one cache row: one 16-byte load (f16) or 8 bytes + the block scale (q8_0).
@@ -93,7 +94,7 @@ __device__ void attn_rows(const float* __restrict__ q, int q_ld, const void* __r
     __shared__ float p_s[G][S::CHUNK];
     __shared__ float m_s[G], l_s[G], corr_s[G];
     __shared__ __align__(16) float o_s[ATTN_WARPS][G][HD];
-    __shared__ float c_s[G][ATTN_MAX_SPLITS], lp_s[G][ATTN_MAX_SPLITS];
+    __shared__ float c_s[G][ATTN_MAX_SPLITS];
     __shared__ int last_s;
 
     const int group = n_head / n_kv;
@@ -250,33 +251,26 @@ __device__ void attn_rows(const float* __restrict__ q, int q_ld, const void* __r
         if (!last_s) return;
         __threadfence();
         // The row's last block merges the n_act splits in split order. Reads go to L2 (__ldcg:
-        // other SMs wrote them) and each thread issues its loads of a batch of splits together.
-        for (int i = tid; i < g * n_act; i += ATTN_THREADS) {
-            const int hh = i / n_act, sp = i % n_act;
-            const size_t r = ((size_t)t * S_grid + sp) * n_head + h0 + hh;
-            c_s[hh][sp] = __ldcg(&ml[r * 2]);
-            lp_s[hh][sp] = __ldcg(&ml[r * 2 + 1]);
+        // other SMs wrote them). Split weights: warp w takes heads w, w + ATTN_WARPS, ..., one
+        // lane per split; then each thread issues its partial loads 16 splits at a time.
+        for (int hh = warp; hh < g; hh += ATTN_WARPS) {
+            const size_t r = ((size_t)t * S_grid + lane) * n_head + h0 + hh;
+            const float m = lane < n_act ? __ldcg(&ml[r * 2]) : -INFINITY;
+            const float l = lane < n_act ? __ldcg(&ml[r * 2 + 1]) : 0.0f;
+            const float M = warp_max(m);
+            const float c = lane < n_act ? expf(m - M) : 0.0f;
+            const float L = warp_sum(c * l);
+            c_s[hh][lane] = c;
+            if (lane == 0) l_s[hh] = L;
         }
-        __syncthreads();
-        if (tid < g) {
-            float M = -INFINITY;
-            for (int sp = 0; sp < n_act; ++sp) M = fmaxf(M, c_s[tid][sp]);
-            float L = 0.0f;
-            for (int sp = 0; sp < n_act; ++sp) {
-                const float c = expf(c_s[tid][sp] - M);
-                c_s[tid][sp] = c;
-                L += c * lp_s[tid][sp];
-            }
-            l_s[tid] = L;
-            if (tid == 0) *ticket = 0;  // ready for the next launch
-        }
+        if (tid == 0) *ticket = 0;  // ready for the next launch
         __syncthreads();
         for (int i = tid; i < g * HD / 4; i += ATTN_THREADS) {
             const int hh = (4 * i) / HD, d = (4 * i) % HD;
             const float4* src = reinterpret_cast<const float4*>(opart + (((size_t)t * S_grid) * n_head + h0 + hh) * HD + d);
             const size_t split_stride = (size_t)n_head * HD / 4;
             float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll 8
+#pragma unroll 16
             for (int sp = 0; sp < n_act; ++sp) {
                 const float4 v = __ldcg(src + sp * split_stride);
                 const float c = c_s[hh][sp];
