@@ -271,3 +271,16 @@ def test_padded_runs_fit_stage2(vocab):
     n_blocks = -(-vocab // STAGE1_CHUNK)
     assert (1 << (n_blocks - 1).bit_length()) * k <= STAGE2_MAX_CANDIDATES
     assert k == 128 or n_blocks * 2 * k > STAGE2_MAX_CANDIDATES  # as many as fit
+
+
+@pytest.mark.parametrize("name", ["top_p", "top_p+min_p"])
+def test_model_with_most_tokens_masked(name):
+    """The grammar bitmask leaves -inf logits: they sort last, tie among themselves, never kept."""
+    vocab = 49152
+    rng = np.random.default_rng(11)
+    logits = (rng.standard_normal(vocab) * 3.6).astype(np.float32)
+    logits[rng.random(vocab) < 0.97] = -np.inf
+    ids, _ = model(logits, CASES[name])
+    ref_ids, _ = filtered_candidates(logits, CASES[name], [])
+    assert np.isfinite(logits[ids]).all()
+    assert set(ids.tolist()) == set(ref_ids.tolist())

@@ -243,3 +243,21 @@ def test_a_nucleus_wider_than_the_candidates_keeps_the_candidates(gpu):
     lv = logits[cand].astype(np.float64)
     log_z = np.log(np.exp(lv - lv.max()).sum()) + lv.max()
     assert np.max(np.abs(logprobs - (logits[tokens] - log_z))) < 2e-5
+
+
+def test_bitmask_with_top_k_off_at_a_real_vocab(gpu):
+    vocab = 262144
+    sampler = GpuSampler(gpu.rt, _GraphPoolView(gpu.pool), vocab)
+    rng = np.random.default_rng(12)
+    logits = (rng.standard_normal(vocab) * 3.6).astype(np.float32)
+    allowed = rng.random(vocab) < 0.03
+    params = BIG_CASES["top_p"]
+    masked = np.where(allowed, logits, -np.inf).astype(np.float32)
+    ids, probs = final_distribution(masked, params, [])
+    tokens, logprobs = draw(gpu, sampler, logits, params, [], 3000, mask=allowed)
+    assert allowed[tokens].all()
+    assert set(tokens.tolist()) <= set(ids.tolist())
+    chi2, df = grouped_chi_square(tokens, ids, probs)
+    assert chi2 < df + 6 * np.sqrt(2 * df), (chi2, df, ids.size)
+    prob_of = dict(zip(ids.tolist(), probs.tolist()))
+    assert np.max(np.abs(logprobs - np.log([prob_of[t] for t in tokens.tolist()]))) < 2e-5
