@@ -369,7 +369,7 @@ __device__ void filtered_draw(const float* cv, const int* ci, int n, const Sampl
             if (e < per && first + e < kept && cum >= target && cross == 0x7fffffff) cross = first + e;
         }
         cross = block_min_int(cross, iscratch);
-        kept = min(kept, cross + 1);  // never reached (the nucleus is wider than the candidates): all
+        if (cross != 0x7fffffff) kept = cross + 1;  // else never reached (a nucleus wider than the candidates): all
     }
     if (p.min_p > 0.0f) {  // p >= min_p * p_max at T = 1, as engine/sampling.py
         const float floor_l = c0 + logf(p.min_p);

@@ -119,19 +119,35 @@ def stage2_sorted(cand_v, cand_i, n_blocks, local_k, cap_top_k):
     return cv[:n], ci[:n]
 
 
-def filtered_kept(cv, ci, p: SamplingParams, vocab, Z1, M):
-    """filtered_draw's cuts on the sorted candidates: (kept ids, kept logits)."""
+NONE = 0x7FFFFFFF  # the kernel's "no place found" for a block min
+
+
+def filtered_kept(cv, ci, p: SamplingParams, vocab, Z1, M, threads=1024):
+    """filtered_draw's cuts on the sorted candidates, written as the kernel does them (thread t
+    owns places [t * per, (t + 1) * per), exclusive scan of the per-thread sums in double, block
+    min of the first crossing): (kept ids, kept logits)."""
+    n = cv.size
+    per = -(-n // threads)
     k_on = 0 < p.top_k < vocab
-    kept = int(np.sum(cv > -np.inf))
+    kept = int(np.sum(cv > -np.inf))  # __syncthreads_count
     if k_on:
         kept = min(kept, p.top_k)
     c0 = cv[0]
+    if kept == 0:
+        return ci[:1], cv[:1]
     if p.top_p < 1.0 and kept > 1:
-        w = np.exp(cv[:kept] - c0).astype(np.float32)  # expf
-        cum = np.cumsum(w, dtype=np.float64)             # the kernel's running sums are double
-        target = float(np.float32(p.top_p)) * (cum[-1] if k_on else Z1 * np.exp(float(M) - float(c0)))
-        hit = np.flatnonzero(cum >= target)
-        kept = min(kept, int(hit[0]) + 1) if hit.size else kept
+        w = np.where(np.arange(n) < kept, np.exp(cv - c0), 0).astype(np.float32)  # expf
+        w = np.pad(w, (0, per * threads - n)).reshape(threads, per).astype(np.float64)
+        sums = w.sum(axis=1)
+        excl = np.concatenate([[0.0], np.cumsum(sums)[:-1]])  # block_excl_scan
+        total = sums.sum()
+        cum = excl[:, None] + np.cumsum(w, axis=1)
+        target = float(np.float32(p.top_p)) * (total if k_on else Z1 * np.exp(float(M) - float(c0)))
+        place = np.arange(per * threads).reshape(threads, per)
+        hit = (place < kept) & (cum >= target)
+        cross = int(place[hit].min()) if hit.any() else NONE  # block_min_int
+        if cross != NONE:
+            kept = cross + 1
     if p.min_p > 0.0:
         floor_l = c0 + np.float32(np.log(np.float32(p.min_p)))
         kept = max(int(np.sum(cv[:kept] >= floor_l)), 1)
