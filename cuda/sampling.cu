@@ -82,8 +82,9 @@ __device__ __forceinline__ bool before(float va, int ia, float vb, int ib) {
 
 // Sorting, in two pieces that need few block barriers:
 //  - warp_sort128: a warp sorts 128 (value, index) pairs it holds in registers, 4 per lane
-//    (position r * 32 + lane in register r): a bitonic network whose partners are either in the
-//    same lane (distance >= 32: a register swap) or in lane ^ j (a shuffle). No shared memory.
+//    (position lane * 4 + r in register r): a bitonic network whose partners are either in the
+//    same lane (distance j < 4: a register swap, 13 of the 28 steps) or in lane ^ (j / 4) (a
+//    shuffle). No shared memory.
 //  - merge_round: the block merges pairs of sorted runs in shared memory by rank. An element's
 //    place in the merged run is its place in its own run plus the count of the partner run's
 //    elements that go before it (a binary search); ties go to the even run first, so a pair's
@@ -100,10 +101,10 @@ __device__ void warp_sort128(float (&v)[4], int (&ix)[4]) {
         for (int j = k >> 1; j > 0; j >>= 1) {
 #pragma unroll
             for (int r = 0; r < 4; ++r) {
-                const int i = r * 32 + lane;
+                const int i = lane * 4 + r;
                 const bool up = (i & k) == 0;  // this k-sequence runs best first
-                if (j >= 32) {                 // partner: register r ^ (j / 32) of this lane
-                    const int ro = r ^ (j >> 5);
+                if (j < 4) {                   // partner: register r ^ j of this lane
+                    const int ro = r ^ j;
                     if (ro > r) {
                         const bool swap = up ? before(v[ro], ix[ro], v[r], ix[r]) : before(v[r], ix[r], v[ro], ix[ro]);
                         if (swap) {
@@ -111,9 +112,9 @@ __device__ void warp_sort128(float (&v)[4], int (&ix)[4]) {
                             const int ti = ix[r]; ix[r] = ix[ro]; ix[ro] = ti;
                         }
                     }
-                } else {                       // partner: register r of lane ^ j
-                    const float ov = __shfl_xor_sync(0xffffffffu, v[r], j);
-                    const int oi = __shfl_xor_sync(0xffffffffu, ix[r], j);
+                } else {                       // partner: register r of lane ^ (j / 4)
+                    const float ov = __shfl_xor_sync(0xffffffffu, v[r], j >> 2);
+                    const int oi = __shfl_xor_sync(0xffffffffu, ix[r], j >> 2);
                     const bool wants_better = ((i & j) == 0) == up;  // the pair's first place when up
                     const bool take = wants_better ? before(ov, oi, v[r], ix[r]) : before(v[r], ix[r], ov, oi);
                     if (take) { v[r] = ov; ix[r] = oi; }
@@ -229,7 +230,7 @@ __device__ int block_min_int(int x, int* scratch) {
 // place, then per block: max logit, argmax, sum e^(l - max) at T = 1 and at T, the best Gumbel
 // score, and (filters on) its local_k best logits sorted best first.
 // part: per block 8 floats: max, argmax, sum1, sumT, gumbel value, gumbel index, -, -.
-extern "C" __global__ void __launch_bounds__(S1_THREADS) sample_stage1(
+extern "C" __global__ void __launch_bounds__(S1_THREADS, 1) sample_stage1(
     float* logits, const uint32_t* mask, const SampleParams* params, float* part, float* cand_v, int* cand_i,
     int vocab, int local_k) {
     pdl_entry();
@@ -305,13 +306,13 @@ extern "C" __global__ void __launch_bounds__(S1_THREADS) sample_stage1(
         o[4] = gbest; o[5] = __int_as_float(gidx); o[6] = 0.0f; o[7] = 0.0f;
     }
     if (p.temperature > 0.0f && filters_on(p, vocab)) {
-        // the warp's 128 pairs (position r * 32 + lane) sorted in registers, then 5 merge rounds
+        // the warp's 128 pairs (position lane * 4 + r) sorted in registers, then 5 merge rounds
         // keep the block's best local_k (<= RUN, sampler.py LOCAL_K_MAX) in sv/si[0, local_k)
         warp_sort128(lv, li);
 #pragma unroll
         for (int r = 0; r < PER; ++r) {
-            sv[warp * RUN + r * 32 + lane] = lv[r];
-            si[warp * RUN + r * 32 + lane] = li[r];
+            sv[warp * RUN + lane * 4 + r] = lv[r];
+            si[warp * RUN + lane * 4 + r] = li[r];
         }
         __syncthreads();
         int L = RUN;

@@ -26,7 +26,7 @@ def before(va, ia, vb, ib):
 
 
 def warp_sort128(v, ix):
-    """v, ix: [4, 32 * n_warps] (register r of lane l of warp w = position r * 32 + l of warp w's
+    """v, ix: [4, 32 * n_warps] (register r of lane l of warp w = position l * 4 + r of warp w's
     run), each warp's 128 sorted best first in place."""
     col = np.arange(v.shape[1])
     lane = col & 31
@@ -35,21 +35,26 @@ def warp_sort128(v, ix):
         j = k >> 1
         while j > 0:
             for r in range(4):
-                i = r * 32 + lane
+                i = lane * 4 + r
                 up = (i & k) == 0
-                if j >= 32:
-                    ro = r ^ (j >> 5)
+                if j < 4:
+                    ro = r ^ j
                     if ro > r:
                         swap = np.where(up, before(v[ro], ix[ro], v[r], ix[r]), before(v[r], ix[r], v[ro], ix[ro]))
                         v[r], v[ro] = np.where(swap, v[ro], v[r]), np.where(swap, v[r], v[ro])
                         ix[r], ix[ro] = np.where(swap, ix[ro], ix[r]), np.where(swap, ix[r], ix[ro])
                 else:
-                    ov, oi = v[r][col ^ j], ix[r][col ^ j]  # __shfl_xor_sync within the warp
+                    ov, oi = v[r][col ^ (j >> 2)], ix[r][col ^ (j >> 2)]  # __shfl_xor_sync in the warp
                     wants_better = ((i & j) == 0) == up
                     take = np.where(wants_better, before(ov, oi, v[r], ix[r]), before(v[r], ix[r], ov, oi))
                     v[r], ix[r] = np.where(take, ov, v[r]), np.where(take, oi, ix[r])
             j >>= 1
         k <<= 1
+
+
+def warp_run(v, ix, w):
+    """Warp w's run in position order (position lane * 4 + r)."""
+    return v[:, w * 32:(w + 1) * 32].T.ravel(), ix[:, w * 32:(w + 1) * 32].T.ravel()
 
 
 def merge_round(v, ix, n_runs, L, cap):
@@ -91,9 +96,9 @@ def stage1(logits, local_k):
     cand_i = np.empty(n_blocks * local_k, np.int64)
     for blk in range(n_blocks):
         cols = slice(blk * 1024, (blk + 1) * 1024)
-        # sv[warp * RUN + r * 32 + lane] = register r of that lane
-        sv = lv[:, cols].reshape(4, 32, 32).transpose(1, 0, 2).ravel().copy()
-        si = li[:, cols].reshape(4, 32, 32).transpose(1, 0, 2).ravel().copy()
+        # sv[warp * RUN + lane * 4 + r] = register r of that lane
+        sv = lv[:, cols].reshape(4, 32, 32).transpose(1, 2, 0).ravel().copy()
+        si = li[:, cols].reshape(4, 32, 32).transpose(1, 2, 0).ravel().copy()
         L, runs = RUN, STAGE1_CHUNK // RUN
         while runs > 1:
             merge_round(sv, si, runs, L, local_k)
@@ -185,11 +190,11 @@ def test_warp_sort128_sorts(seed):
     v[rng.integers(0, 4, 10), rng.integers(0, 64, 10)] = 1.5  # ties broken by index
     ix = rng.permutation(4096)[:256].reshape(4, 64)
     ix[3, -5:] = PAD                              # padding duplicates
-    want = [exact_order(v[:, w * 32:(w + 1) * 32].ravel(), ix[:, w * 32:(w + 1) * 32].ravel()) for w in range(2)]
+    want = [exact_order(*warp_run(v, ix, w)) for w in range(2)]
     warp_sort128(v, ix)
     for w, (want_v, want_i) in enumerate(want):
-        assert np.array_equal(v[:, w * 32:(w + 1) * 32].ravel(), want_v)
-        assert np.array_equal(ix[:, w * 32:(w + 1) * 32].ravel(), want_i)
+        got_v, got_i = warp_run(v, ix, w)
+        assert np.array_equal(got_v, want_v) and np.array_equal(got_i, want_i)
 
 
 @pytest.mark.parametrize("L,n_runs,cap", [(128, 32, 128), (128, 16, 40), (64, 128, 8192), (40, 8, 40), (128, 2, 500)])
