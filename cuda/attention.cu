@@ -129,13 +129,28 @@ __device__ void attn_rows(const float* __restrict__ q, int q_ld, const void* __r
         for (int e = 0; e < 8; ++e) o[hh][e] = 0.0f;
 
     const size_t row0 = (size_t)kvh * n_ctx;
-    for (int c0 = j0; c0 < j1; c0 += S::CHUNK) {
-        Kv8<Q8> kr[S::E], vr[S::E];
+    // K/V rows of a step; rows past the end read the last valid row (weight 0 below). The next
+    // step's rows are loaded before this step's math (long splits: one memory wait per split).
+    Kv8<Q8> kr[S::E], vr[S::E], kn[S::E], vn[S::E];
 #pragma unroll
-        for (int e = 0; e < S::E; ++e) {  // rows past the end read the last valid row (weight 0 below)
-            const size_t row = row0 + min(c0 + r0 + e * S::ROWS_PER_PASS, j1 - 1);
-            kr[e].load(kc, kd, row, seg, HD);
-            vr[e].load(vc, vd, row, seg, HD);
+    for (int e = 0; e < S::E; ++e) {
+        const size_t row = row0 + min(j0 + r0 + e * S::ROWS_PER_PASS, j1 - 1);
+        kn[e].load(kc, kd, row, seg, HD);
+        vn[e].load(vc, vd, row, seg, HD);
+    }
+    for (int c0 = j0; c0 < j1; c0 += S::CHUNK) {
+#pragma unroll
+        for (int e = 0; e < S::E; ++e) {
+            kr[e] = kn[e];
+            vr[e] = vn[e];
+        }
+        if (c0 + S::CHUNK < j1) {
+#pragma unroll
+            for (int e = 0; e < S::E; ++e) {
+                const size_t row = row0 + min(c0 + S::CHUNK + r0 + e * S::ROWS_PER_PASS, j1 - 1);
+                kn[e].load(kc, kd, row, seg, HD);
+                vn[e].load(vc, vd, row, seg, HD);
+            }
         }
         __syncthreads();  // q_s ready (first step); p_s free (later steps)
         // partial dots first, then the lane reductions level by level over all of them: E * G
