@@ -315,14 +315,17 @@ extern "C" __global__ void __launch_bounds__(S1_THREADS, 1) sample_stage1(
             si[warp * RUN + lane * 4 + r] = li[r];
         }
         __syncthreads();
+        // top_k on: only the block's best k can be among the best k overall; the rest of its
+        // local_k places are written empty (-inf), which stage 2 sorts last
+        const int cap = (p.top_k > 0 && p.top_k < local_k) ? p.top_k : local_k;
         int L = RUN;
         for (int runs = S1_CHUNK / RUN; runs > 1; runs >>= 1) {
-            merge_round<PER>(sv, si, runs, L, local_k);
-            L = min(2 * L, local_k);
+            merge_round<PER>(sv, si, runs, L, cap);
+            L = min(2 * L, cap);
         }
         for (int i = threadIdx.x; i < local_k; i += S1_THREADS) {
-            cand_v[blockIdx.x * local_k + i] = sv[i];
-            cand_i[blockIdx.x * local_k + i] = si[i];
+            cand_v[blockIdx.x * local_k + i] = i < cap ? sv[i] : -INFINITY;
+            cand_i[blockIdx.x * local_k + i] = i < cap ? si[i] : 0x7fffffff;
         }
     }
 }

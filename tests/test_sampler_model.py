@@ -82,8 +82,9 @@ def merge_round(v, ix, n_runs, L, cap):
     v[dst[keep]], ix[dst[keep]] = xv[keep], xi[keep]
 
 
-def stage1(logits, local_k):
-    """Per block: its best local_k (value, index) pairs sorted best first, as the kernel leaves them."""
+def stage1(logits, local_k, top_k=0):
+    """Per block: its best local_k (value, index) pairs sorted best first, as the kernel leaves
+    them; top_k on (< local_k): the best top_k, then empty places."""
     vocab = logits.shape[0]
     n_blocks = -(-vocab // STAGE1_CHUNK)
     # thread t of block b holds token b * 4096 + t + r * 1024 in register r; warp w = threads 32w..
@@ -99,10 +100,12 @@ def stage1(logits, local_k):
         # sv[warp * RUN + lane * 4 + r] = register r of that lane
         sv = lv[:, cols].reshape(4, 32, 32).transpose(1, 2, 0).ravel().copy()
         si = li[:, cols].reshape(4, 32, 32).transpose(1, 2, 0).ravel().copy()
+        cap = top_k if 0 < top_k < local_k else local_k
         L, runs = RUN, STAGE1_CHUNK // RUN
         while runs > 1:
-            merge_round(sv, si, runs, L, local_k)
-            L, runs = min(2 * L, local_k), runs >> 1
+            merge_round(sv, si, runs, L, cap)
+            L, runs = min(2 * L, cap), runs >> 1
+        sv[cap:local_k], si[cap:local_k] = -np.inf, PAD
         cand_v[blk * local_k: (blk + 1) * local_k] = sv[:local_k]
         cand_i[blk * local_k: (blk + 1) * local_k] = si[:local_k]
     return cand_v, cand_i
@@ -166,10 +169,12 @@ def model(logits, p: SamplingParams):
     vocab = logits.shape[0]
     local_k = local_k_for(vocab)
     n_blocks = -(-vocab // STAGE1_CHUNK)
-    key = logits.tobytes()  # stage 1 does not depend on the knobs: once per logits case
+    top_k = p.top_k if 0 < p.top_k < vocab else 0
+    key = logits.tobytes() + bytes(str(min(top_k, local_k)), "ascii")  # once per logits case and cap
     if key not in _STAGE1_CACHE:
-        _STAGE1_CACHE.clear()
-        _STAGE1_CACHE[key] = stage1(logits, local_k)
+        if len(_STAGE1_CACHE) > 4:
+            _STAGE1_CACHE.clear()
+        _STAGE1_CACHE[key] = stage1(logits, local_k, top_k)
     cand_v, cand_i = _STAGE1_CACHE[key]
     cv, ci = stage2_sorted(cand_v, cand_i, n_blocks, local_k, p.top_k if 0 < p.top_k < vocab else 0)
     M = float(logits.max())
@@ -223,10 +228,13 @@ def test_stage1_keeps_each_blocks_best_sorted():
     logits = (rng.standard_normal(vocab) * 3).astype(np.float32)
     local_k = local_k_for(vocab)
     cand_v, cand_i = stage1(logits, local_k)
+    cut_v, cut_i = stage1(logits, local_k, top_k=40)
     for blk in range(3):
         ids = np.arange(blk * STAGE1_CHUNK, min(vocab, (blk + 1) * STAGE1_CHUNK))
         want_v, want_i = exact_order(logits[ids], ids)
         assert np.array_equal(cand_i[blk * local_k:(blk + 1) * local_k], want_i[:local_k])
+        run_v, run_i = cut_v[blk * local_k:(blk + 1) * local_k], cut_i[blk * local_k:(blk + 1) * local_k]
+        assert np.array_equal(run_i[:40], want_i[:40]) and np.all(run_i[40:] == PAD) and np.all(run_v[40:] == -np.inf)
 
 
 def logits_case(kind, vocab, seed):
