@@ -1,7 +1,7 @@
 """`--kv-type q8_0` on the cpu: the reference quantizer against gguf's own Q8_0, the cache and the
 backend with it, the flags of memra-chat / memra-bench, and the GPU-side choices that need no GPU
 (cache sizes and layout, which write kernel a forward launches). The device kernels are checked
-in tests/gpu/test_kv_q8_0.py.
+in tests/gpu/test_kv_q8_0_gpu.py.
 """
 from __future__ import annotations
 
