@@ -137,3 +137,53 @@ def test_batched_columns_bit_identical_to_single(gpu, ggml_type):
         for v in quant_ops.FUSED_VARIANTS:  # quantize inside the matvec: same bytes, same sums
             assert np.array_equal(run_matvec(rt, pool, w, x[:2], variant=v, fused=True), singles[:2]), f"fused {v} differs"
 
+
+
+@pytest.mark.parametrize("ggml_type", [QT.Q4_1, QT.Q5_0, QT.Q4_K, QT.Q6_K, QT.Q8_0], ids=lambda t: t.name)
+@pytest.mark.parametrize("rows,pre", [(576, False), (640, True), (1000, False), (77, True)])
+def test_matvec_addnorm_equals_matvec_then_norm_kernels(gpu, ggml_type, rows, pre):
+    """The decode epilogue (matvec.cu: y = W x, then the last block's add + RMSNorm, gemma's
+    pre-norm too) gives the bytes of matvec + add_rms_norm_f32 / norm_add_rms_norm_f32 launched
+    one after the other, as verify does: h, yn, yb and the q8_1 row, and leaves its ticket at 0."""
+    rt, pool = gpu.rt, gpu.pool
+    cols = 1024 if ggml_type in (QT.Q4_K, QT.Q6_K) else 576
+    rng = np.random.default_rng(rows + int(ggml_type) + 7 * pre)
+    w, _ = upload(rt, pool, ggml_type, rows, cols, rng)
+    x = rng.standard_normal((1, cols)).astype(np.float32)
+    a = rng.standard_normal(rows).astype(np.float32)
+    wn = rng.uniform(0.5, 1.5, rows).astype(np.float32)
+    wb = rng.uniform(0.5, 1.5, rows).astype(np.float32)
+    xq = gpu.empty(quant_ops.q8_1_nbytes(cols, 1) // 4 + 1)
+    quant_ops.quantize_q8_1(rt, gpu.put(x), xq, cols, 1)
+    q8_words = quant_ops.q8_1_nbytes(rows, 1) // 4 + 1
+    eps, eps_b = 1e-6, 1e-5
+    got, ref = {}, {}
+    for fused, out in ((True, got), (False, ref)):
+        y, h, yn, yb = (gpu.empty(rows) for _ in range(4))
+        xq_out = gpu.empty(q8_words)
+        ticket = gpu.put(np.zeros(1, np.int32))
+        rt.upload(h, a)  # h aliases a, as in the decode step (the residual stream in place)
+        if fused:
+            quant_ops.matvec_addnorm(rt, w, xq, y, ticket, h, h, gpu.put(wn), yn, eps, xq_out,
+                                     pre_w_ptr=gpu.put(wb) if pre else 0, yb_ptr=yb if pre else 0, eps_b=eps_b)
+        else:
+            quant_ops.matvec(rt, w, 0, xq, y, 1)
+            block = -(-rows // 32) * 32
+            if pre:
+                rt.launch("norm_add_rms_norm_f32", 1, block, (h, h, y, gpu.put(wb), yb, np.float32(eps_b), gpu.put(wn),
+                                                              yn, rows, np.float32(eps), xq_out, 0))
+            else:
+                rt.launch("add_rms_norm_f32", 1, block, (h, h, y, gpu.put(wn), yn, rows, np.float32(eps), xq_out, 0))
+        for name, ptr in (("y", y), ("h", h), ("yn", yn)) + ((("yb", yb),) if pre else ()):
+            out[name] = gpu.get(ptr, rows)
+        out["xq"] = gpu.get(xq_out, quant_ops.q8_1_nbytes(rows, 1), np.uint8)
+        out["ticket"] = gpu.get(ticket, 1, np.int32)
+    assert np.isfinite(got["yn"]).all()
+    for name in ref:
+        assert np.array_equal(got[name], ref[name]), name
+    assert got["ticket"][0] == 0
+    # and the numbers are the norm's: yn = (a + y) / rms * wn (float64 check, not just self-consistency)
+    b = got["yb"] if pre else got["y"]
+    hv = a.astype(np.float64) + b
+    want = hv / np.sqrt(np.mean(hv ** 2) + eps) * wn
+    assert np.abs(got["yn"] - want).max() <= 1e-4 * np.abs(want).max()
