@@ -70,7 +70,7 @@ __device__ __forceinline__ void matvec_q(const uint8_t* __restrict__ wq, const u
         xq = static_cast<const int8_t*>(xsrc);
     }
     const int row0 = (blockIdx.x * MV_WARPS + (threadIdx.x >> 5)) * R;
-    if (row0 >= rows) return;  // (the add+norm kernels below keep such warps: see matvec_addnorm)
+    if (row0 >= rows) return;
     const int nb = cols / T::QK;
     const int nu = nb * T::UNITS;
     float acc[R][C];
@@ -165,95 +165,6 @@ __device__ __forceinline__ void matvec_f(const uint8_t* __restrict__ w, const fl
     }
 }
 
-// ---- matvec + residual add + RMSNorm (decode, one token) ------------------------------------
-// b = W x (written to y), then the grid's last block computes what add_rms_norm_f32 (wb null) or
-// norm_add_rms_norm_f32 (wb given) would from b: optionally nb = rms_norm(b) * wb, then
-// h = a + (nb or b), yn = rms_norm(h) * w, and yn's q8_1 row. Saves the norm's launch per
-// residual add. Rows of n <= 1024 values: those kernels then run one element per thread, and this
-// epilogue reproduces their sums exactly (a warp tree per 32 values, then a warp tree over the
-// warp sums), so decode stays bit-identical to verify, which launches them separately.
-// ticket: one int, zero before the launch and left zero.
-__device__ __forceinline__ float addnorm_sum(float v, float* part, int c) {
-    const float s = warp_sum(v * v);
-    if ((threadIdx.x & 31) == 0) part[c] = s;
-    return s;
-}
-
-__device__ void addnorm_epilogue(const float* b, int n, int* ticket, float* h, const float* a, const float* wb,
-                                 float* yb, float eps_b, const float* w, float* yn, float eps, int8_t* xq) {
-    __shared__ float part[32];
-    __shared__ int last;
-    __threadfence();  // this block's y rows visible before its ticket
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(ticket, 1) == (int)gridDim.x - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int nw = (n + 31) >> 5;  // <= 32
-    constexpr int PER = 32 / MV_WARPS;  // 32-value chunks per warp at most
-    float v[PER];
-    if (wb != nullptr) {
-#pragma unroll
-        for (int k = 0; k < PER; ++k) {
-            const int c = warp + k * MV_WARPS, i = 32 * c + lane;
-            v[k] = i < n ? __ldcg(b + i) : 0.0f;
-            if (c < nw) addnorm_sum(v[k], part, c);
-        }
-        __syncthreads();
-        const float inv_b = rsqrtf(warp_sum(lane < nw ? part[lane] : 0.0f) / (float)n + eps_b);
-        __syncthreads();  // part is reused below
-#pragma unroll
-        for (int k = 0; k < PER; ++k) {
-            const int c = warp + k * MV_WARPS, i = 32 * c + lane;
-            if (i < n) {
-                const float nb = __fmul_rn(__fmul_rn(v[k], inv_b), wb[i]);  // as norm_add_rms_norm_f32
-                yb[i] = nb;
-                v[k] = a[i] + nb;
-                h[i] = v[k];
-            } else {
-                v[k] = 0.0f;
-            }
-            if (c < nw) addnorm_sum(v[k], part, c);
-        }
-    } else {
-#pragma unroll
-        for (int k = 0; k < PER; ++k) {
-            const int c = warp + k * MV_WARPS, i = 32 * c + lane;
-            v[k] = i < n ? a[i] + __ldcg(b + i) : 0.0f;
-            if (i < n) h[i] = v[k];
-            if (c < nw) addnorm_sum(v[k], part, c);
-        }
-    }
-    __syncthreads();
-    const float inv = rsqrtf(warp_sum(lane < nw ? part[lane] : 0.0f) / (float)n + eps);
-    const int kq = nw * 32;
-#pragma unroll
-    for (int k = 0; k < PER; ++k) {
-        const int c = warp + k * MV_WARPS, i = 32 * c + lane;
-        if (c < nw) {
-            const float yv = i < n ? v[k] * inv * w[i] : 0.0f;
-            if (i < n) yn[i] = yv;
-            quantize_block_q8_1(yv, xq + i, reinterpret_cast<float2*>(xq + kq) + c);
-        }
-    }
-    if (threadIdx.x == 0) *ticket = 0;  // ready for the next launch
-}
-
-#define MATVEC_ADDNORM(TYPE, R, U)                                                                              \
-    extern "C" __global__ __launch_bounds__(MV_WARPS * 32) void matvec_##TYPE##_r##R##u##U##_addnorm(           \
-        const uint8_t* wq, const uint8_t* wm, const int8_t* xq, float* y, int rows, int cols, int stride,        \
-        int* ticket, float* h, const float* a, const float* wb, float* yb, float eps_b, const float* w,         \
-        float* yn, float eps, int8_t* xq_out) {                                                                  \
-        pdl_entry();                                                                                             \
-        if ((blockIdx.x * MV_WARPS + (threadIdx.x >> 5)) * R < rows)                                             \
-            matvec_q<TYPE##_t, R, 1, U, false>(wq, wm, xq, y, rows, cols, 1, stride);                            \
-        addnorm_epilogue(y, rows, ticket, h, a, wb, yb, eps_b, w, yn, eps, xq_out);                              \
-    }
-#define MATVEC_ADDNORM_ALL(TYPE)                                                                                \
-    MATVEC_ADDNORM(TYPE, 1, 1) MATVEC_ADDNORM(TYPE, 1, 2) MATVEC_ADDNORM(TYPE, 1, 4) MATVEC_ADDNORM(TYPE, 2, 1) \
-    MATVEC_ADDNORM(TYPE, 2, 2)
-
 // ---- entry points ----------------------------------------------------------------------------
 // matvec_<type>_r<R>u<U>_c<C>(wq, wm, xq, y, rows, cols, n_tokens, stride): grid ceil(rows / (4R)),
 // block 128; C is the most columns the launch handles (n_tokens <= C).
@@ -286,15 +197,6 @@ MATVEC_Q_ALL(q8_0)
 MATVEC_Q_ALL(q4_K)
 MATVEC_Q_ALL(q5_K)
 MATVEC_Q_ALL(q6_K)
-
-MATVEC_ADDNORM_ALL(q4_0)
-MATVEC_ADDNORM_ALL(q4_1)
-MATVEC_ADDNORM_ALL(q5_0)
-MATVEC_ADDNORM_ALL(q5_1)
-MATVEC_ADDNORM_ALL(q8_0)
-MATVEC_ADDNORM_ALL(q4_K)
-MATVEC_ADDNORM_ALL(q5_K)
-MATVEC_ADDNORM_ALL(q6_K)
 
 // matvec_<type>_c<C>(w, x, y, rows, cols, n_tokens): grid ceil(rows / 4), block 128.
 #define MATVEC_F(TYPE, C)                                                                                  \
@@ -426,43 +328,3 @@ MATVEC_F_ALL(f32)
 // memra-kernel: matvec_f32_c4(PPPiii)
 // memra-kernel: matvec_f32_c8(PPPiii)
 // memra-kernel: matvec_f32_c16(PPPiii)
-// memra-kernel: matvec_q4_0_r1u1_addnorm(PPPPiiiPPPPPfPPfP)
-// memra-kernel: matvec_q4_0_r1u2_addnorm(PPPPiiiPPPPPfPPfP)
-// memra-kernel: matvec_q4_0_r1u4_addnorm(PPPPiiiPPPPPfPPfP)
-// memra-kernel: matvec_q4_0_r2u1_addnorm(PPPPiiiPPPPPfPPfP)
-// memra-kernel: matvec_q4_0_r2u2_addnorm(PPPPiiiPPPPPfPPfP)
-// memra-kernel: matvec_q4_1_r1u1_addnorm(PPPPiiiPPPPPfPPfP)
-// memra-kernel: matvec_q4_1_r1u2_addnorm(PPPPiiiPPPPPfPPfP)
-// memra-kernel: matvec_q4_1_r1u4_addnorm(PPPPiiiPPPPPfPPfP)
-// memra-kernel: matvec_q4_1_r2u1_addnorm(PPPPiiiPPPPPfPPfP)
-// memra-kernel: matvec_q4_1_r2u2_addnorm(PPPPiiiPPPPPfPPfP)
-// memra-kernel: matvec_q5_0_r1u1_addnorm(PPPPiiiPPPPPfPPfP)
-// memra-kernel: matvec_q5_0_r1u2_addnorm(PPPPiiiPPPPPfPPfP)
-// memra-kernel: matvec_q5_0_r1u4_addnorm(PPPPiiiPPPPPfPPfP)
-// memra-kernel: matvec_q5_0_r2u1_addnorm(PPPPiiiPPPPPfPPfP)
-// memra-kernel: matvec_q5_0_r2u2_addnorm(PPPPiiiPPPPPfPPfP)
-// memra-kernel: matvec_q5_1_r1u1_addnorm(PPPPiiiPPPPPfPPfP)
-// memra-kernel: matvec_q5_1_r1u2_addnorm(PPPPiiiPPPPPfPPfP)
-// memra-kernel: matvec_q5_1_r1u4_addnorm(PPPPiiiPPPPPfPPfP)
-// memra-kernel: matvec_q5_1_r2u1_addnorm(PPPPiiiPPPPPfPPfP)
-// memra-kernel: matvec_q5_1_r2u2_addnorm(PPPPiiiPPPPPfPPfP)
-// memra-kernel: matvec_q8_0_r1u1_addnorm(PPPPiiiPPPPPfPPfP)
-// memra-kernel: matvec_q8_0_r1u2_addnorm(PPPPiiiPPPPPfPPfP)
-// memra-kernel: matvec_q8_0_r1u4_addnorm(PPPPiiiPPPPPfPPfP)
-// memra-kernel: matvec_q8_0_r2u1_addnorm(PPPPiiiPPPPPfPPfP)
-// memra-kernel: matvec_q8_0_r2u2_addnorm(PPPPiiiPPPPPfPPfP)
-// memra-kernel: matvec_q4_K_r1u1_addnorm(PPPPiiiPPPPPfPPfP)
-// memra-kernel: matvec_q4_K_r1u2_addnorm(PPPPiiiPPPPPfPPfP)
-// memra-kernel: matvec_q4_K_r1u4_addnorm(PPPPiiiPPPPPfPPfP)
-// memra-kernel: matvec_q4_K_r2u1_addnorm(PPPPiiiPPPPPfPPfP)
-// memra-kernel: matvec_q4_K_r2u2_addnorm(PPPPiiiPPPPPfPPfP)
-// memra-kernel: matvec_q5_K_r1u1_addnorm(PPPPiiiPPPPPfPPfP)
-// memra-kernel: matvec_q5_K_r1u2_addnorm(PPPPiiiPPPPPfPPfP)
-// memra-kernel: matvec_q5_K_r1u4_addnorm(PPPPiiiPPPPPfPPfP)
-// memra-kernel: matvec_q5_K_r2u1_addnorm(PPPPiiiPPPPPfPPfP)
-// memra-kernel: matvec_q5_K_r2u2_addnorm(PPPPiiiPPPPPfPPfP)
-// memra-kernel: matvec_q6_K_r1u1_addnorm(PPPPiiiPPPPPfPPfP)
-// memra-kernel: matvec_q6_K_r1u2_addnorm(PPPPiiiPPPPPfPPfP)
-// memra-kernel: matvec_q6_K_r1u4_addnorm(PPPPiiiPPPPPfPPfP)
-// memra-kernel: matvec_q6_K_r2u1_addnorm(PPPPiiiPPPPPfPPfP)
-// memra-kernel: matvec_q6_K_r2u2_addnorm(PPPPiiiPPPPPfPPfP)

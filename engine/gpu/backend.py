@@ -91,8 +91,6 @@ class CudaBackend:
         self.step_ptr = alloc(8, "step")  # decode graph inputs: int32 token, int32 position
         self.ops.tickets_ptr = alloc(4 * self._n_tickets(), "attention_tickets")
         rt.memset_u32(self.ops.tickets_ptr, 0, self._n_tickets())  # attention leaves them zero after each launch
-        self.ops.mv_ticket_ptr = alloc(4, "matvec_ticket")
-        rt.memset_u32(self.ops.mv_ticket_ptr, 0, 1)  # likewise the matvec + add + norm epilogue
         self.sampler = GpuSampler(rt, self.pool, cfg.vocab_size)
         self.step_host = rt.pinned(2, np.int32)
         self.out_host = rt.pinned(1, OUT_DTYPE)

@@ -163,8 +163,6 @@ class GpuOps:
         self._xq: dict[tuple[int, int], int] = {}
         # Fusion switches (all on; the A/B script scripts/profile_decode.py turns them off one by one).
         self.fuse_add_norm = self.fuse_rope_kv = self.fuse_quant = True
-        self.mv_ticket_ptr = 0  # one zeroed int for the matvec + add + norm epilogue, set by the backend
-        self._pending_mv: tuple | None = None  # (weight, xq ptr, y): a one-token matvec not launched yet
         self._pending_add: tuple[DArray, DArray, DArray] | None = None  # (sum, a, b)
         self._pending_pre: tuple | None = None  # the pending add's b is this deferred norm's output
         self._pending_norm2d: tuple | None = None  # a row norm: (x, w, eps, y, xq, xq_stride)
@@ -176,7 +174,7 @@ class GpuOps:
         per-forward q8_1 cache."""
         self.arena.reset()
         self._xq.clear()
-        self._pending_add = self._pending_pre = self._pending_norm2d = self._pending_mv = None
+        self._pending_add = self._pending_pre = self._pending_norm2d = None
         self._pending_norm.clear()
         self._pending_rope.clear()
         self.bucket = bucket
@@ -187,10 +185,9 @@ class GpuOps:
         return DArray(self.arena.alloc(n * itemsize), tuple(shape), int(np.prod(shape[1:])))
 
     # ---- the ops Protocol ------------------------------------------------------------------
-    def flush(self, keep_mv: bool = False) -> None:
-        """Launch whatever is deferred (the backend calls this at the end of a forward).
-        keep_mv: all but a deferred one-token matvec (its add+norm consumer is on the way)."""
-        self._flush_add(keep_mv)
+    def flush(self) -> None:
+        """Launch whatever is deferred (the backend calls this at the end of a forward)."""
+        self._flush_add()
         for x, w, eps, y in self._pending_norm.values():
             self._launch_rms_norm(x, w, eps, y)
         self._pending_norm.clear()
@@ -219,11 +216,6 @@ class GpuOps:
         T = x.rows
         y = self.new((T, w.rows))
         parts = w.parts if isinstance(w, FusedWeight) else (w,)
-        xq = self._xq.get((x.ptr, T), 0)
-        if (T == 1 and len(parts) == 1 and not parts[0].layout.is_float and xq and self.fuse_add_norm
-                and (self.mv_ticket_ptr or self.dry) and w.rows <= quant_ops.ADDNORM_MAX_COLS):
-            self._pending_mv = (parts[0], xq, y)  # launched by the next op, or with its add+norm (rms_norm)
-            return y
         if len(parts) == 1 or T == 1:
             off = 0
             for part in parts:
@@ -245,7 +237,7 @@ class GpuOps:
             pre = None
         else:
             self._pending_norm2d = None  # b = that norm's output: it goes with the add (see rms_norm)
-        self.flush(keep_mv=self._mv_output_is(pre[0] if pre is not None else b))
+        self.flush()
         a = self._contiguous(a)
         y = self.new(a.shape)
         if isinstance(b, Vector):
@@ -275,21 +267,8 @@ class GpuOps:
     def heads(self, x: DArray, n_head: int) -> DArray:
         return DArray(x.ptr, (x.rows, n_head, x.width // n_head), x.ld)
 
-    def _mv_output_is(self, x) -> bool:
-        mv = self._pending_mv
-        return mv is not None and isinstance(x, DArray) and x.ptr == mv[2].ptr and x.shape == mv[2].shape
-
-    def _flush_mv(self) -> None:
-        if self._pending_mv is not None:
-            w, xq, y = self._pending_mv
-            self._pending_mv = None
-            quant_ops.matvec(self.rt, w, 0, xq, y.ptr, 1)
-
-    def _flush_add(self, keep_mv: bool = False) -> None:
-        """Launch a deferred matvec (unless keep_mv), a deferred row norm and a deferred add (with
-        the norm of its b, if deferred)."""
-        if not keep_mv:
-            self._flush_mv()
+    def _flush_add(self) -> None:
+        """Launch a deferred row norm and a deferred add (with the norm of its b, if deferred)."""
         if self._pending_norm2d is not None:
             x, w, eps, y, xq, stride = self._pending_norm2d
             self._pending_norm2d = None
@@ -320,23 +299,10 @@ class GpuOps:
         pending = self._pending_add
         if pending is not None and pending[0].ptr == x.ptr and pending[0].shape == x.shape:
             pre, self._pending_add, self._pending_pre = self._pending_pre, None, None
+            self.flush()
             total, a, b = pending
-            mv_feeds = self._mv_output_is(pre[0] if pre is not None else b)
-            self.flush(keep_mv=mv_feeds)
             y = self.new(x.shape)
             xq, stride = self._quantized_output(y)
-            if mv_feeds and xq:  # the matvec's last block does the add and the norm(s)
-                mw, mxq, my = self._pending_mv
-                self._pending_mv = None
-                if pre is None:
-                    quant_ops.matvec_addnorm(self.rt, mw, mxq, my.ptr, self.mv_ticket_ptr, total.ptr, a.ptr, w.ptr,
-                                             y.ptr, eps, xq)
-                else:
-                    _, bw, beps, yb, _, _ = pre
-                    self._xq.pop((yb.ptr, yb.rows), None)  # yb's q8_1 copy is not written here
-                    quant_ops.matvec_addnorm(self.rt, mw, mxq, my.ptr, self.mv_ticket_ptr, total.ptr, a.ptr, w.ptr,
-                                             y.ptr, eps, xq, pre_w_ptr=bw.ptr, yb_ptr=yb.ptr, eps_b=beps)
-                return y
             if pre is None:
                 self.rt.launch("add_rms_norm_f32", x.rows, block,
                                (total.ptr, a.ptr, b.ptr, w.ptr, y.ptr, n, np.float32(eps), xq, stride))
@@ -347,7 +313,7 @@ class GpuOps:
                                (total.ptr, a.ptr, bx.ptr, bw.ptr, yb.ptr, np.float32(beps), w.ptr, y.ptr, n,
                                 np.float32(eps), xq, stride))
             return y
-        self.flush(keep_mv=self._mv_output_is(x))  # (gemma's post-norm of a matvec: see add)
+        self.flush()
         y = self.new(x.shape)
         xq, stride = self._quantized_output(y) if heads == 1 else (0, 0)
         if self.fuse_add_norm and len(x.shape) == 2 and x.contiguous:

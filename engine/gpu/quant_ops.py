@@ -216,24 +216,6 @@ def matvec(rt, w: GpuWeight, x_ptr: int, xq_ptr: int | None, y_ptr: int, n_token
                   (w.q_ptr, w.meta_ptr, int(xq_ptr) + t0 * stride, int(y_ptr) + t0 * w.rows * 4, w.rows, w.cols, n, stride))
 
 
-ADDNORM_MAX_COLS = 1024  # matvec.cu's add+norm epilogue: rows of at most this many values
-
-
-def matvec_addnorm(rt, w: GpuWeight, xq_ptr: int, y_ptr: int, ticket_ptr: int, h_ptr: int, a_ptr: int,
-                   norm_w_ptr: int, yn_ptr: int, eps: float, xq_out_ptr: int,
-                   pre_w_ptr: int = 0, yb_ptr: int = 0, eps_b: float = 0.0) -> None:
-    """One token: y = W xq, then in the same launch what add_rms_norm_f32 (pre_w_ptr 0) or
-    norm_add_rms_norm_f32 would do with b = y: h = a + b (or a + rms_norm(b) * pre_w, written to
-    yb too), yn = rms_norm(h) * norm_w and its q8_1 row at xq_out. Bit-identical to those
-    launches (matvec.cu). w.rows <= ADDNORM_MAX_COLS; ticket: one zeroed int."""
-    assert not w.layout.is_float and w.rows <= ADDNORM_MAX_COLS
-    r, u = matvec_variant(w)
-    rt.launch(f"matvec_{w.layout.kernel_type}_r{r}u{u}_addnorm", -(-w.rows // (MATVEC_WARPS * r)), 32 * MATVEC_WARPS,
-              (w.q_ptr, w.meta_ptr, int(xq_ptr), int(y_ptr), w.rows, w.cols, q8_1_stride(w.cols), int(ticket_ptr),
-               int(h_ptr), int(a_ptr), int(pre_w_ptr), int(yb_ptr), np.float32(eps_b), int(norm_w_ptr), int(yn_ptr),
-               np.float32(eps), int(xq_out_ptr)))
-
-
 # ---- GEMM (prefill) ----------------------------------------------------------------------------
 # kernel prefix -> (tokens per tile, rows per tile, threads, dynamic shared bytes); see gemm.cu
 GEMM_TILES = {"gemm": (64, 64, 128, 34816), "gemm2": (128, 128, 256, 69632)}
