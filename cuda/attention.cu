@@ -13,10 +13,9 @@
 // has (graph buckets) and whether it is decoded alone or verified in a batch. Short contexts get
 // several blocks (a 128-key decode row: 2-4), not one SM doing every key.
 //
-// Combine without a launch: a row with one split writes its output directly. Otherwise each
-// split writes an unnormalized partial (o, m, l), takes a ticket, and the row's last block to
-// finish merges the splits in split order (deterministic) and resets the ticket counter.
-// Either way the output is also written as q8_1 for the o matvec when xq is given.
+// Merge: a row with one split writes its output directly. Otherwise each split writes an
+// unnormalized partial (o, m, l) and attn_merge, launched right after (PDL overlaps its launch),
+// merges the splits in split order.
 #include "common.cuh"
 #include "quants.cuh"
 
@@ -78,24 +77,48 @@ template <> struct Kv8<true> {
     }
 };
 
+// A row's split rule: its n keys go to at most ATTN_MAX_SPLITS splits of chunk * 2^k keys, the
+// smallest that fits. Depends on the row's position only (bit-identical rows across grids).
+__device__ __forceinline__ int attn_splits_of_row(int p, int window, int chunk, int& start, int& split_len) {
+    start = window > 0 ? max(0, p + 1 - window) : 0;
+    const int n_keys = p + 1 - start;
+    split_len = chunk;
+    while ((n_keys + split_len - 1) / split_len > ATTN_MAX_SPLITS) split_len *= 2;
+    return (n_keys + split_len - 1) / split_len;
+}
+
+// out = o / l for heads h0 .. h0 + g of row t, and its q8_1 copy for the o matvec: g * HD is a
+// multiple of 32, so each warp's iteration is one whole q8_1 block of one head.
+template <int HD, int G>
+__device__ __forceinline__ void attn_write_out(const float (*o)[HD], const float* l, int g, int h0, int t, int n_head,
+                                               float* out, int8_t* xq, int xq_stride) {
+    for (int i = threadIdx.x; i < g * HD; i += ATTN_THREADS) {
+        const int hh = i / HD, d = i % HD;
+        const float val = o[hh][d] / l[hh];
+        const int col = (h0 + hh) * HD + d;
+        out[(size_t)t * n_head * HD + col] = val;
+        if (xq) {
+            int8_t* xrow = xq + (size_t)t * xq_stride;
+            quantize_block_q8_1(val, xrow + col, reinterpret_cast<float2*>(xrow + n_head * HD) + (col >> 5));
+        }
+    }
+}
+
 // grid (n_kv * n_hgroups, n_splits >= any row's splits, T), block ATTN_THREADS.
 // q [T][q_ld] (heads of HD inside). opart [T][gridDim.y][n_head][HD], ml [T][gridDim.y][n_head][2];
-// tickets [T][gridDim.x] ints, zero before the launch and left zero after it.
 // Thread layout per step: thread i holds segment i % SEGS (8 dims) of rows i / SEGS + pass * ROWS_PER_PASS
 // of the chunk, for K and for V; all its loads of a step are issued before the first use.
 template <int HD, int G, bool Q8>
 __device__ void attn_rows(const float* __restrict__ q, int q_ld, const void* __restrict__ kc,
                           const void* __restrict__ vc, const half* __restrict__ kd, const half* __restrict__ vd,
-                          float* __restrict__ opart, float* __restrict__ ml, int* __restrict__ tickets,
-                          const int* __restrict__ pos, int n_head, int n_kv, int n_ctx, int window, float scale,
+                          float* __restrict__ opart, float* __restrict__ ml, const int* __restrict__ pos,
+                          int n_head, int n_kv, int n_ctx, int window, float scale,
                           float softcap, float* __restrict__ out, int8_t* __restrict__ xq, int xq_stride) {
     using S = AttnShape<HD>;
     __shared__ __align__(16) float q_s[G][HD];
     __shared__ float p_s[G][S::CHUNK];
     __shared__ float m_s[G], l_s[G], corr_s[G];
     __shared__ __align__(16) float o_s[ATTN_WARPS][G][HD];
-    __shared__ float c_s[G][ATTN_MAX_SPLITS];
-    __shared__ int last_s;
 
     const int group = n_head / n_kv;
     const int n_hgroups = (group + G - 1) / G;
@@ -112,12 +135,9 @@ __device__ void attn_rows(const float* __restrict__ q, int q_ld, const void* __r
         q_s[hh][d] = hh < g ? q[(size_t)t * q_ld + (size_t)(h0 + hh) * HD + d] * scale : 0.0f;
     }
     const int p = pos[t];
-    const int start = window > 0 ? max(0, p + 1 - window) : 0;
-    const int n_keys = p + 1 - start;
-    int split_len = S::CHUNK;
-    while ((n_keys + split_len - 1) / split_len > ATTN_MAX_SPLITS) split_len *= 2;
-    const int n_act = (n_keys + split_len - 1) / split_len;
-    if (s >= n_act) return;  // (the whole block: no ticket, the row's last block counts n_act)
+    int start, split_len;
+    const int n_act = attn_splits_of_row(p, window, S::CHUNK, start, split_len);
+    if (s >= n_act) return;
     const int j0 = start + s * split_len, j1 = min(p + 1, j0 + split_len);
 
     if (tid < G) { m_s[tid] = -INFINITY; l_s[tid] = 0.0f; }
@@ -253,116 +273,150 @@ __device__ void attn_rows(const float* __restrict__ q, int q_ld, const void* __r
         for (int w = 0; w < ATTN_WARPS; ++w) acc += o_s[w][hh][d];
         o_s[0][hh][d] = acc;
     }
-    if (n_act > 1) {
-        const int S_grid = gridDim.y;
-        const size_t prow0 = ((size_t)t * S_grid + s) * n_head + h0;
+    if (n_act > 1) {  // a partial for attn_merge
+        const size_t prow0 = ((size_t)t * gridDim.y + s) * n_head + h0;
         for (int i = tid; i < g * HD; i += ATTN_THREADS) opart[prow0 * HD + i] = o_s[0][i / HD][i % HD];
         if (tid < g) { ml[(prow0 + tid) * 2] = m_s[tid]; ml[(prow0 + tid) * 2 + 1] = l_s[tid]; }
-        __threadfence();  // partials visible device-wide before the ticket
-        __syncthreads();
-        int* ticket = tickets + (size_t)t * gridDim.x + blockIdx.x;
-        if (tid == 0) last_s = atomicAdd(ticket, 1) == n_act - 1;
-        __syncthreads();
-        if (!last_s) return;
-        __threadfence();
-        // The row's last block merges the n_act splits in split order. Reads go to L2 (__ldcg:
-        // other SMs wrote them). Split weights: warp w takes heads w, w + ATTN_WARPS, ..., one
-        // lane per split; then each thread issues its partial loads 16 splits at a time.
-        for (int hh = warp; hh < g; hh += ATTN_WARPS) {
-            const size_t r = ((size_t)t * S_grid + lane) * n_head + h0 + hh;
-            const float m = lane < n_act ? __ldcg(&ml[r * 2]) : -INFINITY;
-            const float l = lane < n_act ? __ldcg(&ml[r * 2 + 1]) : 0.0f;
-            const float M = warp_max(m);
-            const float c = lane < n_act ? expf(m - M) : 0.0f;
-            const float L = warp_sum(c * l);
-            c_s[hh][lane] = c;
-            if (lane == 0) l_s[hh] = L;
-        }
-        if (tid == 0) *ticket = 0;  // ready for the next launch
-        __syncthreads();
-        for (int i = tid; i < g * HD / 4; i += ATTN_THREADS) {
-            const int hh = (4 * i) / HD, d = (4 * i) % HD;
-            const float4* src = reinterpret_cast<const float4*>(opart + (((size_t)t * S_grid) * n_head + h0 + hh) * HD + d);
-            const size_t split_stride = (size_t)n_head * HD / 4;
-            float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll 16
-            for (int sp = 0; sp < n_act; ++sp) {
-                const float4 v = __ldcg(src + sp * split_stride);
-                const float c = c_s[hh][sp];
-                acc.x += c * v.x; acc.y += c * v.y; acc.z += c * v.z; acc.w += c * v.w;
-            }
-            *reinterpret_cast<float4*>(&o_s[0][hh][d]) = acc;
-        }
+        return;
     }
     __syncthreads();
-    // out = o / l, and its q8_1 copy: g * HD is a multiple of 32, so each warp's iteration is one
-    // whole q8_1 block of one head
-    for (int i = tid; i < g * HD; i += ATTN_THREADS) {
-        const int hh = i / HD, d = i % HD;
-        const float val = o_s[0][hh][d] / l_s[hh];
-        const int col = (h0 + hh) * HD + d;
-        out[(size_t)t * n_head * HD + col] = val;
-        if (xq) {
-            int8_t* xrow = xq + (size_t)t * xq_stride;
-            quantize_block_q8_1(val, xrow + col, reinterpret_cast<float2*>(xrow + n_head * HD) + (col >> 5));
-        }
+    attn_write_out<HD, G>(o_s[0], l_s, g, h0, t, n_head, out, xq, xq_stride);
+}
+
+// Merge the splits of rows with more than one (others: nothing to do). grid (n_kv * n_hgroups, 1, T),
+// block ATTN_THREADS; n_splits = the attention launch's grid.y (opart's layout). Split weights:
+// warp w takes heads w, w + ATTN_WARPS, ..., one lane per split; then each thread issues its
+// partial loads 16 splits at a time.
+template <int HD, int G>
+__device__ void attn_merge_rows(const float* __restrict__ opart, const float* __restrict__ ml,
+                                const int* __restrict__ pos, int n_head, int n_kv, int n_splits, int window,
+                                float* __restrict__ out, int8_t* __restrict__ xq, int xq_stride) {
+    static_assert(ATTN_MAX_SPLITS <= 32, "one lane per split");
+    __shared__ __align__(16) float o_s[G][HD];
+    __shared__ float c_s[G][ATTN_MAX_SPLITS], l_s[G];
+    const int group = n_head / n_kv;
+    const int n_hgroups = (group + G - 1) / G;
+    const int kvh = blockIdx.x / n_hgroups, hg = blockIdx.x % n_hgroups;
+    const int h0 = kvh * group + hg * G;
+    const int g = min(G, group - hg * G);
+    const int t = blockIdx.z, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int start, split_len;
+    const int n_act = attn_splits_of_row(pos[t], window, AttnShape<HD>::CHUNK, start, split_len);
+    if (n_act == 1) return;  // attention wrote this row
+    for (int hh = warp; hh < g; hh += ATTN_WARPS) {
+        const size_t r = ((size_t)t * n_splits + lane) * n_head + h0 + hh;
+        const float m = lane < n_act ? ml[r * 2] : -INFINITY;
+        const float l = lane < n_act ? ml[r * 2 + 1] : 0.0f;
+        const float M = warp_max(m);
+        const float c = lane < n_act ? expf(m - M) : 0.0f;
+        const float L = warp_sum(c * l);
+        c_s[hh][lane] = c;
+        if (lane == 0) l_s[hh] = L;
     }
+    __syncthreads();
+    for (int i = tid; i < g * HD / 4; i += ATTN_THREADS) {
+        const int hh = (4 * i) / HD, d = (4 * i) % HD;
+        const float4* src = reinterpret_cast<const float4*>(opart + ((size_t)t * n_splits * n_head + h0 + hh) * HD + d);
+        const size_t split_stride = (size_t)n_head * HD / 4;
+        float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 16
+        for (int sp = 0; sp < n_act; ++sp) {
+            const float4 v = src[sp * split_stride];
+            const float c = c_s[hh][sp];
+            acc.x += c * v.x; acc.y += c * v.y; acc.z += c * v.z; acc.w += c * v.w;
+        }
+        *reinterpret_cast<float4*>(&o_s[hh][d]) = acc;
+    }
+    __syncthreads();
+    attn_write_out<HD, G>(o_s, l_s, g, h0, t, n_head, out, xq, xq_stride);
 }
 
 #define ATTN_KERNEL(HD, G, KV, Q8)                                                                              \
     extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_hd##HD##_g##G##_##KV(                        \
         const float* q, int q_ld, const void* kc, const void* vc, const half* kd, const half* vd, float* opart,  \
-        float* ml, int* tickets, const int* pos, int n_head, int n_kv, int n_ctx, int window, float scale,       \
-        float softcap, float* out, int8_t* xq, int xq_stride) {                                                  \
+        float* ml, const int* pos, int n_head, int n_kv, int n_ctx, int window, float scale, float softcap,     \
+        float* out, int8_t* xq, int xq_stride) {                                                                 \
         pdl_entry();                                                                                             \
-        attn_rows<HD, G, Q8>(q, q_ld, kc, vc, kd, vd, opart, ml, tickets, pos, n_head, n_kv, n_ctx, window,      \
+        attn_rows<HD, G, Q8>(q, q_ld, kc, vc, kd, vd, opart, ml, pos, n_head, n_kv, n_ctx, window,               \
                              scale, softcap, out, xq, xq_stride);                                                \
     }
-// memra-kernel: attn_hd64_g1_f16(PiPPPPPPPPiiiiffPPi)
+// memra-kernel: attn_hd64_g1_f16(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(64, 1, f16, false)
-// memra-kernel: attn_hd64_g2_f16(PiPPPPPPPPiiiiffPPi)
+// memra-kernel: attn_hd64_g2_f16(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(64, 2, f16, false)
-// memra-kernel: attn_hd64_g4_f16(PiPPPPPPPPiiiiffPPi)
+// memra-kernel: attn_hd64_g4_f16(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(64, 4, f16, false)
-// memra-kernel: attn_hd64_g8_f16(PiPPPPPPPPiiiiffPPi)
+// memra-kernel: attn_hd64_g8_f16(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(64, 8, f16, false)
-// memra-kernel: attn_hd128_g1_f16(PiPPPPPPPPiiiiffPPi)
+// memra-kernel: attn_hd128_g1_f16(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(128, 1, f16, false)
-// memra-kernel: attn_hd128_g2_f16(PiPPPPPPPPiiiiffPPi)
+// memra-kernel: attn_hd128_g2_f16(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(128, 2, f16, false)
-// memra-kernel: attn_hd128_g4_f16(PiPPPPPPPPiiiiffPPi)
+// memra-kernel: attn_hd128_g4_f16(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(128, 4, f16, false)
-// memra-kernel: attn_hd128_g8_f16(PiPPPPPPPPiiiiffPPi)
+// memra-kernel: attn_hd128_g8_f16(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(128, 8, f16, false)
-// memra-kernel: attn_hd256_g1_f16(PiPPPPPPPPiiiiffPPi)
+// memra-kernel: attn_hd256_g1_f16(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(256, 1, f16, false)
-// memra-kernel: attn_hd256_g2_f16(PiPPPPPPPPiiiiffPPi)
+// memra-kernel: attn_hd256_g2_f16(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(256, 2, f16, false)
-// memra-kernel: attn_hd256_g4_f16(PiPPPPPPPPiiiiffPPi)
+// memra-kernel: attn_hd256_g4_f16(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(256, 4, f16, false)
-// memra-kernel: attn_hd256_g8_f16(PiPPPPPPPPiiiiffPPi)
+// memra-kernel: attn_hd256_g8_f16(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(256, 8, f16, false)
-// memra-kernel: attn_hd64_g1_q8_0(PiPPPPPPPPiiiiffPPi)
+// memra-kernel: attn_hd64_g1_q8_0(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(64, 1, q8_0, true)
-// memra-kernel: attn_hd64_g2_q8_0(PiPPPPPPPPiiiiffPPi)
+// memra-kernel: attn_hd64_g2_q8_0(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(64, 2, q8_0, true)
-// memra-kernel: attn_hd64_g4_q8_0(PiPPPPPPPPiiiiffPPi)
+// memra-kernel: attn_hd64_g4_q8_0(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(64, 4, q8_0, true)
-// memra-kernel: attn_hd64_g8_q8_0(PiPPPPPPPPiiiiffPPi)
+// memra-kernel: attn_hd64_g8_q8_0(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(64, 8, q8_0, true)
-// memra-kernel: attn_hd128_g1_q8_0(PiPPPPPPPPiiiiffPPi)
+// memra-kernel: attn_hd128_g1_q8_0(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(128, 1, q8_0, true)
-// memra-kernel: attn_hd128_g2_q8_0(PiPPPPPPPPiiiiffPPi)
+// memra-kernel: attn_hd128_g2_q8_0(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(128, 2, q8_0, true)
-// memra-kernel: attn_hd128_g4_q8_0(PiPPPPPPPPiiiiffPPi)
+// memra-kernel: attn_hd128_g4_q8_0(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(128, 4, q8_0, true)
-// memra-kernel: attn_hd128_g8_q8_0(PiPPPPPPPPiiiiffPPi)
+// memra-kernel: attn_hd128_g8_q8_0(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(128, 8, q8_0, true)
-// memra-kernel: attn_hd256_g1_q8_0(PiPPPPPPPPiiiiffPPi)
+// memra-kernel: attn_hd256_g1_q8_0(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(256, 1, q8_0, true)
-// memra-kernel: attn_hd256_g2_q8_0(PiPPPPPPPPiiiiffPPi)
+// memra-kernel: attn_hd256_g2_q8_0(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(256, 2, q8_0, true)
-// memra-kernel: attn_hd256_g4_q8_0(PiPPPPPPPPiiiiffPPi)
+// memra-kernel: attn_hd256_g4_q8_0(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(256, 4, q8_0, true)
-// memra-kernel: attn_hd256_g8_q8_0(PiPPPPPPPPiiiiffPPi)
+// memra-kernel: attn_hd256_g8_q8_0(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(256, 8, q8_0, true)
+
+#define ATTN_MERGE(HD, G)                                                                                        \
+    extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_merge_hd##HD##_g##G(                         \
+        const float* opart, const float* ml, const int* pos, int n_head, int n_kv, int n_splits, int window,     \
+        float* out, int8_t* xq, int xq_stride) {                                                                 \
+        pdl_entry();                                                                                             \
+        attn_merge_rows<HD, G>(opart, ml, pos, n_head, n_kv, n_splits, window, out, xq, xq_stride);              \
+    }
+// memra-kernel: attn_merge_hd64_g1(PPPiiiiPPi)
+ATTN_MERGE(64, 1)
+// memra-kernel: attn_merge_hd64_g2(PPPiiiiPPi)
+ATTN_MERGE(64, 2)
+// memra-kernel: attn_merge_hd64_g4(PPPiiiiPPi)
+ATTN_MERGE(64, 4)
+// memra-kernel: attn_merge_hd64_g8(PPPiiiiPPi)
+ATTN_MERGE(64, 8)
+// memra-kernel: attn_merge_hd128_g1(PPPiiiiPPi)
+ATTN_MERGE(128, 1)
+// memra-kernel: attn_merge_hd128_g2(PPPiiiiPPi)
+ATTN_MERGE(128, 2)
+// memra-kernel: attn_merge_hd128_g4(PPPiiiiPPi)
+ATTN_MERGE(128, 4)
+// memra-kernel: attn_merge_hd128_g8(PPPiiiiPPi)
+ATTN_MERGE(128, 8)
+// memra-kernel: attn_merge_hd256_g1(PPPiiiiPPi)
+ATTN_MERGE(256, 1)
+// memra-kernel: attn_merge_hd256_g2(PPPiiiiPPi)
+ATTN_MERGE(256, 2)
+// memra-kernel: attn_merge_hd256_g4(PPPiiiiPPi)
+ATTN_MERGE(256, 4)
+// memra-kernel: attn_merge_hd256_g8(PPPiiiiPPi)
+ATTN_MERGE(256, 8)

@@ -1,7 +1,7 @@
 """Decode attention alone: µs per launch inside a graph, by head dim and key count.
 
 Each figure is the median of 5 batches of 50 back-to-back launches of one captured graph (so the
-launch gap is included, as in the decode graph). A one-element add_f32 is the floor: what any
+launch gap is included, as in the decode graph); attention and its merge launch count as one. A one-element add_f32 is the floor: what any
 kernel costs in this graph. Run on the GPU machine: python scripts/bench_attention.py
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ import numpy as np
 
 from memra_engine.gpu.graph import CudaGraph
 from memra_engine.gpu.memory import VramPool
-from memra_engine.gpu.ops import attention_launch, attn_splits, attn_tickets, kv_bucket
+from memra_engine.gpu.ops import attention_launch, attn_splits, kv_bucket
 from memra_engine.gpu.runtime import GpuRuntime
 
 SHAPES = {"smollm2 hd64 9/3": (9, 3, 64), "gemma3 hd256 4/1": (4, 1, 256), "qwen3 hd128 16/8": (16, 8, 128)}
@@ -66,7 +66,6 @@ def run(rt) -> None:
         vc = put(rng.standard_normal((n_kv, n_ctx, hd)).astype(np.float16))
         q = put(rng.standard_normal(H * hd).astype(np.float32))
         out = put(np.zeros(H * hd, np.float32))
-        tickets = put(np.zeros(attn_tickets(H, n_kv, 1), np.int32))
         row = []
         for n in KEYS:
             S = attn_splits(kv_bucket(n), hd)
@@ -74,7 +73,7 @@ def run(rt) -> None:
             ml = put(np.zeros(S * H * 2, np.float32))
             pos = put(np.array([n - 1], np.int32))
             row.append(time_launches(rt, lambda: attention_launch(
-                rt, q, H * hd, kc, vc, 0, 0, opart, ml, tickets, pos, 1, H, n_kv, hd, n_ctx, 0, 0.125, 0.0, out,
+                rt, q, H * hd, kc, vc, 0, 0, opart, ml, pos, 1, H, n_kv, hd, n_ctx, 0, 0.125, 0.0, out,
                 0, 0, S)))
         print(f"{name:20s}" + "".join(f"{x:9.2f}" for x in row) + "   µs")
 

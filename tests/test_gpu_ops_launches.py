@@ -97,13 +97,14 @@ def test_every_launch_matches_its_kernel(model_paths, name, T):
     assert any(n.startswith("attn_hd") for n in launches)
 
 
-def test_decode_is_nine_kernels_per_llama_layer(model_paths):
+def test_decode_is_ten_kernels_per_llama_layer(model_paths):
     launches = run_forward(model_paths["tiny-llama"], 1)
     n_layer = 2
     # embed, the first layer's norm and the LM head, then per layer: qkv, rope_qk_kv, attention,
-    # o, add+norm, gate_up, silu, down, add+next norm (attention merges its splits itself: no combine)
+    # merge (the 300-token bucket has several splits), o, add+norm, gate_up, silu, down, add+next norm
     per_layer = (len(launches) - 3) / n_layer
-    assert per_layer == 9, launches
+    assert per_layer == 10, launches
+    assert sum(n.startswith("attn_merge_") for n in launches) == n_layer
     assert "quantize_q8_1" not in launches and "add_f32" not in launches and "rope_f32" not in launches
 
 

@@ -27,7 +27,7 @@ from memra_engine.events import VramStats
 from memra_engine.gpu.graph import CudaGraph
 from memra_engine.gpu.kv_cache import GpuKvCache
 from memra_engine.gpu.memory import MIB, OOM_HINT, OOM_HINT_Q8_0, VramPool
-from memra_engine.gpu.ops import Arena, DArray, GpuOps, attn_tickets, kv_bucket
+from memra_engine.gpu.ops import Arena, DArray, GpuOps, kv_bucket
 from memra_engine.gpu.runtime import GpuRuntime
 from memra_engine.gpu.sampler import OUT_DTYPE, GpuSampler
 from memra_engine.gpu.weights import GpuWeights
@@ -74,8 +74,7 @@ class CudaBackend:
             "weights": weights.nbytes(),
             "kv": GpuKvCache.bytes_needed(cfg.n_layer, cfg.n_kv_head, self.n_ctx, cfg.head_dim, self.kv_type),
             "scratch": self._scratch_bytes(g),
-            "graph": GpuSampler.nbytes(cfg.vocab_size) + 4 * (self.n_ctx + 2 * PREFILL_CHUNK) + 16 * 256
-                     + 4 * self._n_tickets(),
+            "graph": GpuSampler.nbytes(cfg.vocab_size) + 4 * (self.n_ctx + 2 * PREFILL_CHUNK) + 16 * 256,
         }
         self.pool = VramPool(regions, budget=vram_budget, oom_hint=OOM_HINT_Q8_0 if self.kv_type == "q8_0" else OOM_HINT)
         if progress:
@@ -89,8 +88,6 @@ class CudaBackend:
         self.tokens_ptr = alloc(4 * PREFILL_CHUNK, "tokens")
         self.positions_ptr = alloc(4 * PREFILL_CHUNK, "positions")
         self.step_ptr = alloc(8, "step")  # decode graph inputs: int32 token, int32 position
-        self.ops.tickets_ptr = alloc(4 * self._n_tickets(), "attention_tickets")
-        rt.memset_u32(self.ops.tickets_ptr, 0, self._n_tickets())  # attention leaves them zero after each launch
         self.sampler = GpuSampler(rt, self.pool, cfg.vocab_size)
         self.step_host = rt.pinned(2, np.int32)
         self.out_host = rt.pinned(1, OUT_DTYPE)
@@ -99,10 +96,6 @@ class CudaBackend:
         self.logits_host = rt.pinned((1, cfg.vocab_size), np.float32)
         rt.resolve_all()
         rt.synchronize()
-
-    def _n_tickets(self) -> int:
-        cfg = self.config
-        return attn_tickets(cfg.n_head, cfg.n_kv_head, max(PREFILL_CHUNK, ALL_LOGITS_CHUNK))
 
     def _scratch_bytes(self, g) -> int:
         """Run the forward dry (no launches) at the largest shapes and take the arena's peak."""

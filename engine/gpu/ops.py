@@ -136,20 +136,18 @@ def attn_group_tile(group: int) -> int:
     return next(g for g in (1, 2, 4, 8) if g >= min(group, 8))
 
 
-def attention_launch(rt, q, q_ld, kc, vc, kd, vd, opart, ml, tickets, positions, T, n_head, n_kv, head_dim,
+def attention_launch(rt, q, q_ld, kc, vc, kd, vd, opart, ml, positions, T, n_head, n_kv, head_dim,
                      n_ctx, window, scale, softcap, out, xq, xq_stride, n_splits, kv_type="f16") -> None:
-    """One launch of attn_hd*_g*_*: decode, verify and prefill rows alike (see attention.cu)."""
+    """attn_hd*_g*_* then attn_merge_hd*_g* (rows with several splits): decode, verify and prefill
+    rows alike (see attention.cu)."""
     G = attn_group_tile(n_head // n_kv)
-    n_hgroups = -(-(n_head // n_kv) // G)
-    rt.launch(f"attn_hd{head_dim}_g{G}_{kv_type}", (n_kv * n_hgroups, n_splits, T), 128,
-              (q, q_ld, kc, vc, kd, vd, opart, ml, tickets, positions, n_head, n_kv, n_ctx, int(window),
+    grid = (n_kv * -(-(n_head // n_kv) // G), n_splits, T)
+    rt.launch(f"attn_hd{head_dim}_g{G}_{kv_type}", grid, 128,
+              (q, q_ld, kc, vc, kd, vd, opart, ml, positions, n_head, n_kv, n_ctx, int(window),
                np.float32(scale), np.float32(softcap), out, xq, xq_stride))
-
-
-def attn_tickets(n_head: int, n_kv: int, max_tokens: int) -> int:
-    """Ints of the attention ticket buffer for up to max_tokens rows per launch."""
-    group = n_head // n_kv
-    return max_tokens * n_kv * -(-group // attn_group_tile(group))
+    if n_splits > 1:
+        rt.launch(f"attn_merge_hd{head_dim}_g{G}", (grid[0], 1, T), 128,
+                  (opart, ml, positions, n_head, n_kv, n_splits, int(window), out, xq, xq_stride))
 
 
 class GpuOps:
@@ -159,7 +157,6 @@ class GpuOps:
         self.cfg, self.kv, self.arena, self.dry = cfg, kv, arena, dry
         self.history_ptr = 0  # device token history the embed kernel records into (0: none)
         self.bucket = ATTN_MIN_BUCKET  # KV bucket of this forward: sets the attention grid (see begin)
-        self.tickets_ptr = 0  # zeroed ints for attention's last-block combine (attn_tickets), set by the backend
         self._xq: dict[tuple[int, int], int] = {}
         # Fusion switches (all on; the A/B script scripts/profile_decode.py turns them off one by one).
         self.fuse_add_norm = self.fuse_rope_kv = self.fuse_quant = True
@@ -367,7 +364,7 @@ class GpuOps:
         y = self.new((T, n_head * hd))
         xq, stride = self._quantized_output(y)  # the o matvec reads it (no quantize launch)
         kd, vd = self.kv.layer_scale_ptrs(layer)
-        attention_launch(self.rt, q.ptr, q.ld, kc, vc, kd, vd, opart.ptr, ml.ptr, self.tickets_ptr, positions.ptr,
+        attention_launch(self.rt, q.ptr, q.ld, kc, vc, kd, vd, opart.ptr, ml.ptr, positions.ptr,
                          T, n_head, n_kv, hd, self.kv.n_ctx, window, scale, softcap, y.ptr, xq, stride, S,
                          self.kv.kv_type)
         return y

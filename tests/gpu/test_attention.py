@@ -5,8 +5,7 @@ the cache format is part of the op), so the bound is float32 arithmetic: <= 1e-4
 (measured ~1e-6). Covers head dims 64/128/256, GQA groups of 1, 3, 4, 9 (> 8 heads per kv head:
 several head groups) and 7, sliding window, softcap, decode and causal prefill rows, rows long
 enough that a split walks several chunks, that a row's result does not depend on the grid's split
-count (graph buckets) or its batch bit for bit, and that the last-block combine leaves its ticket
-counters at zero for the next launch.
+count (graph buckets) or its batch bit for bit.
 """
 from __future__ import annotations
 
@@ -14,7 +13,7 @@ import numpy as np
 import pytest
 from gpu_util import rel_err
 
-from memra_engine.gpu.ops import ATTN_MAX_SPLITS, attention_launch, attn_chunk, attn_splits, attn_tickets, kv_bucket
+from memra_engine.gpu.ops import ATTN_MAX_SPLITS, attention_launch, attn_chunk, attn_splits, kv_bucket
 
 pytestmark = pytest.mark.gpu
 f32 = np.float32
@@ -49,15 +48,13 @@ def row_splits(n_keys: int, hd: int) -> int:
 
 def launch_attention(gpu, q, kc, vc, ppos, pos, T, H, n_kv, hd, n_ctx, window=0, softcap=0.0, n_splits=None,
                      xq=0, xq_stride=0, kd=0, vd=0, kv_type="f16"):
-    """One attention launch; returns (out [T, H*hd], tickets after the launch)."""
+    """Attention and its merge launch; returns out [T, H*hd]."""
     S = n_splits or attn_splits(kv_bucket(int(pos.max()) + 1), hd)
     opart, ml = gpu.empty(T * S * H * hd), gpu.empty(T * S * H * 2)
-    n_tickets = attn_tickets(H, n_kv, T)
-    tickets = gpu.put(np.zeros(n_tickets, np.int32))
     out = gpu.empty(T * H * hd)
-    attention_launch(gpu.rt, gpu.put(q), H * hd, kc, vc, kd, vd, opart, ml, tickets, ppos, T, H, n_kv, hd, n_ctx,
+    attention_launch(gpu.rt, gpu.put(q), H * hd, kc, vc, kd, vd, opart, ml, ppos, T, H, n_kv, hd, n_ctx,
                      window, 1 / np.sqrt(hd), softcap, out, xq, xq_stride, S, kv_type)
-    return gpu.get(out, (T, H * hd)), gpu.get(tickets, n_tickets, np.int32)
+    return gpu.get(out, (T, H * hd))
 
 
 def run_attention(gpu, q, k_new, v_new, kc0, vc0, pos, window=0, softcap=0.0, n_splits=None, xq=0, xq_stride=0):
@@ -68,9 +65,7 @@ def run_attention(gpu, q, k_new, v_new, kc0, vc0, pos, window=0, softcap=0.0, n_
     ppos = gpu.put(pos.astype(np.int32))
     gpu.rt.launch("kv_write_f16", (T, n_kv), min(128, hd),
                   (gpu.put(k_new), gpu.put(v_new), kc, vc, ppos, n_kv * hd, n_kv * hd, hd, n_ctx))
-    out, tickets = launch_attention(gpu, q, kc, vc, ppos, pos, T, H, n_kv, hd, n_ctx, window, softcap, n_splits,
-                                    xq, xq_stride)
-    assert not tickets.any(), "the last block of each row must reset its ticket"
+    out = launch_attention(gpu, q, kc, vc, ppos, pos, T, H, n_kv, hd, n_ctx, window, softcap, n_splits, xq, xq_stride)
     return out, gpu.get(kc, kc0.shape, np.float16), gpu.get(vc, vc0.shape, np.float16)
 
 
@@ -136,9 +131,8 @@ def test_q8_0_cache_reads_dequantized_values(gpu):
         planes.append((qs, d, qs.astype(np.float32) * np.repeat(d.astype(np.float32), 32, axis=2)))
     (kq, kd, kf), (vq, vd, vf) = planes
     pos = np.array([5, 300, 899])
-    out, tickets = launch_attention(gpu, q, gpu.put(kq), gpu.put(vq), gpu.put(pos.astype(np.int32)), pos,
-                                    T, H, n_kv, hd, n_ctx, kd=gpu.put(kd), vd=gpu.put(vd), kv_type="q8_0")
-    assert not tickets.any()
+    out = launch_attention(gpu, q, gpu.put(kq), gpu.put(vq), gpu.put(pos.astype(np.int32)), pos,
+                           T, H, n_kv, hd, n_ctx, kd=gpu.put(kd), vd=gpu.put(vd), kv_type="q8_0")
     ref = attention_ref(q, kf, vf, pos, 1 / np.sqrt(hd), 0, 0.0)
     assert rel_err(out, ref) < 1e-4
 
@@ -146,7 +140,7 @@ def test_q8_0_cache_reads_dequantized_values(gpu):
 @pytest.mark.parametrize("hd,H,n_kv", [(64, 9, 3), (256, 4, 1)])
 def test_q8_1_output_equals_quantize_q8_1_of_the_output(gpu, hd, H, n_kv):
     """Attention writes the o matvec's q8_1 input itself, from one split (direct) and from the
-    last-block combine of several: the same bytes as quantize_q8_1 of its f32 output."""
+    merge of several: the same bytes as quantize_q8_1 of its f32 output."""
     from memra_engine.gpu.quant_ops import q8_1_nbytes, q8_1_stride, quantize_q8_1
 
     rng = np.random.default_rng(hd + H)
