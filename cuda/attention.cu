@@ -319,11 +319,17 @@ __device__ void attn_merge_rows(const float* __restrict__ opart, const float* __
         const float4* src = reinterpret_cast<const float4*>(opart + ((size_t)t * n_splits * n_head + h0 + hh) * HD + d);
         const size_t split_stride = (size_t)n_head * HD / 4;
         float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll 16
-        for (int sp = 0; sp < n_act; ++sp) {
-            const float4 v = src[sp * split_stride];
-            const float c = c_s[hh][sp];
-            acc.x += c * v.x; acc.y += c * v.y; acc.z += c * v.z; acc.w += c * v.w;
+        // 16 splits' loads in flight at a time (indices clamped, so no branch keeps them apart;
+        // splits past n_act have weight c_s = 0), then the sums in split order
+        for (int sp0 = 0; sp0 < n_act; sp0 += 16) {
+            float4 v[16];
+#pragma unroll
+            for (int k = 0; k < 16; ++k) v[k] = src[(size_t)min(sp0 + k, n_act - 1) * split_stride];
+#pragma unroll
+            for (int k = 0; k < 16; ++k) {
+                const float c = c_s[hh][sp0 + k];
+                acc.x += c * v[k].x; acc.y += c * v[k].y; acc.z += c * v[k].z; acc.w += c * v[k].w;
+            }
         }
         *reinterpret_cast<float4*>(&o_s[hh][d]) = acc;
     }
