@@ -46,7 +46,7 @@ struct AttnShape {
     static constexpr int E = CHUNK / ROWS_PER_PASS;          // K (and V) rows per thread per step
     static constexpr int RW = SEGS < 32 ? SEGS : 32;         // lanes of a warp that share a row
     static_assert(E >= 1 && CHUNK % ROWS_PER_PASS == 0, "chunk must cover whole passes");
-    static_assert(ATTN_MAX_SPLITS <= 32, "the combine gives each split one lane");
+    static_assert(ATTN_MAX_SPLITS <= 32, "attn_merge gives each split one lane");
 };
 
 // 8 consecutive values of one cache row: one 16-byte load (f16) or 8 bytes + the block scale (q8_0).

@@ -15,8 +15,8 @@ consumer when the pattern matches (else they launch on their own before the next
   per-head `rms_norm` of q and of k before those ropes (qwen3, gemma3) are deferred and fused
   into it as well;
 - `rms_norm(b)`, `add(a, that)`, `rms_norm(sum)` (gemma3's sandwich norms) -> norm_add_rms_norm_f32.
-Attention with one split writes its output directly (no combine launch). RMSNorm, the gated
-activations and attention (or its combine) write their output as q8_1 too, for the matvec that
+Attention writes a one-split row directly; rows with several splits go through attn_merge. RMSNorm, the gated
+activations and attention (or its merge) write their output as q8_1 too, for the matvec that
 reads it next; other one-token matmul inputs are quantized inside the matvec. Either way no
 quantize_q8_1 launch in decode.
 """
