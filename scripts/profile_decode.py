@@ -14,7 +14,6 @@ import statistics
 from collections import OrderedDict
 
 from memra_engine.gpu.backend import CudaBackend
-from memra_engine.gpu.ops import kv_bucket
 from memra_engine.gpu.graph import CudaGraph
 from memra_engine.model.gguf_file import open_gguf
 from memra_engine.sampling import SamplingParams
@@ -49,8 +48,7 @@ def profile(backend: CudaBackend, ctx: int) -> None:
 
     rt.launch = recording
     backend.graphs.clear()
-    bucket = kv_bucket(backend.n_past + 200)
-    full = backend._graph(bucket, sample=True)
+    full = backend._graph(backend.splits_for(backend.n_past + 200), sample=True)
     rt.launch = launch
     backend._write_step(1)
     total = time_graph(rt, full)

@@ -12,7 +12,7 @@ import pytest
 
 from memra_engine.gpu import build
 from memra_engine.gpu.kv_cache import GpuKvCache
-from memra_engine.gpu.ops import Arena, DArray, GpuOps, kv_bucket
+from memra_engine.gpu.ops import Arena, DArray, GpuOps, attn_splits, kv_bucket
 from memra_engine.gpu.sampler import GpuSampler
 from memra_engine.gpu.weights import GpuWeights
 from memra_engine.model import arch_module
@@ -82,7 +82,7 @@ def run_forward(path, T: int, n_ctx: int = 300) -> list[str]:
     rt = RecordingRuntime()
     ops = GpuOps(None, cfg, kv, Arena(0, 1 << 40), dry=True)
     ops.rt = rt
-    ops.begin(kv_bucket(n_ctx), history_ptr=4096)
+    ops.begin(attn_splits(kv_bucket(n_ctx), cfg.head_dim), history_ptr=4096)
     ids = DArray(1 << 20, (T,), 1)
     arch_module(cfg.arch).forward(ops, weights, cfg, ids, ids, last_only=T == 1)
     ops.flush()

@@ -3,7 +3,7 @@ programs as the numpy backend (engine/model/<arch>.py) with GpuOps.
 
 This is the runner: it owns the device state (runtime, pool, weights, KV cache, sampler) and is
 the only place that captures CUDA graphs. A one-token decode is captured once per KV-length
-bucket (the bucket only sets the attention grid; see ops.kv_bucket) and replayed with the
+attention grid (ops.attn_splits of the power-of-two KV bucket) and replayed with the
 token id and position at fixed device addresses. `decode_sample` captures the sampler too, so a
 step is one graph launch plus an 8-byte readback (token id and its logprob).
 
@@ -22,12 +22,12 @@ from typing import Sequence
 
 import numpy as np
 
-from memra_engine.errors import ContextOverflowError, DeviceError, UnsupportedModelError
+from memra_engine.errors import ContextOverflowError, UnsupportedModelError
 from memra_engine.events import VramStats
 from memra_engine.gpu.graph import CudaGraph
 from memra_engine.gpu.kv_cache import GpuKvCache
 from memra_engine.gpu.memory import MIB, OOM_HINT, OOM_HINT_Q8_0, VramPool
-from memra_engine.gpu.ops import Arena, DArray, GpuOps, kv_bucket
+from memra_engine.gpu.ops import Arena, DArray, GpuOps, attn_splits, kv_bucket
 from memra_engine.gpu.runtime import GpuRuntime
 from memra_engine.gpu.sampler import OUT_DTYPE, GpuSampler
 from memra_engine.gpu.weights import GpuWeights
@@ -105,7 +105,7 @@ class CudaBackend:
         arena = Arena(0, 1 << 62)
         ops = GpuOps(None, cfg, kv, arena, dry=True)
         for T, last_only in ((min(PREFILL_CHUNK, self.n_ctx), True), (min(ALL_LOGITS_CHUNK, self.n_ctx), False)):
-            ops.begin(kv_bucket(self.n_ctx))
+            ops.begin(self.splits_for(self.n_ctx))
             tokens = DArray(0, (T,), 1)
             self.forward(ops, dry_weights, cfg, tokens, tokens, last_only)
         return arena.peak + SCRATCH_SLACK
@@ -132,7 +132,7 @@ class CudaBackend:
         ids = self._check([token])
         if not self.use_graphs:
             return self._run_eager(ids, last_only=True, want_logits=True)[0]
-        graph = self._graph(kv_bucket(self.n_past + 1), sample=False)
+        graph = self._graph(self.splits_for(self.n_past + 1), sample=False)
         self._write_step(int(ids[0]))
         graph.launch(self.rt)
         self.rt.cuda.memcpy_dtoh_async(self.logits_host, graph.logits_ptr, self.rt.stream)
@@ -209,7 +209,7 @@ class CudaBackend:
     def _queue_step(self, pos: int) -> None:
         """One decode+sample graph launch at position pos and the async readback of its result."""
         slot = next(i for i in range(AHEAD_STEPS) if all(s != i for _, s in self._ahead))
-        graph = self._graph(kv_bucket(pos + 1), sample=True)
+        graph = self._graph(self.splits_for(pos + 1), sample=True)
         graph.launch(self.rt)
         self.rt.cuda.memcpy_dtoh_async(self.out_slots[slot], self.sampler.out_ptr, self.rt.stream)
         self.out_events[slot].record(self.rt.stream)
@@ -251,8 +251,12 @@ class CudaBackend:
         self.step_host[1] = self.n_past if pos is None else pos
         self.rt.upload_async(self.step_ptr, self.step_host)
 
-    def _forward(self, n_tokens: int, tokens_ptr: int, positions_ptr: int, bucket: int, last_only: bool) -> DArray:
-        self.ops.begin(bucket, self.history_ptr)
+    def splits_for(self, n_keys: int) -> int:
+        """The attention grid for rows of up to n_keys keys: a captured graph's key."""
+        return attn_splits(kv_bucket(n_keys), self.config.head_dim)
+
+    def _forward(self, n_tokens: int, tokens_ptr: int, positions_ptr: int, n_splits: int, last_only: bool) -> DArray:
+        self.ops.begin(n_splits, self.history_ptr)
         self.ops._positions_ptr = positions_ptr
         tokens = DArray(tokens_ptr, (n_tokens,), 1)
         positions = DArray(positions_ptr, (n_tokens,), 1)
@@ -264,21 +268,21 @@ class CudaBackend:
         T = len(ids)
         self.rt.upload(self.tokens_ptr, ids)
         self.rt.upload(self.positions_ptr, np.arange(self.n_past, self.n_past + T, dtype=np.int32))
-        logits = self._forward(T, self.tokens_ptr, self.positions_ptr, kv_bucket(self.n_past + T), last_only)
+        logits = self._forward(T, self.tokens_ptr, self.positions_ptr, self.splits_for(self.n_past + T), last_only)
         out = self.rt.download(logits.ptr, (logits.rows, self.config.vocab_size), np.float32) if want_logits else None
         self.rt.synchronize()
         self.n_past += T
         return out
 
-    def _graph(self, bucket: int, sample: bool) -> CudaGraph:
-        key = (bucket, sample)
+    def _graph(self, n_splits: int, sample: bool) -> CudaGraph:
+        key = (n_splits, sample)  # contexts past ATTN_MAX_SPLITS chunks share one graph
         graph = self.graphs.get(key)
         if graph is not None:
             return graph
         graph = CudaGraph()
         self.rt.synchronize()
         with graph.capture(self.rt):
-            logits = self._forward(1, self.step_ptr, self.step_ptr + 4, bucket, last_only=True)
+            logits = self._forward(1, self.step_ptr, self.step_ptr + 4, n_splits, last_only=True)
             if sample:
                 self.sampler.launch(logits.ptr, self.history_ptr, self.step_ptr + 4,
                                     token_io_ptr=self.step_ptr, pos_io_ptr=self.step_ptr + 4)
@@ -294,7 +298,7 @@ class CudaBackend:
         cuda = self.rt.cuda
         self.set_sampling(params or SamplingParams(temperature=0.0), seed=0)
         n = min(n, self.n_ctx - self.n_past - 1)
-        graph = self._graph(kv_bucket(self.n_past + n), sample=True)
+        graph = self._graph(self.splits_for(self.n_past + n), sample=True)
         self._write_step(1)
         start, stop = cuda.Event(), cuda.Event()
         start.record(self.rt.stream)

@@ -34,7 +34,7 @@ from memra_engine.gpu.quant_ops import GpuWeight
 ARENA_ALIGN = 256
 EW_BLOCK = 256  # elementwise kernels
 ATTN_MAX_SPLITS = 32  # attention.cu: a row's keys go to at most this many blocks
-ATTN_MIN_BUCKET = 32  # KV buckets (graph keys) are powers of two from here
+ATTN_MIN_BUCKET = 32  # KV buckets are powers of two from here; a graph is captured per grid they give
 BATCHED_MATVEC_MAX = quant_ops.MATVEC_MAX_COLUMNS  # up to this many tokens: matvec, beyond: GEMM
 FUSED_QUANT_MAX_ROWS = 16384  # one-token matvecs quantize x per block; the LM head shares one quantize
 
@@ -156,7 +156,7 @@ class GpuOps:
         self.rt = _DryRuntime() if dry else rt
         self.cfg, self.kv, self.arena, self.dry = cfg, kv, arena, dry
         self.history_ptr = 0  # device token history the embed kernel records into (0: none)
-        self.bucket = ATTN_MIN_BUCKET  # KV bucket of this forward: sets the attention grid (see begin)
+        self.n_splits = 1  # attention grid.y of this forward (attn_splits; set per forward by begin)
         self._xq: dict[tuple[int, int], int] = {}
         # Fusion switches (all on; the A/B script scripts/profile_decode.py turns them off one by one).
         self.fuse_add_norm = self.fuse_rope_kv = self.fuse_quant = True
@@ -166,15 +166,15 @@ class GpuOps:
         self._pending_norm: dict[int, tuple] = {}  # per-head norm output ptr -> (x, w, eps, y)
         self._pending_rope: dict[int, tuple] = {}  # output ptr -> (x, y, positions, base, neox, scale, ff)
 
-    def begin(self, bucket: int, history_ptr: int = 0) -> None:
-        """Start a forward over at most `bucket` keys per row (kv_bucket): reset the arena and the
-        per-forward q8_1 cache."""
+    def begin(self, n_splits: int, history_ptr: int = 0) -> None:
+        """Start a forward whose attention grid has n_splits splits (attn_splits): reset the arena
+        and the per-forward q8_1 cache."""
         self.arena.reset()
         self._xq.clear()
         self._pending_add = self._pending_pre = self._pending_norm2d = None
         self._pending_norm.clear()
         self._pending_rope.clear()
-        self.bucket = bucket
+        self.n_splits = n_splits
         self.history_ptr = history_ptr
 
     def new(self, shape: tuple[int, ...], itemsize: int = 4) -> DArray:
@@ -358,7 +358,7 @@ class GpuOps:
             self.rt.launch(f"kv_write_{self.kv.kv_type}", (T, n_kv), min(128, hd),
                            (k.ptr, v.ptr, *self.kv.write_args(layer), positions.ptr, k.ld, v.ld, hd, self.kv.n_ctx))
         q = self._contiguous(q)
-        S = attn_splits(self.bucket, hd)
+        S = self.n_splits
         opart = self.new((T, S, n_head, hd))
         ml = self.new((T, S, n_head, 2))
         y = self.new((T, n_head * hd))
