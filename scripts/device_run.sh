@@ -7,6 +7,7 @@
 # Usage: bash scripts/device_run.sh [pytest args...]     MEMRA_BENCH=0 skips the benchmarks,
 #        MEMRA_TESTS=0 skips the tests, MEMRA_BENCH_FIRST=1 runs the benchmarks before the tests,
 #        MEMRA_BENCH_SAMPLER=1 times the sampler alone (scripts/bench_sampler.py).
+#        Model parts in .models/ (scripts/model_parts.py) are joined first, for tests/gpu/test_real_model_gpu.py.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/memra-out}
@@ -25,6 +26,10 @@ if [ -d build/prebuilt ]; then  # sm_90a fatbins built here (carry "build/prebui
   mkdir -p "$SITE/memra_engine/kernels/prebuilt" && cp build/prebuilt/* "$SITE/memra_engine/kernels/prebuilt/"
 fi
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv,noheader
+if compgen -G ".models/*.part*" > /dev/null; then  # the real SmolLM2, carried in parts over two calls (README)
+  mkdir -p /tmp/models && real=$(python3 scripts/model_parts.py join .models /tmp/models) \
+    && export MEMRA_REAL_SMOLLM2="$real" && stamp "joined $real"
+fi
 
 stamp "build fatbins (sm_90a, all families in parallel)"
 arch=$(python3 -c "import pycuda.driver as c; c.init(); from memra_engine.gpu.build import arch_for_capability as a; print(a(*c.Device(0).compute_capability()))")
