@@ -6,8 +6,8 @@
 // 16x16x16 WMMA products with f32 accumulators: 4 warps, each 32 tokens x 32 rows.
 // One weight tile is dequantized once per 64 tokens, so the dequant cost is spread over them.
 //
-// 128 is a multiple of every unit (32, 64 values; 8 for float types), and the two Q6_K units of
-// a half super-block cover it exactly, so every unit lands inside one K step. K tails (float
+// 128 is a multiple of every unit (32, 64 values; 8 for float types), and the two Q6_K (Q3_K,
+// Q2_K) units of a half super-block cover it exactly, so every unit lands inside one K step. K tails (float
 // types: any K; quant types: K a multiple of 32 but not of 128) are zero-filled.
 // f16 operands: activations beyond +-65504 would overflow (not seen after RMSNorm).
 #include <mma.h>
@@ -83,7 +83,7 @@ __device__ __forceinline__ void gemm_tile(const uint8_t* __restrict__ wq, const 
                 const size_t blk = (size_t)r * nb + b;
                 T::dequant(wq + blk * T::QB, wm + blk * T::MB, j, row + b * T::QK - k0);
             } else {
-                // this unit's values all lie in [uu*UE, (uu+1)*UE) or, for Q6_K, the pair of
+                // this unit's values all lie in [uu*UE, (uu+1)*UE) or, for Q6_K/Q3_K/Q2_K, the pair of
                 // units of one half super-block covers the same 128 values: both are out together
                 for (int e = 0; e < T::UE; e += 8) *reinterpret_cast<int4*>(row + uu * T::UE + e) = make_int4(0, 0, 0, 0);
             }
@@ -146,6 +146,9 @@ GEMM_ENTRY(q8_0)
 GEMM_ENTRY(q4_K)
 GEMM_ENTRY(q5_K)
 GEMM_ENTRY(q6_K)
+GEMM_ENTRY(q2_K)
+GEMM_ENTRY(q3_K)
+GEMM_ENTRY(iq4_xs)
 GEMM_ENTRY(f16)
 GEMM_ENTRY(bf16)
 GEMM_ENTRY(f32)
@@ -166,6 +169,12 @@ GEMM_ENTRY(f32)
 // memra-kernel: gemm2_q5_K(PPPPiii)
 // memra-kernel: gemm_q6_K(PPPPiii)
 // memra-kernel: gemm2_q6_K(PPPPiii)
+// memra-kernel: gemm_q2_K(PPPPiii)
+// memra-kernel: gemm2_q2_K(PPPPiii)
+// memra-kernel: gemm_q3_K(PPPPiii)
+// memra-kernel: gemm2_q3_K(PPPPiii)
+// memra-kernel: gemm_iq4_xs(PPPPiii)
+// memra-kernel: gemm2_iq4_xs(PPPPiii)
 // memra-kernel: gemm_f16(PPPPiii)
 // memra-kernel: gemm2_f16(PPPPiii)
 // memra-kernel: gemm_bf16(PPPPiii)

@@ -5,7 +5,7 @@
 //
 // 1. The ggml block layouts, bit-exact (checked against gguf.quants and ggml-common.h). These are
 //    what a GGUF file stores; static_asserts pin the sizes.
-// 2. The repacked layout the kernels read. ggml blocks of 18/20/22/24/34/210 bytes leave rows and
+// 2. The repacked layout the kernels read. ggml blocks of 18/20/22/24/34/84/110/136/210 bytes leave rows and
 //    blocks off 16-byte alignment, so upload (engine/gpu/quant_ops.py) splits every block into two
 //    planes, a pure byte split with no bit shuffling:
 //       q plane:    rows * nb * QB bytes, block (r, b) at (r*nb + b)*QB  (QB a multiple of 16)
@@ -19,6 +19,9 @@
 //       Q4_K (144): q = qs[16:144] (128)  meta = d,dmin,scales[0:16]           (16)
 //       Q5_K (176): q = qh,qs[16:176] (160) meta = d,dmin,scales[0:16]         (16)
 //       Q6_K (210): q = ql,qh,scales[0:208] (208) meta = d[208:210]            (2)
+//       Q2_K (84):  q = scales,qs[0:80] (80)  meta = d,dmin[80:84]              (4)
+//       Q3_K (110): q = hmask,qs[0:96] (96)   meta = scales,d[96:110], 2 zero bytes (16)
+//       IQ4_XS (136): q = qs[8:136] (128)     meta = d,scales_h,scales_l[0:8]  (8)
 //    Every 16-byte load of quants is then aligned and a warp's loads are contiguous.
 // 3. The q8_1 activation (our own, structure-of-arrays): for T tokens of K columns (K a multiple
 //    of 32), int8 qs[T][K] then, at align16(T*K), float2 ds[T][K/32] with ds = (d, sum of the
@@ -26,7 +29,8 @@
 //    d = amax / 127. float, not half, scales: the same bytes, less rounding.
 //
 // A "unit" is the piece of a block one thread handles in one step: a whole block for the 32-wide
-// types, a quarter super-block (64 values) for the K-quants. Each traits struct gives
+// types, a quarter super-block (64 values) for the K-quants, a 32-value sub-block for IQ4_XS.
+// Each traits struct gives
 //   QK, UNITS (units per block), QB, MB (plane bytes per block), UE (values per unit)
 //   W: the unit's weight registers; load_w(W&, q_block, meta_block, unit)
 //   A: the unit's activation registers; load_a(A&, xq_row, ds_row, block, unit)
@@ -56,6 +60,9 @@ struct block_q8_0 { half d; int8_t qs[QK8_0]; };
 struct block_q4_K { half d; half dmin; uint8_t scales[K_SCALE_SIZE]; uint8_t qs[QK_K / 2]; };
 struct block_q5_K { half d; half dmin; uint8_t scales[K_SCALE_SIZE]; uint8_t qh[QK_K / 8]; uint8_t qs[QK_K / 2]; };
 struct block_q6_K { uint8_t ql[QK_K / 2]; uint8_t qh[QK_K / 4]; int8_t scales[QK_K / 16]; half d; };
+struct block_q2_K { uint8_t scales[QK_K / 16]; uint8_t qs[QK_K / 4]; half d; half dmin; };  // scales: 4-bit scale | 4-bit min << 4
+struct block_q3_K { uint8_t hmask[QK_K / 8]; uint8_t qs[QK_K / 4]; uint8_t scales[K_SCALE_SIZE]; half d; };
+struct block_iq4_xs { half d; uint16_t scales_h; uint8_t scales_l[QK_K / 64]; uint8_t qs[QK_K / 2]; };
 
 static_assert(sizeof(block_q4_0) == 18, "wrong q4_0 block size");
 static_assert(sizeof(block_q4_1) == 20, "wrong q4_1 block size");
@@ -65,6 +72,9 @@ static_assert(sizeof(block_q8_0) == 34, "wrong q8_0 block size");
 static_assert(sizeof(block_q4_K) == 144, "wrong q4_K block size");
 static_assert(sizeof(block_q5_K) == 176, "wrong q5_K block size");
 static_assert(sizeof(block_q6_K) == 210, "wrong q6_K block size");
+static_assert(sizeof(block_q2_K) == 84, "wrong q2_K block size");
+static_assert(sizeof(block_q3_K) == 110, "wrong q3_K block size");
+static_assert(sizeof(block_iq4_xs) == 136, "wrong iq4_xs block size");
 
 // ---- small helpers ---------------------------------------------------------------------------
 // Host and device: tests/test_quant_host.py compiles this header into a CPU program and checks
@@ -113,6 +123,18 @@ QDEV int vsub4(int a, int b) {
     unsigned r = 0;
     for (int i = 0; i < 4; ++i) r |= ((unsigned)(((a >> (8 * i)) & 0xFF) - ((b >> (8 * i)) & 0xFF)) & 0xFFu) << (8 * i);
     return (int)r;
+#endif
+}
+
+// __byte_perm: result byte i is byte (s >> 4i) & 7 of the 8 bytes {y:x} (selectors 0..7 only).
+QDEV unsigned byte_perm(unsigned x, unsigned y, unsigned s) {
+#ifdef __CUDA_ARCH__
+    return __byte_perm(x, y, s);
+#else
+    const unsigned long long yx = ((unsigned long long)y << 32) | x;
+    unsigned r = 0;
+    for (int i = 0; i < 4; ++i) r |= (unsigned)((yx >> (8 * ((s >> (4 * i)) & 7))) & 0xFF) << (8 * i);
+    return r;
 #endif
 }
 
@@ -482,6 +504,24 @@ struct q5_K_t {  // as Q4_K with a fifth bit: qh[l] bit s is value l of sub-bloc
     }
 };
 
+// Q6_K, Q3_K and Q2_K order a super-block as two halves of four 32-value rows: value
+// 128h + 32k + l (h 0..1, k 0..3, l 0..31), row k stored in bit field k of the same bytes.
+// Their unit j = (h = j>>1, l0 = 16(j&1)) takes values l0..l0+15 of all four rows, so one 16-byte
+// load of each bit plane serves the whole unit, and the two units of a half cover its 128 values
+// (the GEMM's K step). Each row piece is one 16-value sub-block: scale index 8h + 2k + (j&1).
+// The activation of such a unit: 16 int8 from each of q8_1 blocks 8b + 4h + k, and their d.
+struct act16x4 { int4 x[4]; float d[4]; };
+
+QDEV void load_act16x4(act16x4& a, const int8_t* xq, const float2* ds, int b, int j) {
+    const int h = j >> 1, l0 = 16 * (j & 1);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        const int blk = 8 * b + 4 * h + k;
+        a.x[k] = ld16(xq + 32 * blk + l0);
+        a.d[k] = ds[blk].x;
+    }
+}
+
 // Q6_K: value 128h + 32k + l (h 0..1, k 0..3, l 0..31) is
 //   (ql[64h + l + 32(k&1)] >> 4(k>>1)) & 15 | ((qh[32h + l] >> 2k) & 3) << 4, minus 32,
 // times d * scales[8h + 2k + l/16]. Unit j = (h = j>>1, l0 = 16(j&1)) covers l0..l0+15 for all k:
@@ -489,7 +529,7 @@ struct q5_K_t {  // as Q4_K with a fifth bit: qh[l] bit s is value l of sub-bloc
 struct q6_K_t {
     static constexpr int QK = 256, UNITS = 4, QB = 208, MB = 2, UE = 64;
     struct W { int4 a, b, h; int sc[4]; float d; };
-    struct A { int4 x[4]; float d[4]; };
+    typedef act16x4 A;
     static QDEV void load_w(W& w, const uint8_t* q, const uint8_t* m, int j) {
         const int h = j >> 1, l0 = 16 * (j & 1);
         w.a = ld16(q + 64 * h + l0);
@@ -504,15 +544,7 @@ struct q6_K_t {
         }
         w.d = ld_half(m);
     }
-    static QDEV void load_a(A& a, const int8_t* xq, const float2* ds, int b, int j) {
-        const int h = j >> 1, l0 = 16 * (j & 1);
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            const int blk = 8 * b + 4 * h + k;
-            a.x[k] = ld16(xq + 32 * blk + l0);
-            a.d[k] = ds[blk].x;
-        }
-    }
+    static QDEV void load_a(A& a, const int8_t* xq, const float2* ds, int b, int j) { load_act16x4(a, xq, ds, b, j); }
     static QDEV float dot(const W& w, const A& a) {
         float sum = 0.0f;
 #pragma unroll
@@ -548,6 +580,171 @@ struct q6_K_t {
                 }
                 store8(dst + 32 * k + 8 * g, v);
             }
+        }
+    }
+};
+
+// Q2_K: 2-bit q = (qs[32h + l] >> 2k) & 3, w = d*(sc & 15)*q - dmin*(sc >> 4) with sc = scales[s]
+// per 16-value sub-block s. The min term multiplies the sum of the rounded activation (one dp4a
+// against ones per 16 values, as ggml does): q8_1's exact sums cover 32 values, two sub-blocks.
+struct q2_K_t {
+    static constexpr int QK = 256, UNITS = 4, QB = 80, MB = 4, UE = 64;
+    struct W { int4 q; unsigned sc; float d, dmin; };  // sc: the scale bytes of rows k = 0..3
+    typedef act16x4 A;
+    static QDEV void load_w(W& w, const uint8_t* q, const uint8_t* m, int j) {
+        const int h = j >> 1, l0 = 16 * (j & 1);
+        w.q = ld16(q + 16 + 32 * h + l0);
+        const uint2 s8 = *reinterpret_cast<const uint2*>(q + 8 * h);  // scales[8h .. 8h+7]
+        w.sc = byte_perm(s8.x, s8.y, (j & 1) ? 0x7531 : 0x6420);      // bytes 2k + (j&1)
+        const half2 dm = *reinterpret_cast<const half2*>(m);
+        w.d = __low2float(dm);
+        w.dmin = __high2float(dm);
+    }
+    static QDEV void load_a(A& a, const int8_t* xq, const float2* ds, int b, int j) { load_act16x4(a, xq, ds, b, j); }
+    static QDEV float dot(const W& w, const A& a) {
+        float sum_q = 0.0f, sum_m = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            int s = 0, sx = 0;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int x = lane_of(a.x[k], i);
+                s = dp4a((lane_of(w.q, i) >> (2 * k)) & 0x03030303, x, s);
+                sx = dp4a(0x01010101, x, sx);
+            }
+            const int sc = (w.sc >> (8 * k)) & 0xFF;
+            sum_q = ffma(a.d[k], (float)((sc & 0xF) * s), sum_q);
+            sum_m = ffma(a.d[k], (float)((sc >> 4) * sx), sum_m);
+        }
+        return ffma(-w.dmin, sum_m, fmul(w.d, sum_q));
+    }
+    static QDEV void dequant(const uint8_t* q, const uint8_t* m, int j, half* dst) {
+        W w;
+        load_w(w, q, m, j);
+        dst += 128 * (j >> 1) + 16 * (j & 1);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const int sc = (w.sc >> (8 * k)) & 0xFF;
+            const float dl = w.d * (float)(sc & 0xF), ml = w.dmin * (float)(sc >> 4);
+#pragma unroll
+            for (int g = 0; g < 2; ++g) {
+                float v[8];
+#pragma unroll
+                for (int e = 0; e < 8; ++e) v[e] = dl * (float)((byte_of(w.q, 8 * g + e) >> (2 * k)) & 3) - ml;
+                store8(dst + 32 * k + 8 * g, v);
+            }
+        }
+    }
+};
+
+// Q3_K: q = ((qs[32h + l] >> 2k) & 3) - 4 * !(hmask[l] bit 4h + k), in -4..3, w = d * (sc - 32) * q
+// with sc the 6-bit scale of 16-value sub-block s: low 4 bits in scales[s % 8] (nibble s / 8),
+// high 2 bits in scales[8 + s % 4] (bits 2(s / 4)).
+struct q3_K_t {
+    static constexpr int QK = 256, UNITS = 4, QB = 96, MB = 16, UE = 64;
+    struct W { int4 ql, hm; int sc[4]; int hbit; float d; };  // hbit: hmask bit of row k = 0
+    typedef act16x4 A;
+    static QDEV void load_w(W& w, const uint8_t* q, const uint8_t* m, int j) {
+        const int h = j >> 1, l0 = 16 * (j & 1);
+        w.hm = ld16(q + l0);
+        w.ql = ld16(q + 32 + 32 * h + l0);
+        w.hbit = 4 * h;
+        const int4 mv = ld16(m);  // scales[0:12], d, 2 zero bytes
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const int s = 8 * h + 2 * k + (j & 1);
+            const int lo = (byte_of(mv, s & 7) >> (4 * (s >> 3))) & 0xF;
+            const int hi = (byte_of(mv, 8 + (s & 3)) >> (2 * (s >> 2))) & 3;
+            w.sc[k] = (lo | (hi << 4)) - 32;
+        }
+        w.d = __half2float(__ushort_as_half((unsigned short)(mv.w & 0xFFFF)));
+    }
+    static QDEV void load_a(A& a, const int8_t* xq, const float2* ds, int b, int j) { load_act16x4(a, xq, ds, b, j); }
+    static QDEV int quants4(const W& w, int k, int i) {  // four signed 3-bit quants of row k
+        const int lo = (lane_of(w.ql, i) >> (2 * k)) & 0x03030303;
+        const int hi = ((lane_of(w.hm, i) >> (w.hbit + k)) & 0x01010101) << 2;
+        return vsub4(lo | hi, 0x04040404);
+    }
+    static QDEV float dot(const W& w, const A& a) {
+        float sum = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            int s = 0;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) s = dp4a(quants4(w, k, i), lane_of(a.x[k], i), s);
+            sum = ffma(fmul((float)w.sc[k], a.d[k]), (float)s, sum);
+        }
+        return fmul(w.d, sum);
+    }
+    static QDEV void dequant(const uint8_t* q, const uint8_t* m, int j, half* dst) {
+        W w;
+        load_w(w, q, m, j);
+        dst += 128 * (j >> 1) + 16 * (j & 1);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const float dl = w.d * (float)w.sc[k];
+#pragma unroll
+            for (int g = 0; g < 2; ++g) {
+                const int q0 = quants4(w, k, 2 * g), q1 = quants4(w, k, 2 * g + 1);
+                float v[8];
+#pragma unroll
+                for (int e = 0; e < 8; ++e) v[e] = dl * (float)(int8_t)((e < 4 ? q0 : q1) >> (8 * (e & 3)));
+                store8(dst + 32 * k + 8 * g, v);
+            }
+        }
+    }
+};
+
+// IQ4_XS: 4-bit indices into the non-linear table kvalues_iq4nl, laid out per 32-value sub-block
+// as Q4_0 (qs[16 ib + l] low nibble: value l, high nibble: value l + 16), w = d * (ls - 32) *
+// kvalues[q] with ls the 6-bit scale: low 4 bits nibble ib of scales_l, high 2 bits of scales_h.
+// kvalues_iq4nl = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113} as
+// four little-endian words of int8 bytes (two byte_perms then pick per byte on index bit 3).
+QDEV int iq4nl_values4(unsigned idx) {  // idx: four indices 0..15, one per byte
+    const unsigned sel = (idx & 0x7) | ((idx >> 4) & 0x70) | ((idx >> 8) & 0x700) | ((idx >> 12) & 0x7000);
+    const unsigned lo = byte_perm(0xBFAD9881u, 0xF6EADDCFu, sel);  // entries 0..7
+    const unsigned hi = byte_perm(0x26190D01u, 0x71594535u, sel);  // entries 8..15
+    const unsigned upper = ((idx >> 3) & 0x01010101u) * 0xFFu;
+    return (int)((lo & ~upper) | (hi & upper));
+}
+
+struct iq4_xs_t {
+    static constexpr int QK = 256, UNITS = 8, QB = 128, MB = 8, UE = 32;
+    struct W { int4 q; float dl; };
+    typedef act32 A;
+    static QDEV void load_w(W& w, const uint8_t* q, const uint8_t* m, int j) {
+        w.q = ld16(q + 16 * j);
+        const uint2 meta = *reinterpret_cast<const uint2*>(m);  // d | scales_h << 16, scales_l
+        const int ls = ((meta.y >> (4 * j)) & 0xF) | (((meta.x >> (16 + 2 * j)) & 3) << 4);
+        w.dl = fmul(__half2float(__ushort_as_half((unsigned short)(meta.x & 0xFFFF))), (float)(ls - 32));
+    }
+    static QDEV void load_a(A& a, const int8_t* xq, const float2* ds, int b, int j) { load_act32(a, xq, ds, 8 * b + j); }
+    static QDEV float dot(const W& w, const A& a) {
+        int s = 0;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const unsigned v = (unsigned)lane_of(w.q, i);
+            s = dp4a(iq4nl_values4(v & 0x0F0F0F0Fu), lane_of(a.lo, i), s);
+            s = dp4a(iq4nl_values4((v >> 4) & 0x0F0F0F0Fu), lane_of(a.hi, i), s);
+        }
+        return fmul(fmul(w.dl, a.ds.x), (float)s);
+    }
+    static QDEV void dequant(const uint8_t* q, const uint8_t* m, int j, half* dst) {
+        W w;
+        load_w(w, q, m, j);
+        dst += 32 * j;
+#pragma unroll
+        for (int g = 0; g < 4; ++g) {  // g < 2: low nibbles (values 0..15), else high (16..31)
+            const int hi = g >> 1;
+            float v[8];
+#pragma unroll
+            for (int half_ = 0; half_ < 2; ++half_) {
+                const unsigned raw = (unsigned)lane_of(w.q, 2 * (g & 1) + half_);
+                const int k4 = iq4nl_values4((raw >> (4 * hi)) & 0x0F0F0F0Fu);
+#pragma unroll
+                for (int e = 0; e < 4; ++e) v[4 * half_ + e] = w.dl * (float)(int8_t)(k4 >> (8 * e));
+            }
+            store8(dst + 8 * g, v);
         }
     }
 };

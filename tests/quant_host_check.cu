@@ -84,6 +84,7 @@ int main(int argc, char** argv) {
 #define FLOAT(NAME) else if (type == #NAME) run_float<NAME##_t>(buf, rows, cols, deq);
     if (false) {}
     QUANT(q4_0) QUANT(q4_1) QUANT(q5_0) QUANT(q5_1) QUANT(q8_0) QUANT(q4_K) QUANT(q5_K) QUANT(q6_K)
+    QUANT(q2_K) QUANT(q3_K) QUANT(iq4_xs)
     FLOAT(f16) FLOAT(bf16) FLOAT(f32)
     else {
         fprintf(stderr, "unknown type %s\n", type.c_str());

@@ -33,6 +33,9 @@ QUANT_PLANES: dict[QT, tuple[str, list[tuple[int, int]], list[tuple[int, int] | 
     QT.Q4_K: ("q4_K", [(16, 144)], [(0, 16)]),
     QT.Q5_K: ("q5_K", [(16, 176)], [(0, 16)]),
     QT.Q6_K: ("q6_K", [(0, 208)], [(208, 210)]),
+    QT.Q2_K: ("q2_K", [(0, 80)], [(80, 84)]),            # scales,qs | d,dmin
+    QT.Q3_K: ("q3_K", [(0, 96)], [(96, 110), 2]),        # hmask,qs | scales,d, pad to 16
+    QT.IQ4_XS: ("iq4_xs", [(8, 136)], [(0, 8)]),         # qs | d,scales_h,scales_l
 }
 FLOAT_TYPES: dict[QT, tuple[str, int]] = {QT.F16: ("f16", 2), QT.BF16: ("bf16", 2), QT.F32: ("f32", 4)}
 FLOAT_ROW_MULTIPLE = 8
@@ -171,11 +174,12 @@ def matvec_variant(w: GpuWeight, fused: bool = False) -> tuple[int, int]:
     """(rows per warp, units per lane step) for one-token decode, picked from bench_kernels.py on
     the H200 (docs/gpu-notes.md): short rows (K <= 1024) want one unit per step and, for many
     rows, two rows per warp; long rows want more loads in flight (u2, Q8_0 u4); the K-quants,
-    heavier per unit, want u1, with two rows per warp for tall matrices (Q6_K: r2u2)."""
+    heavier per unit, want u1, with two rows per warp for tall matrices (Q6_K: r2u2). Q2_K/Q3_K
+    follow Q4_K and IQ4_XS the 32-wide types by analogy: not yet timed on the H200."""
     kind = w.layout.kernel_type
     if fused:
         return (2, 1) if w.rows >= 16384 else (1, 1)
-    if kind in ("q4_K", "q5_K"):
+    if kind in ("q4_K", "q5_K", "q2_K", "q3_K"):
         return (2, 1) if w.rows >= 8192 else (1, 1)
     if kind == "q6_K":
         return (2, 2) if w.rows >= 2048 and w.cols >= 2048 else (1, 1)

@@ -6,7 +6,8 @@
   summation order).
 - matvec_q8_1_ref: what the int8 matvec computes, in float64: the weights as gguf dequantizes them
   times the q8_1-rounded activation, except that each block's offset term (Q4_0's -8d, Q4_1's m,
-  K-quants' -dmin*m) multiplies the exact float sum s of the block, as the kernel does.
+  Q4_K/Q5_K's -dmin*m) multiplies the exact float sum s of the block, as the kernel does (Q2_K's
+  -dmin*m, per 16 values, multiplies the rounded activation like the rest of the weight).
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from memra_engine.gpu.quant_ops import FLOAT_TYPES, QUANT_PLANES
 # byte ranges of f16 fields that must hold finite values: (start, stop) within the block
 _HALF_FIELDS = {
     QT.Q4_0: [0], QT.Q4_1: [0, 2], QT.Q5_0: [0], QT.Q5_1: [0, 2], QT.Q8_0: [0],
-    QT.Q4_K: [0, 2], QT.Q5_K: [0, 2], QT.Q6_K: [208],
+    QT.Q4_K: [0, 2], QT.Q5_K: [0, 2], QT.Q6_K: [208], QT.Q2_K: [80, 82], QT.Q3_K: [108], QT.IQ4_XS: [0],
 }
 
 
@@ -101,7 +102,9 @@ def block_offsets(ggml_type: QT, data: np.ndarray, rows: int, cols: int) -> np.n
         dmin = blocks[:, 2:4].copy().view(np.float16).astype(np.float32)  # [nb, 1]
         b = -(dmin * m.reshape(-1, 8).astype(np.float32)).astype(np.float64)  # kernel: float dmin*m
         return b.reshape(rows, cols // 32)
-    return np.zeros((rows, cols // 32))  # Q8_0, Q6_K: symmetric
+    # Q8_0, Q6_K, Q3_K, IQ4_XS: symmetric. Q2_K's mins are per 16 values, finer than q8_1's exact
+    # sums, so its kernel applies them to the rounded activation: no correction either.
+    return np.zeros((rows, cols // 32))
 
 
 def matvec_q8_1_ref(ggml_type: QT, data: np.ndarray, rows: int, cols: int, x: np.ndarray) -> np.ndarray:
