@@ -16,12 +16,27 @@
 // Merge: a row with one split writes its output directly. Otherwise each split writes an
 // unnormalized partial (o, m, l) and attn_merge, launched right after (PDL overlaps its launch),
 // merges the splits in split order.
+//
+// Cluster variant (attn_cl_*, sm_90+): grid.y is a multiple of 8 and every 8 consecutive splits
+// form a thread-block cluster that merges its splits through distributed shared memory, so a row
+// of up to 8 splits needs no second launch (that launch cost 2.6 / 5.5 us at hd64 / hd256, more
+// than the attention itself). Longer rows (up to 64 splits) write one partial per cluster, and
+// attn_cl_merge merges those (at most 8).
+#include <cooperative_groups.h>
 #include "common.cuh"
 #include "quants.cuh"
 
 #define ATTN_THREADS 128
 #define ATTN_WARPS (ATTN_THREADS / 32)
-#define ATTN_MAX_SPLITS 32
+#define ATTN_MAX_SPLITS 32     // split + merge-kernel path (attn_*)
+#define ATTN_CLUSTER 8         // blocks per cluster (the portable maximum)
+#define ATTN_MAX_SPLITS_CL 64  // cluster path (attn_cl_*): at most 8 clusters, so attn_cl_merge merges <= 8
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define ATTN_CLUSTER_DIMS  // never launched before sm_90 (ops.attention_launch); compiled so every fatbin has it
+#else
+#define ATTN_CLUSTER_DIMS __cluster_dims__(1, ATTN_CLUSTER, 1)
+#endif
 
 // k, v [T][*] with rows k_ld / v_ld floats apart, heads of HD inside a row.
 // grid (T, n_kv); block 128.
@@ -77,13 +92,14 @@ template <> struct Kv8<true> {
     }
 };
 
-// A row's split rule: its n keys go to at most ATTN_MAX_SPLITS splits of chunk * 2^k keys, the
+// A row's split rule: its n keys go to at most max_splits splits of chunk * 2^k keys, the
 // smallest that fits. Depends on the row's position only (bit-identical rows across grids).
-__device__ __forceinline__ int attn_splits_of_row(int p, int window, int chunk, int& start, int& split_len) {
+__device__ __forceinline__ int attn_splits_of_row(int p, int window, int chunk, int max_splits, int& start,
+                                                  int& split_len) {
     start = window > 0 ? max(0, p + 1 - window) : 0;
     const int n_keys = p + 1 - start;
     split_len = chunk;
-    while ((n_keys + split_len - 1) / split_len > ATTN_MAX_SPLITS) split_len *= 2;
+    while ((n_keys + split_len - 1) / split_len > max_splits) split_len *= 2;
     return (n_keys + split_len - 1) / split_len;
 }
 
@@ -104,11 +120,76 @@ __device__ __forceinline__ void attn_write_out(const float (*o)[HD], const float
     }
 }
 
-// grid (n_kv * n_hgroups, n_splits >= any row's splits, T), block ATTN_THREADS.
-// q [T][q_ld] (heads of HD inside). opart [T][gridDim.y][n_head][HD], ml [T][gridDim.y][n_head][2];
+// Cluster path epilogue, called by every block of a cluster whose row has several splits: the
+// cluster's splits (o, m, l in each block's shared memory) merged in split order through
+// distributed shared memory. A row of one cluster writes its output (and q8_1 copy) here; a longer
+// row writes the cluster's partial to slot blockIdx.y / ATTN_CLUSTER for attn_cl_merge. The
+// output's 32-value blocks are spread over the cluster's blocks and warps.
+template <int HD, int G>
+__device__ void attn_cluster_merge(const float (*o_blk)[HD], const float* m_blk, const float* l_blk, int n_act,
+                                   int g, int h0, int t, int n_head, int n_slots, float* __restrict__ opart,
+                                   float* __restrict__ ml, float* __restrict__ out, int8_t* __restrict__ xq,
+                                   int xq_stride) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    namespace cg = cooperative_groups;
+    cg::cluster_group cluster = cg::this_cluster();
+    __shared__ float c_s[G][ATTN_CLUSTER], m_out[G], l_out[G];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int c = blockIdx.y / ATTN_CLUSTER, rank = blockIdx.y % ATTN_CLUSTER;
+    const int n_in = min(ATTN_CLUSTER, n_act - c * ATTN_CLUSTER);  // splits of this cluster with keys
+    cluster.sync();  // every split's o, m, l written
+    for (int hh = warp; hh < g; hh += ATTN_WARPS) {
+        float m = -INFINITY, l = 0.0f;
+        if (lane < n_in) {
+            m = cluster.map_shared_rank(m_blk, lane)[hh];
+            l = cluster.map_shared_rank(l_blk, lane)[hh];
+        }
+        const float M = warp_max(m);
+        const float cw = lane < n_in ? expf(m - M) : 0.0f;
+        const float L = warp_sum(cw * l);
+        if (lane < ATTN_CLUSTER) c_s[hh][lane] = cw;
+        if (lane == 0) { m_out[hh] = M; l_out[hh] = L; }
+    }
+    __syncthreads();
+    const float* o0 = &o_blk[0][0];
+    for (int b = rank + ATTN_CLUSTER * warp; b < g * HD / 32; b += ATTN_CLUSTER * ATTN_WARPS) {
+        const int idx = 32 * b + lane, hh = idx / HD;
+        float v[ATTN_CLUSTER];
+#pragma unroll
+        for (int k = 0; k < ATTN_CLUSTER; ++k) v[k] = k < n_in ? cluster.map_shared_rank(o0, k)[idx] : 0.0f;
+        float acc = 0.0f;
+#pragma unroll
+        for (int k = 0; k < ATTN_CLUSTER; ++k) acc += c_s[hh][k] * v[k];
+        if (n_act <= ATTN_CLUSTER) {  // the row's output; b is warp-uniform: one q8_1 block per warp
+            const float val = acc / l_out[hh];
+            const int col = h0 * HD + idx;
+            out[(size_t)t * n_head * HD + col] = val;
+            if (xq) {
+                int8_t* xrow = xq + (size_t)t * xq_stride;
+                quantize_block_q8_1(val, xrow + col, reinterpret_cast<float2*>(xrow + n_head * HD) + (col >> 5));
+            }
+        } else {
+            opart[(((size_t)t * n_slots + c) * n_head + h0) * HD + idx] = acc;
+        }
+    }
+    if (n_act > ATTN_CLUSTER && rank == 0 && tid < g) {
+        const size_t r = ((size_t)t * n_slots + c) * n_head + h0 + tid;
+        ml[r * 2] = m_out[tid];
+        ml[r * 2 + 1] = l_out[tid];
+    }
+    cluster.sync();  // no block leaves while another still reads its shared memory
+#elif defined(__CUDA_ARCH__)
+    __trap();  // sm_80-89: ops.attention_launch never picks the cluster kernels
+#endif
+}
+
+// grid (n_kv * n_hgroups, n_splits >= any row's splits, T), block ATTN_THREADS; CL: n_splits a
+// multiple of ATTN_CLUSTER, clusters of ATTN_CLUSTER blocks along y.
+// q [T][q_ld] (heads of HD inside). Partials: opart [T][slots][n_head][HD], ml [T][slots][n_head][2],
+// slots = n_splits (split path) or n_splits / ATTN_CLUSTER (cluster path: one per cluster).
 // Thread layout per step: thread i holds segment i % SEGS (8 dims) of rows i / SEGS + pass * ROWS_PER_PASS
 // of the chunk, for K and for V; all its loads of a step are issued before the first use.
-template <int HD, int G, bool Q8>
+template <int HD, int G, bool Q8, bool CL>
 __device__ void attn_rows(const float* __restrict__ q, int q_ld, const void* __restrict__ kc,
                           const void* __restrict__ vc, const half* __restrict__ kd, const half* __restrict__ vd,
                           float* __restrict__ opart, float* __restrict__ ml, const int* __restrict__ pos,
@@ -136,8 +217,12 @@ __device__ void attn_rows(const float* __restrict__ q, int q_ld, const void* __r
     }
     const int p = pos[t];
     int start, split_len;
-    const int n_act = attn_splits_of_row(p, window, S::CHUNK, start, split_len);
-    if (s >= n_act) return;
+    const int n_act = attn_splits_of_row(p, window, S::CHUNK, CL ? ATTN_MAX_SPLITS_CL : ATTN_MAX_SPLITS, start,
+                                         split_len);
+    // split path: blocks past the row's splits have nothing to do. Cluster path: whole clusters
+    // past them leave; the rest of the last cluster stays for the cluster barriers (and merges).
+    if (CL ? (s / ATTN_CLUSTER) * ATTN_CLUSTER >= n_act || (n_act == 1 && s > 0) : s >= n_act) return;
+    const bool active = s < n_act;
     const int j0 = start + s * split_len, j1 = min(p + 1, j0 + split_len);
 
     if (tid < G) { m_s[tid] = -INFINITY; l_s[tid] = 0.0f; }
@@ -152,13 +237,15 @@ __device__ void attn_rows(const float* __restrict__ q, int q_ld, const void* __r
     // K/V rows of a step; rows past the end read the last valid row (weight 0 below). The next
     // step's rows are loaded before this step's math (long splits: one memory wait per split).
     Kv8<Q8> kr[S::E], vr[S::E], kn[S::E], vn[S::E];
+    if (active) {
 #pragma unroll
-    for (int e = 0; e < S::E; ++e) {
-        const size_t row = row0 + min(j0 + r0 + e * S::ROWS_PER_PASS, j1 - 1);
-        kn[e].load(kc, kd, row, seg, HD);
-        vn[e].load(vc, vd, row, seg, HD);
+        for (int e = 0; e < S::E; ++e) {
+            const size_t row = row0 + min(j0 + r0 + e * S::ROWS_PER_PASS, j1 - 1);
+            kn[e].load(kc, kd, row, seg, HD);
+            vn[e].load(vc, vd, row, seg, HD);
+        }
     }
-    for (int c0 = j0; c0 < j1; c0 += S::CHUNK) {
+    for (int c0 = j0; active && c0 < j1; c0 += S::CHUNK) {
 #pragma unroll
         for (int e = 0; e < S::E; ++e) {
             kr[e] = kn[e];
@@ -273,42 +360,39 @@ __device__ void attn_rows(const float* __restrict__ q, int q_ld, const void* __r
         for (int w = 0; w < ATTN_WARPS; ++w) acc += o_s[w][hh][d];
         o_s[0][hh][d] = acc;
     }
-    if (n_act > 1) {  // a partial for attn_merge
+    if (n_act == 1) {
+        __syncthreads();
+        attn_write_out<HD, G>(o_s[0], l_s, g, h0, t, n_head, out, xq, xq_stride);
+        return;
+    }
+    if constexpr (CL) {
+        attn_cluster_merge<HD, G>(o_s[0], m_s, l_s, n_act, g, h0, t, n_head, gridDim.y / ATTN_CLUSTER, opart, ml,
+                                  out, xq, xq_stride);
+    } else {  // a partial for attn_merge
         const size_t prow0 = ((size_t)t * gridDim.y + s) * n_head + h0;
         for (int i = tid; i < g * HD; i += ATTN_THREADS) opart[prow0 * HD + i] = o_s[0][i / HD][i % HD];
         if (tid < g) { ml[(prow0 + tid) * 2] = m_s[tid]; ml[(prow0 + tid) * 2 + 1] = l_s[tid]; }
-        return;
     }
-    __syncthreads();
-    attn_write_out<HD, G>(o_s[0], l_s, g, h0, t, n_head, out, xq, xq_stride);
 }
 
-// Merge the splits of rows with more than one (others: nothing to do). grid (n_kv * n_hgroups, 1, T),
-// block ATTN_THREADS; n_splits = the attention launch's grid.y (opart's layout). Split weights:
-// warp w takes heads w, w + ATTN_WARPS, ..., one lane per split; then each thread issues its
-// partial loads 16 splits at a time.
+// Merge of the partials in slots 0 .. n_parts - 1 of row t (split order) for heads h0 .. h0 + g:
+// grid (n_kv * n_hgroups, 1, T), block ATTN_THREADS; n_slots = opart's slot count. Split weights:
+// warp w takes heads w, w + ATTN_WARPS, ..., one lane per slot; then each thread issues its
+// partial loads 16 slots at a time.
 template <int HD, int G>
-__device__ void attn_merge_rows(const float* __restrict__ opart, const float* __restrict__ ml,
-                                const int* __restrict__ pos, int n_head, int n_kv, int n_splits, int window,
-                                float* __restrict__ out, int8_t* __restrict__ xq, int xq_stride) {
-    static_assert(ATTN_MAX_SPLITS <= 32, "one lane per split");
+__device__ void attn_merge_parts(const float* __restrict__ opart, const float* __restrict__ ml, int n_parts,
+                                 int n_slots, int g, int h0, int t, int n_head, float* __restrict__ out,
+                                 int8_t* __restrict__ xq, int xq_stride) {
+    static_assert(ATTN_MAX_SPLITS <= 32 && ATTN_MAX_SPLITS_CL / ATTN_CLUSTER <= 32, "one lane per slot");
     __shared__ __align__(16) float o_s[G][HD];
-    __shared__ float c_s[G][ATTN_MAX_SPLITS], l_s[G];
-    const int group = n_head / n_kv;
-    const int n_hgroups = (group + G - 1) / G;
-    const int kvh = blockIdx.x / n_hgroups, hg = blockIdx.x % n_hgroups;
-    const int h0 = kvh * group + hg * G;
-    const int g = min(G, group - hg * G);
-    const int t = blockIdx.z, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    int start, split_len;
-    const int n_act = attn_splits_of_row(pos[t], window, AttnShape<HD>::CHUNK, start, split_len);
-    if (n_act == 1) return;  // attention wrote this row
+    __shared__ float c_s[G][32], l_s[G];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     for (int hh = warp; hh < g; hh += ATTN_WARPS) {
-        const size_t r = ((size_t)t * n_splits + lane) * n_head + h0 + hh;
-        const float m = lane < n_act ? ml[r * 2] : -INFINITY;
-        const float l = lane < n_act ? ml[r * 2 + 1] : 0.0f;
+        const size_t r = ((size_t)t * n_slots + lane) * n_head + h0 + hh;
+        const float m = lane < n_parts ? ml[r * 2] : -INFINITY;
+        const float l = lane < n_parts ? ml[r * 2 + 1] : 0.0f;
         const float M = warp_max(m);
-        const float c = lane < n_act ? expf(m - M) : 0.0f;
+        const float c = lane < n_parts ? expf(m - M) : 0.0f;
         const float L = warp_sum(c * l);
         c_s[hh][lane] = c;
         if (lane == 0) l_s[hh] = L;
@@ -316,18 +400,18 @@ __device__ void attn_merge_rows(const float* __restrict__ opart, const float* __
     __syncthreads();
     for (int i = tid; i < g * HD / 4; i += ATTN_THREADS) {
         const int hh = (4 * i) / HD, d = (4 * i) % HD;
-        const float4* src = reinterpret_cast<const float4*>(opart + ((size_t)t * n_splits * n_head + h0 + hh) * HD + d);
-        const size_t split_stride = (size_t)n_head * HD / 4;
+        const float4* src = reinterpret_cast<const float4*>(opart + ((size_t)t * n_slots * n_head + h0 + hh) * HD + d);
+        const size_t slot_stride = (size_t)n_head * HD / 4;
         float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        // 16 splits' loads in flight at a time (indices clamped, so no branch keeps them apart;
-        // splits past n_act have weight c_s = 0), then the sums in split order
-        for (int sp0 = 0; sp0 < n_act; sp0 += 16) {
+        // 16 slots' loads in flight at a time (indices clamped, so no branch keeps them apart;
+        // slots past n_parts have weight c_s = 0), then the sums in slot order
+        for (int sp0 = 0; sp0 < n_parts; sp0 += 16) {
             float4 v[16];
 #pragma unroll
-            for (int k = 0; k < 16; ++k) v[k] = src[(size_t)min(sp0 + k, n_act - 1) * split_stride];
+            for (int k = 0; k < 16; ++k) v[k] = src[(size_t)min(sp0 + k, n_parts - 1) * slot_stride];
 #pragma unroll
             for (int k = 0; k < 16; ++k) {
-                const float c = c_s[hh][sp0 + k];
+                const float c = c_s[hh][(sp0 + k) & 31];
                 acc.x += c * v[k].x; acc.y += c * v[k].y; acc.z += c * v[k].z; acc.w += c * v[k].w;
             }
         }
@@ -337,92 +421,184 @@ __device__ void attn_merge_rows(const float* __restrict__ opart, const float* __
     attn_write_out<HD, G>(o_s, l_s, g, h0, t, n_head, out, xq, xq_stride);
 }
 
-#define ATTN_KERNEL(HD, G, KV, Q8)                                                                              \
-    extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_hd##HD##_g##G##_##KV(                        \
+// Split path: merge the splits of rows with more than one (others: attention wrote them).
+template <int HD, int G>
+__device__ void attn_merge_rows(const float* __restrict__ opart, const float* __restrict__ ml,
+                                const int* __restrict__ pos, int n_head, int n_kv, int n_slots, int window,
+                                float* __restrict__ out, int8_t* __restrict__ xq, int xq_stride, bool cluster) {
+    const int group = n_head / n_kv;
+    const int n_hgroups = (group + G - 1) / G;
+    const int kvh = blockIdx.x / n_hgroups, hg = blockIdx.x % n_hgroups;
+    const int h0 = kvh * group + hg * G;
+    const int g = min(G, group - hg * G);
+    const int t = blockIdx.z;
+    int start, split_len;
+    const int n_act = attn_splits_of_row(pos[t], window, AttnShape<HD>::CHUNK,
+                                         cluster ? ATTN_MAX_SPLITS_CL : ATTN_MAX_SPLITS, start, split_len);
+    const int n_parts = cluster ? (n_act + ATTN_CLUSTER - 1) / ATTN_CLUSTER : n_act;
+    if (n_parts == 1) return;  // attention wrote this row
+    attn_merge_parts<HD, G>(opart, ml, n_parts, n_slots, g, h0, t, n_head, out, xq, xq_stride);
+}
+
+
+#define ATTN_KERNEL(NAME, HD, G, Q8, CL, ATTR)                                                                  \
+    extern "C" __global__ void __launch_bounds__(ATTN_THREADS) ATTR NAME(                                        \
         const float* q, int q_ld, const void* kc, const void* vc, const half* kd, const half* vd, float* opart,  \
         float* ml, const int* pos, int n_head, int n_kv, int n_ctx, int window, float scale, float softcap,     \
         float* out, int8_t* xq, int xq_stride) {                                                                 \
         pdl_entry();                                                                                             \
-        attn_rows<HD, G, Q8>(q, q_ld, kc, vc, kd, vd, opart, ml, pos, n_head, n_kv, n_ctx, window,               \
-                             scale, softcap, out, xq, xq_stride);                                                \
+        attn_rows<HD, G, Q8, CL>(q, q_ld, kc, vc, kd, vd, opart, ml, pos, n_head, n_kv, n_ctx, window,           \
+                                 scale, softcap, out, xq, xq_stride);                                            \
     }
 // memra-kernel: attn_hd64_g1_f16(PiPPPPPPPiiiiffPPi)
-ATTN_KERNEL(64, 1, f16, false)
+ATTN_KERNEL(attn_hd64_g1_f16, 64, 1, false, false, )
 // memra-kernel: attn_hd64_g2_f16(PiPPPPPPPiiiiffPPi)
-ATTN_KERNEL(64, 2, f16, false)
+ATTN_KERNEL(attn_hd64_g2_f16, 64, 2, false, false, )
 // memra-kernel: attn_hd64_g4_f16(PiPPPPPPPiiiiffPPi)
-ATTN_KERNEL(64, 4, f16, false)
+ATTN_KERNEL(attn_hd64_g4_f16, 64, 4, false, false, )
 // memra-kernel: attn_hd64_g8_f16(PiPPPPPPPiiiiffPPi)
-ATTN_KERNEL(64, 8, f16, false)
+ATTN_KERNEL(attn_hd64_g8_f16, 64, 8, false, false, )
 // memra-kernel: attn_hd128_g1_f16(PiPPPPPPPiiiiffPPi)
-ATTN_KERNEL(128, 1, f16, false)
+ATTN_KERNEL(attn_hd128_g1_f16, 128, 1, false, false, )
 // memra-kernel: attn_hd128_g2_f16(PiPPPPPPPiiiiffPPi)
-ATTN_KERNEL(128, 2, f16, false)
+ATTN_KERNEL(attn_hd128_g2_f16, 128, 2, false, false, )
 // memra-kernel: attn_hd128_g4_f16(PiPPPPPPPiiiiffPPi)
-ATTN_KERNEL(128, 4, f16, false)
+ATTN_KERNEL(attn_hd128_g4_f16, 128, 4, false, false, )
 // memra-kernel: attn_hd128_g8_f16(PiPPPPPPPiiiiffPPi)
-ATTN_KERNEL(128, 8, f16, false)
+ATTN_KERNEL(attn_hd128_g8_f16, 128, 8, false, false, )
 // memra-kernel: attn_hd256_g1_f16(PiPPPPPPPiiiiffPPi)
-ATTN_KERNEL(256, 1, f16, false)
+ATTN_KERNEL(attn_hd256_g1_f16, 256, 1, false, false, )
 // memra-kernel: attn_hd256_g2_f16(PiPPPPPPPiiiiffPPi)
-ATTN_KERNEL(256, 2, f16, false)
+ATTN_KERNEL(attn_hd256_g2_f16, 256, 2, false, false, )
 // memra-kernel: attn_hd256_g4_f16(PiPPPPPPPiiiiffPPi)
-ATTN_KERNEL(256, 4, f16, false)
+ATTN_KERNEL(attn_hd256_g4_f16, 256, 4, false, false, )
 // memra-kernel: attn_hd256_g8_f16(PiPPPPPPPiiiiffPPi)
-ATTN_KERNEL(256, 8, f16, false)
+ATTN_KERNEL(attn_hd256_g8_f16, 256, 8, false, false, )
 // memra-kernel: attn_hd64_g1_q8_0(PiPPPPPPPiiiiffPPi)
-ATTN_KERNEL(64, 1, q8_0, true)
+ATTN_KERNEL(attn_hd64_g1_q8_0, 64, 1, true, false, )
 // memra-kernel: attn_hd64_g2_q8_0(PiPPPPPPPiiiiffPPi)
-ATTN_KERNEL(64, 2, q8_0, true)
+ATTN_KERNEL(attn_hd64_g2_q8_0, 64, 2, true, false, )
 // memra-kernel: attn_hd64_g4_q8_0(PiPPPPPPPiiiiffPPi)
-ATTN_KERNEL(64, 4, q8_0, true)
+ATTN_KERNEL(attn_hd64_g4_q8_0, 64, 4, true, false, )
 // memra-kernel: attn_hd64_g8_q8_0(PiPPPPPPPiiiiffPPi)
-ATTN_KERNEL(64, 8, q8_0, true)
+ATTN_KERNEL(attn_hd64_g8_q8_0, 64, 8, true, false, )
 // memra-kernel: attn_hd128_g1_q8_0(PiPPPPPPPiiiiffPPi)
-ATTN_KERNEL(128, 1, q8_0, true)
+ATTN_KERNEL(attn_hd128_g1_q8_0, 128, 1, true, false, )
 // memra-kernel: attn_hd128_g2_q8_0(PiPPPPPPPiiiiffPPi)
-ATTN_KERNEL(128, 2, q8_0, true)
+ATTN_KERNEL(attn_hd128_g2_q8_0, 128, 2, true, false, )
 // memra-kernel: attn_hd128_g4_q8_0(PiPPPPPPPiiiiffPPi)
-ATTN_KERNEL(128, 4, q8_0, true)
+ATTN_KERNEL(attn_hd128_g4_q8_0, 128, 4, true, false, )
 // memra-kernel: attn_hd128_g8_q8_0(PiPPPPPPPiiiiffPPi)
-ATTN_KERNEL(128, 8, q8_0, true)
+ATTN_KERNEL(attn_hd128_g8_q8_0, 128, 8, true, false, )
 // memra-kernel: attn_hd256_g1_q8_0(PiPPPPPPPiiiiffPPi)
-ATTN_KERNEL(256, 1, q8_0, true)
+ATTN_KERNEL(attn_hd256_g1_q8_0, 256, 1, true, false, )
 // memra-kernel: attn_hd256_g2_q8_0(PiPPPPPPPiiiiffPPi)
-ATTN_KERNEL(256, 2, q8_0, true)
+ATTN_KERNEL(attn_hd256_g2_q8_0, 256, 2, true, false, )
 // memra-kernel: attn_hd256_g4_q8_0(PiPPPPPPPiiiiffPPi)
-ATTN_KERNEL(256, 4, q8_0, true)
+ATTN_KERNEL(attn_hd256_g4_q8_0, 256, 4, true, false, )
 // memra-kernel: attn_hd256_g8_q8_0(PiPPPPPPPiiiiffPPi)
-ATTN_KERNEL(256, 8, q8_0, true)
+ATTN_KERNEL(attn_hd256_g8_q8_0, 256, 8, true, false, )
+// memra-kernel: attn_cl_hd64_g1_f16(PiPPPPPPPiiiiffPPi)
+ATTN_KERNEL(attn_cl_hd64_g1_f16, 64, 1, false, true, ATTN_CLUSTER_DIMS)
+// memra-kernel: attn_cl_hd64_g2_f16(PiPPPPPPPiiiiffPPi)
+ATTN_KERNEL(attn_cl_hd64_g2_f16, 64, 2, false, true, ATTN_CLUSTER_DIMS)
+// memra-kernel: attn_cl_hd64_g4_f16(PiPPPPPPPiiiiffPPi)
+ATTN_KERNEL(attn_cl_hd64_g4_f16, 64, 4, false, true, ATTN_CLUSTER_DIMS)
+// memra-kernel: attn_cl_hd64_g8_f16(PiPPPPPPPiiiiffPPi)
+ATTN_KERNEL(attn_cl_hd64_g8_f16, 64, 8, false, true, ATTN_CLUSTER_DIMS)
+// memra-kernel: attn_cl_hd128_g1_f16(PiPPPPPPPiiiiffPPi)
+ATTN_KERNEL(attn_cl_hd128_g1_f16, 128, 1, false, true, ATTN_CLUSTER_DIMS)
+// memra-kernel: attn_cl_hd128_g2_f16(PiPPPPPPPiiiiffPPi)
+ATTN_KERNEL(attn_cl_hd128_g2_f16, 128, 2, false, true, ATTN_CLUSTER_DIMS)
+// memra-kernel: attn_cl_hd128_g4_f16(PiPPPPPPPiiiiffPPi)
+ATTN_KERNEL(attn_cl_hd128_g4_f16, 128, 4, false, true, ATTN_CLUSTER_DIMS)
+// memra-kernel: attn_cl_hd128_g8_f16(PiPPPPPPPiiiiffPPi)
+ATTN_KERNEL(attn_cl_hd128_g8_f16, 128, 8, false, true, ATTN_CLUSTER_DIMS)
+// memra-kernel: attn_cl_hd256_g1_f16(PiPPPPPPPiiiiffPPi)
+ATTN_KERNEL(attn_cl_hd256_g1_f16, 256, 1, false, true, ATTN_CLUSTER_DIMS)
+// memra-kernel: attn_cl_hd256_g2_f16(PiPPPPPPPiiiiffPPi)
+ATTN_KERNEL(attn_cl_hd256_g2_f16, 256, 2, false, true, ATTN_CLUSTER_DIMS)
+// memra-kernel: attn_cl_hd256_g4_f16(PiPPPPPPPiiiiffPPi)
+ATTN_KERNEL(attn_cl_hd256_g4_f16, 256, 4, false, true, ATTN_CLUSTER_DIMS)
+// memra-kernel: attn_cl_hd256_g8_f16(PiPPPPPPPiiiiffPPi)
+ATTN_KERNEL(attn_cl_hd256_g8_f16, 256, 8, false, true, ATTN_CLUSTER_DIMS)
+// memra-kernel: attn_cl_hd64_g1_q8_0(PiPPPPPPPiiiiffPPi)
+ATTN_KERNEL(attn_cl_hd64_g1_q8_0, 64, 1, true, true, ATTN_CLUSTER_DIMS)
+// memra-kernel: attn_cl_hd64_g2_q8_0(PiPPPPPPPiiiiffPPi)
+ATTN_KERNEL(attn_cl_hd64_g2_q8_0, 64, 2, true, true, ATTN_CLUSTER_DIMS)
+// memra-kernel: attn_cl_hd64_g4_q8_0(PiPPPPPPPiiiiffPPi)
+ATTN_KERNEL(attn_cl_hd64_g4_q8_0, 64, 4, true, true, ATTN_CLUSTER_DIMS)
+// memra-kernel: attn_cl_hd64_g8_q8_0(PiPPPPPPPiiiiffPPi)
+ATTN_KERNEL(attn_cl_hd64_g8_q8_0, 64, 8, true, true, ATTN_CLUSTER_DIMS)
+// memra-kernel: attn_cl_hd128_g1_q8_0(PiPPPPPPPiiiiffPPi)
+ATTN_KERNEL(attn_cl_hd128_g1_q8_0, 128, 1, true, true, ATTN_CLUSTER_DIMS)
+// memra-kernel: attn_cl_hd128_g2_q8_0(PiPPPPPPPiiiiffPPi)
+ATTN_KERNEL(attn_cl_hd128_g2_q8_0, 128, 2, true, true, ATTN_CLUSTER_DIMS)
+// memra-kernel: attn_cl_hd128_g4_q8_0(PiPPPPPPPiiiiffPPi)
+ATTN_KERNEL(attn_cl_hd128_g4_q8_0, 128, 4, true, true, ATTN_CLUSTER_DIMS)
+// memra-kernel: attn_cl_hd128_g8_q8_0(PiPPPPPPPiiiiffPPi)
+ATTN_KERNEL(attn_cl_hd128_g8_q8_0, 128, 8, true, true, ATTN_CLUSTER_DIMS)
+// memra-kernel: attn_cl_hd256_g1_q8_0(PiPPPPPPPiiiiffPPi)
+ATTN_KERNEL(attn_cl_hd256_g1_q8_0, 256, 1, true, true, ATTN_CLUSTER_DIMS)
+// memra-kernel: attn_cl_hd256_g2_q8_0(PiPPPPPPPiiiiffPPi)
+ATTN_KERNEL(attn_cl_hd256_g2_q8_0, 256, 2, true, true, ATTN_CLUSTER_DIMS)
+// memra-kernel: attn_cl_hd256_g4_q8_0(PiPPPPPPPiiiiffPPi)
+ATTN_KERNEL(attn_cl_hd256_g4_q8_0, 256, 4, true, true, ATTN_CLUSTER_DIMS)
+// memra-kernel: attn_cl_hd256_g8_q8_0(PiPPPPPPPiiiiffPPi)
+ATTN_KERNEL(attn_cl_hd256_g8_q8_0, 256, 8, true, true, ATTN_CLUSTER_DIMS)
 
-#define ATTN_MERGE(HD, G)                                                                                        \
-    extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_merge_hd##HD##_g##G(                         \
-        const float* opart, const float* ml, const int* pos, int n_head, int n_kv, int n_splits, int window,     \
+#define ATTN_MERGE(NAME, HD, G, CL)                                                                              \
+    extern "C" __global__ void __launch_bounds__(ATTN_THREADS) NAME(                                             \
+        const float* opart, const float* ml, const int* pos, int n_head, int n_kv, int n_slots, int window,      \
         float* out, int8_t* xq, int xq_stride) {                                                                 \
         pdl_entry();                                                                                             \
-        attn_merge_rows<HD, G>(opart, ml, pos, n_head, n_kv, n_splits, window, out, xq, xq_stride);              \
+        attn_merge_rows<HD, G>(opart, ml, pos, n_head, n_kv, n_slots, window, out, xq, xq_stride, CL);           \
     }
 // memra-kernel: attn_merge_hd64_g1(PPPiiiiPPi)
-ATTN_MERGE(64, 1)
+ATTN_MERGE(attn_merge_hd64_g1, 64, 1, false)
 // memra-kernel: attn_merge_hd64_g2(PPPiiiiPPi)
-ATTN_MERGE(64, 2)
+ATTN_MERGE(attn_merge_hd64_g2, 64, 2, false)
 // memra-kernel: attn_merge_hd64_g4(PPPiiiiPPi)
-ATTN_MERGE(64, 4)
+ATTN_MERGE(attn_merge_hd64_g4, 64, 4, false)
 // memra-kernel: attn_merge_hd64_g8(PPPiiiiPPi)
-ATTN_MERGE(64, 8)
+ATTN_MERGE(attn_merge_hd64_g8, 64, 8, false)
 // memra-kernel: attn_merge_hd128_g1(PPPiiiiPPi)
-ATTN_MERGE(128, 1)
+ATTN_MERGE(attn_merge_hd128_g1, 128, 1, false)
 // memra-kernel: attn_merge_hd128_g2(PPPiiiiPPi)
-ATTN_MERGE(128, 2)
+ATTN_MERGE(attn_merge_hd128_g2, 128, 2, false)
 // memra-kernel: attn_merge_hd128_g4(PPPiiiiPPi)
-ATTN_MERGE(128, 4)
+ATTN_MERGE(attn_merge_hd128_g4, 128, 4, false)
 // memra-kernel: attn_merge_hd128_g8(PPPiiiiPPi)
-ATTN_MERGE(128, 8)
+ATTN_MERGE(attn_merge_hd128_g8, 128, 8, false)
 // memra-kernel: attn_merge_hd256_g1(PPPiiiiPPi)
-ATTN_MERGE(256, 1)
+ATTN_MERGE(attn_merge_hd256_g1, 256, 1, false)
 // memra-kernel: attn_merge_hd256_g2(PPPiiiiPPi)
-ATTN_MERGE(256, 2)
+ATTN_MERGE(attn_merge_hd256_g2, 256, 2, false)
 // memra-kernel: attn_merge_hd256_g4(PPPiiiiPPi)
-ATTN_MERGE(256, 4)
+ATTN_MERGE(attn_merge_hd256_g4, 256, 4, false)
 // memra-kernel: attn_merge_hd256_g8(PPPiiiiPPi)
-ATTN_MERGE(256, 8)
+ATTN_MERGE(attn_merge_hd256_g8, 256, 8, false)
+// memra-kernel: attn_cl_merge_hd64_g1(PPPiiiiPPi)
+ATTN_MERGE(attn_cl_merge_hd64_g1, 64, 1, true)
+// memra-kernel: attn_cl_merge_hd64_g2(PPPiiiiPPi)
+ATTN_MERGE(attn_cl_merge_hd64_g2, 64, 2, true)
+// memra-kernel: attn_cl_merge_hd64_g4(PPPiiiiPPi)
+ATTN_MERGE(attn_cl_merge_hd64_g4, 64, 4, true)
+// memra-kernel: attn_cl_merge_hd64_g8(PPPiiiiPPi)
+ATTN_MERGE(attn_cl_merge_hd64_g8, 64, 8, true)
+// memra-kernel: attn_cl_merge_hd128_g1(PPPiiiiPPi)
+ATTN_MERGE(attn_cl_merge_hd128_g1, 128, 1, true)
+// memra-kernel: attn_cl_merge_hd128_g2(PPPiiiiPPi)
+ATTN_MERGE(attn_cl_merge_hd128_g2, 128, 2, true)
+// memra-kernel: attn_cl_merge_hd128_g4(PPPiiiiPPi)
+ATTN_MERGE(attn_cl_merge_hd128_g4, 128, 4, true)
+// memra-kernel: attn_cl_merge_hd128_g8(PPPiiiiPPi)
+ATTN_MERGE(attn_cl_merge_hd128_g8, 128, 8, true)
+// memra-kernel: attn_cl_merge_hd256_g1(PPPiiiiPPi)
+ATTN_MERGE(attn_cl_merge_hd256_g1, 256, 1, true)
+// memra-kernel: attn_cl_merge_hd256_g2(PPPiiiiPPi)
+ATTN_MERGE(attn_cl_merge_hd256_g2, 256, 2, true)
+// memra-kernel: attn_cl_merge_hd256_g4(PPPiiiiPPi)
+ATTN_MERGE(attn_cl_merge_hd256_g4, 256, 4, true)
+// memra-kernel: attn_cl_merge_hd256_g8(PPPiiiiPPi)
+ATTN_MERGE(attn_cl_merge_hd256_g8, 256, 8, true)

@@ -2,7 +2,8 @@
 
 Each figure is the median of 5 batches of 50 back-to-back launches of one captured graph (so the
 launch gap is included, as in the decode graph); attention and its merge launch count as one. A one-element add_f32 is the floor: what any
-kernel costs in this graph. Run on the GPU machine: python scripts/bench_attention.py
+kernel costs in this graph. Both attention paths (split + merge kernel; clusters, sm_90+).
+Run on the GPU machine: python scripts/bench_attention.py
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import numpy as np
 
 from memra_engine.gpu.graph import CudaGraph
 from memra_engine.gpu.memory import VramPool
-from memra_engine.gpu.ops import attention_launch, attn_splits, kv_bucket
+from memra_engine.gpu.ops import attention_launch, attn_slots, attn_splits, kv_bucket
 from memra_engine.gpu.runtime import GpuRuntime
 
 SHAPES = {"smollm2 hd64 9/3": (9, 3, 64), "gemma3 hd256 4/1": (4, 1, 256), "qwen3 hd128 16/8": (16, 8, 128)}
@@ -59,23 +60,27 @@ def run(rt) -> None:
     one = put(np.ones(4, np.float32))
     floor = time_launches(rt, lambda: rt.launch("add_f32", 1, 32, (one, one, one, 1)))
     print(f"floor (add_f32 of 1 element): {floor:.2f} µs per launch")
-    print(f"{'shape':20s}" + "".join(f"{k:>9d}" for k in KEYS) + "   keys")
+    print(f"{'shape':28s}" + "".join(f"{k:>9d}" for k in KEYS) + "   keys")
     n_ctx = 4200
+    paths = (False, True) if rt.cluster_attention else (False,)
     for name, (H, n_kv, hd) in SHAPES.items():
         kc = put(rng.standard_normal((n_kv, n_ctx, hd)).astype(np.float16))
         vc = put(rng.standard_normal((n_kv, n_ctx, hd)).astype(np.float16))
         q = put(rng.standard_normal(H * hd).astype(np.float32))
         out = put(np.zeros(H * hd, np.float32))
-        row = []
-        for n in KEYS:
-            S = attn_splits(kv_bucket(n), hd)
-            opart = put(np.zeros(S * H * hd, np.float32))
-            ml = put(np.zeros(S * H * 2, np.float32))
-            pos = put(np.array([n - 1], np.int32))
-            row.append(time_launches(rt, lambda: attention_launch(
-                rt, q, H * hd, kc, vc, 0, 0, opart, ml, pos, 1, H, n_kv, hd, n_ctx, 0, 0.125, 0.0, out,
-                0, 0, S)))
-        print(f"{name:20s}" + "".join(f"{x:9.2f}" for x in row) + "   µs")
+        for cluster in paths:
+            row = []
+            for n in KEYS:
+                S = attn_splits(kv_bucket(n), hd, cluster)
+                slots = attn_slots(S, cluster)
+                opart = put(np.zeros(slots * H * hd, np.float32))
+                ml = put(np.zeros(slots * H * 2, np.float32))
+                pos = put(np.array([n - 1], np.int32))
+                row.append(time_launches(rt, lambda: attention_launch(
+                    rt, q, H * hd, kc, vc, 0, 0, opart, ml, pos, 1, H, n_kv, hd, n_ctx, 0, 0.125, 0.0, out,
+                    0, 0, S, "f16", cluster)))
+            label = f"{name} {'cluster' if cluster else 'split'}"
+            print(f"{label:28s}" + "".join(f"{x:9.2f}" for x in row) + "   µs")
 
 
 if __name__ == "__main__":

@@ -74,15 +74,15 @@ def model_paths(tmp_path_factory):
     return {name: write_synthetic_gguf(root / f"{name}.gguf", **kw) for name, kw in MODELS.items()}
 
 
-def run_forward(path, T: int, n_ctx: int = 300) -> list[str]:
+def run_forward(path, T: int, n_ctx: int = 300, cluster: bool = False) -> list[str]:
     g = open_gguf(path)
     cfg = config_from_gguf(g)
     weights = GpuWeights(g, cfg).upload(None, None, dry=True)
     kv = GpuKvCache(None, cfg.n_layer, cfg.n_kv_head, n_ctx, cfg.head_dim)
     rt = RecordingRuntime()
-    ops = GpuOps(None, cfg, kv, Arena(0, 1 << 40), dry=True)
+    ops = GpuOps(None, cfg, kv, Arena(0, 1 << 40), dry=True, cluster=cluster)
     ops.rt = rt
-    ops.begin(attn_splits(kv_bucket(n_ctx), cfg.head_dim), history_ptr=4096)
+    ops.begin(attn_splits(kv_bucket(n_ctx), cfg.head_dim, cluster), history_ptr=4096)
     ids = DArray(1 << 20, (T,), 1)
     arch_module(cfg.arch).forward(ops, weights, cfg, ids, ids, last_only=T == 1)
     ops.flush()
@@ -106,6 +106,18 @@ def test_decode_is_ten_kernels_per_llama_layer(model_paths):
     assert per_layer == 10, launches
     assert sum(n.startswith("attn_merge_") for n in launches) == n_layer
     assert "quantize_q8_1" not in launches and "add_f32" not in launches and "rope_f32" not in launches
+
+
+def test_cluster_attention_merges_in_the_cluster_until_rows_need_several(model_paths):
+    """sm_90+: splits merge inside their cluster of 8, so a decode step up to 8 splits (512 keys
+    at head dim 64) has no merge launch; past that, attn_cl_merge merges the clusters' partials."""
+    short = run_forward(model_paths["tiny-llama"], 1, n_ctx=300, cluster=True)
+    assert sum(n.startswith("attn_cl_hd64") for n in short) == 2
+    assert not any("merge" in n for n in short)
+    assert (len(short) - 3) / 2 == 9
+    long = run_forward(model_paths["tiny-llama"], 1, n_ctx=4096, cluster=True)
+    assert sum(n.startswith("attn_cl_merge_hd64") for n in long) == 2
+    assert attn_splits(kv_bucket(4096), 64, cluster=True) == 64 and attn_splits(kv_bucket(100), 256, cluster=True) == 8
 
 
 def test_sampler_launches_match_their_kernels():

@@ -82,7 +82,7 @@ class CudaBackend:
         self.weights = weights.upload(rt, self.pool)
         self.kv = GpuKvCache(self.pool, cfg.n_layer, cfg.n_kv_head, self.n_ctx, cfg.head_dim, self.kv_type)
         scratch = self.pool.alloc("scratch", regions["scratch"], "arena")
-        self.ops = GpuOps(rt, cfg, self.kv, Arena(scratch.ptr, scratch.nbytes))
+        self.ops = GpuOps(rt, cfg, self.kv, Arena(scratch.ptr, scratch.nbytes), cluster=rt.cluster_attention)
         alloc = lambda n, name: self.pool.alloc("graph", n, name).ptr  # noqa: E731
         self.history_ptr = alloc(4 * self.n_ctx, "token_history")
         self.tokens_ptr = alloc(4 * PREFILL_CHUNK, "tokens")
@@ -103,7 +103,7 @@ class CudaBackend:
         dry_weights = GpuWeights(g, cfg).upload(None, None, dry=True)
         kv = GpuKvCache(None, cfg.n_layer, cfg.n_kv_head, self.n_ctx, cfg.head_dim, self.kv_type)
         arena = Arena(0, 1 << 62)
-        ops = GpuOps(None, cfg, kv, arena, dry=True)
+        ops = GpuOps(None, cfg, kv, arena, dry=True, cluster=self.rt.cluster_attention)
         for T, last_only in ((min(PREFILL_CHUNK, self.n_ctx), True), (min(ALL_LOGITS_CHUNK, self.n_ctx), False)):
             ops.begin(self.splits_for(self.n_ctx))
             tokens = DArray(0, (T,), 1)
@@ -253,7 +253,7 @@ class CudaBackend:
 
     def splits_for(self, n_keys: int) -> int:
         """The attention grid for rows of up to n_keys keys: a captured graph's key."""
-        return attn_splits(kv_bucket(n_keys), self.config.head_dim)
+        return attn_splits(kv_bucket(n_keys), self.config.head_dim, self.rt.cluster_attention)
 
     def _forward(self, n_tokens: int, tokens_ptr: int, positions_ptr: int, n_splits: int, last_only: bool) -> DArray:
         self.ops.begin(n_splits, self.history_ptr)

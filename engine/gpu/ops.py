@@ -33,7 +33,9 @@ from memra_engine.gpu.quant_ops import GpuWeight
 
 ARENA_ALIGN = 256
 EW_BLOCK = 256  # elementwise kernels
-ATTN_MAX_SPLITS = 32  # attention.cu: a row's keys go to at most this many blocks
+ATTN_MAX_SPLITS = 32  # attention.cu: a row's keys go to at most this many blocks (split path)
+ATTN_CLUSTER = 8  # cluster path (sm_90+): blocks per thread-block cluster, merged in shared memory
+ATTN_MAX_SPLITS_CL = 64  # cluster path: at most 8 clusters, whose partials attn_cl_merge merges
 ATTN_MIN_BUCKET = 32  # KV buckets are powers of two from here; a graph is captured per grid they give
 BATCHED_MATVEC_MAX = quant_ops.MATVEC_MAX_COLUMNS  # up to this many tokens: matvec, beyond: GEMM
 FUSED_QUANT_MAX_ROWS = 16384  # one-token matvecs quantize x per block; the LM head shares one quantize
@@ -126,9 +128,18 @@ def attn_chunk(head_dim: int) -> int:
     return 64 if head_dim == 64 else 32
 
 
-def attn_splits(bucket: int, head_dim: int) -> int:
-    """grid.y: the most splits any row of up to `bucket` keys uses (attention.cu's split rule)."""
-    return min(ATTN_MAX_SPLITS, -(-bucket // attn_chunk(head_dim)))
+def attn_splits(bucket: int, head_dim: int, cluster: bool = False) -> int:
+    """grid.y: the most splits any row of up to `bucket` keys uses (attention.cu's split rule),
+    rounded up to whole clusters on the cluster path."""
+    if not cluster:
+        return min(ATTN_MAX_SPLITS, -(-bucket // attn_chunk(head_dim)))
+    n = min(ATTN_MAX_SPLITS_CL, -(-bucket // attn_chunk(head_dim)))
+    return -(-n // ATTN_CLUSTER) * ATTN_CLUSTER
+
+
+def attn_slots(n_splits: int, cluster: bool = False) -> int:
+    """Partial slots per row in opart/ml: one per split, or one per cluster on the cluster path."""
+    return n_splits // ATTN_CLUSTER if cluster else n_splits
 
 
 def attn_group_tile(group: int) -> int:
@@ -137,24 +148,29 @@ def attn_group_tile(group: int) -> int:
 
 
 def attention_launch(rt, q, q_ld, kc, vc, kd, vd, opart, ml, positions, T, n_head, n_kv, head_dim,
-                     n_ctx, window, scale, softcap, out, xq, xq_stride, n_splits, kv_type="f16") -> None:
-    """attn_hd*_g*_* then attn_merge_hd*_g* (rows with several splits): decode, verify and prefill
-    rows alike (see attention.cu)."""
+                     n_ctx, window, scale, softcap, out, xq, xq_stride, n_splits, kv_type="f16",
+                     cluster=False) -> None:
+    """attn_hd*_g*_* then attn_merge_hd*_g* (rows with several splits), or on sm_90+ attn_cl_*
+    (clusters of 8 splits merge themselves) then attn_cl_merge_* (rows of several clusters):
+    decode, verify and prefill rows alike (see attention.cu)."""
     G = attn_group_tile(n_head // n_kv)
     grid = (n_kv * -(-(n_head // n_kv) // G), n_splits, T)
-    rt.launch(f"attn_hd{head_dim}_g{G}_{kv_type}", grid, 128,
+    kind = "attn_cl" if cluster else "attn"
+    rt.launch(f"{kind}_hd{head_dim}_g{G}_{kv_type}", grid, 128,
               (q, q_ld, kc, vc, kd, vd, opart, ml, positions, n_head, n_kv, n_ctx, int(window),
                np.float32(scale), np.float32(softcap), out, xq, xq_stride))
-    if n_splits > 1:
-        rt.launch(f"attn_merge_hd{head_dim}_g{G}", (grid[0], 1, T), 128,
-                  (opart, ml, positions, n_head, n_kv, n_splits, int(window), out, xq, xq_stride))
+    slots = attn_slots(n_splits, cluster)
+    if slots > 1:
+        rt.launch(f"{kind}_merge_hd{head_dim}_g{G}", (grid[0], 1, T), 128,
+                  (opart, ml, positions, n_head, n_kv, slots, int(window), out, xq, xq_stride))
 
 
 class GpuOps:
-    def __init__(self, rt, cfg, kv, arena: Arena, dry: bool = False):
-        """kv: engine.gpu.kv_cache.GpuKvCache (pointers per layer). rt None with dry=True."""
+    def __init__(self, rt, cfg, kv, arena: Arena, dry: bool = False, cluster: bool = False):
+        """kv: engine.gpu.kv_cache.GpuKvCache (pointers per layer). rt None with dry=True.
+        cluster: attention on the cluster path (GpuRuntime.cluster_attention)."""
         self.rt = _DryRuntime() if dry else rt
-        self.cfg, self.kv, self.arena, self.dry = cfg, kv, arena, dry
+        self.cfg, self.kv, self.arena, self.dry, self.cluster = cfg, kv, arena, dry, cluster
         self.history_ptr = 0  # device token history the embed kernel records into (0: none)
         self.n_splits = 1  # attention grid.y of this forward (attn_splits; set per forward by begin)
         self._xq: dict[tuple[int, int], int] = {}
@@ -359,14 +375,15 @@ class GpuOps:
                            (k.ptr, v.ptr, *self.kv.write_args(layer), positions.ptr, k.ld, v.ld, hd, self.kv.n_ctx))
         q = self._contiguous(q)
         S = self.n_splits
-        opart = self.new((T, S, n_head, hd))
-        ml = self.new((T, S, n_head, 2))
+        slots = attn_slots(S, self.cluster)
+        opart = self.new((T, slots, n_head, hd))
+        ml = self.new((T, slots, n_head, 2))
         y = self.new((T, n_head * hd))
         xq, stride = self._quantized_output(y)  # the o matvec reads it (no quantize launch)
         kd, vd = self.kv.layer_scale_ptrs(layer)
         attention_launch(self.rt, q.ptr, q.ld, kc, vc, kd, vd, opart.ptr, ml.ptr, positions.ptr,
                          T, n_head, n_kv, hd, self.kv.n_ctx, window, scale, softcap, y.ptr, xq, stride, S,
-                         self.kv.kv_type)
+                         self.kv.kv_type, self.cluster)
         return y
 
     def swiglu(self, gate: DArray, up: DArray) -> DArray:

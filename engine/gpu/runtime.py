@@ -55,6 +55,8 @@ class GpuRuntime:
                 self._modules[family] = cuda.module_from_buffer(fatbins[family])
             # Programmatic dependent launch inside captured graphs: sm_90+ only (MEMRA_PDL=0 turns it off).
             use_pdl = major >= 9 and os.environ.get("MEMRA_PDL", "1") != "0"
+            # Attention splits merged inside thread-block clusters: sm_90+ (MEMRA_ATTN_CLUSTER=0 turns it off).
+            self.cluster_attention = major >= 9 and os.environ.get("MEMRA_ATTN_CLUSTER", "1") != "0"
             self.pdl = PdlKernels(fatbins) if use_pdl else None
         except Exception:
             self.context.pop()

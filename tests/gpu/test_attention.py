@@ -5,7 +5,9 @@ the cache format is part of the op), so the bound is float32 arithmetic: <= 1e-4
 (measured ~1e-6). Covers head dims 64/128/256, GQA groups of 1, 3, 4, 9 (> 8 heads per kv head:
 several head groups) and 7, sliding window, softcap, decode and causal prefill rows, rows long
 enough that a split walks several chunks, that a row's result does not depend on the grid's split
-count (graph buckets) or its batch bit for bit.
+count (graph buckets) or its batch bit for bit. Every test runs on both paths: splits merged by
+attn_merge, and (sm_90+) splits merged inside clusters of 8, with rows of one split, of one
+partly filled cluster, and of several clusters (attn_cl_merge).
 """
 from __future__ import annotations
 
@@ -13,10 +15,18 @@ import numpy as np
 import pytest
 from gpu_util import rel_err
 
-from memra_engine.gpu.ops import ATTN_MAX_SPLITS, attention_launch, attn_chunk, attn_splits, kv_bucket
+from memra_engine.gpu.ops import (ATTN_CLUSTER, ATTN_MAX_SPLITS, ATTN_MAX_SPLITS_CL, attention_launch, attn_chunk,
+                                  attn_slots, attn_splits, kv_bucket)
 
 pytestmark = pytest.mark.gpu
 f32 = np.float32
+
+
+@pytest.fixture(params=["split", "cluster"])
+def cluster(gpu, request) -> bool:
+    if request.param == "cluster" and gpu.rt.device.compute_capability()[0] < 9:
+        pytest.skip("thread-block clusters need sm_90+")
+    return request.param == "cluster"
 
 
 def attention_ref(q, kc, vc, pos, scale, window, softcap):
@@ -38,26 +48,28 @@ def attention_ref(q, kc, vc, pos, scale, window, softcap):
     return out.reshape(T, H * hd)
 
 
-def row_splits(n_keys: int, hd: int) -> int:
-    """attention.cu's split rule: at most ATTN_MAX_SPLITS splits of chunk * 2^k keys."""
+def row_splits(n_keys: int, hd: int, cluster: bool = False) -> int:
+    """attention.cu's split rule: at most ATTN_MAX_SPLITS (_CL) splits of chunk * 2^k keys."""
     split_len = attn_chunk(hd)
-    while -(-n_keys // split_len) > ATTN_MAX_SPLITS:
+    while -(-n_keys // split_len) > (ATTN_MAX_SPLITS_CL if cluster else ATTN_MAX_SPLITS):
         split_len *= 2
     return -(-n_keys // split_len)
 
 
 def launch_attention(gpu, q, kc, vc, ppos, pos, T, H, n_kv, hd, n_ctx, window=0, softcap=0.0, n_splits=None,
-                     xq=0, xq_stride=0, kd=0, vd=0, kv_type="f16"):
+                     xq=0, xq_stride=0, kd=0, vd=0, kv_type="f16", cluster=False):
     """Attention and its merge launch; returns out [T, H*hd]."""
-    S = n_splits or attn_splits(kv_bucket(int(pos.max()) + 1), hd)
-    opart, ml = gpu.empty(T * S * H * hd), gpu.empty(T * S * H * 2)
+    S = n_splits or attn_splits(kv_bucket(int(pos.max()) + 1), hd, cluster)
+    slots = attn_slots(S, cluster)
+    opart, ml = gpu.empty(T * slots * H * hd), gpu.empty(T * slots * H * 2)
     out = gpu.empty(T * H * hd)
     attention_launch(gpu.rt, gpu.put(q), H * hd, kc, vc, kd, vd, opart, ml, ppos, T, H, n_kv, hd, n_ctx,
-                     window, 1 / np.sqrt(hd), softcap, out, xq, xq_stride, S, kv_type)
+                     window, 1 / np.sqrt(hd), softcap, out, xq, xq_stride, S, kv_type, cluster)
     return gpu.get(out, (T, H * hd))
 
 
-def run_attention(gpu, q, k_new, v_new, kc0, vc0, pos, window=0, softcap=0.0, n_splits=None, xq=0, xq_stride=0):
+def run_attention(gpu, q, k_new, v_new, kc0, vc0, pos, window=0, softcap=0.0, n_splits=None, xq=0, xq_stride=0,
+                  cluster=False):
     """Write k_new/v_new at pos through kv_write_f16, then attend (xq: q8_1 output too)."""
     T, H, hd = q.shape
     n_kv, n_ctx, _ = kc0.shape
@@ -65,7 +77,8 @@ def run_attention(gpu, q, k_new, v_new, kc0, vc0, pos, window=0, softcap=0.0, n_
     ppos = gpu.put(pos.astype(np.int32))
     gpu.rt.launch("kv_write_f16", (T, n_kv), min(128, hd),
                   (gpu.put(k_new), gpu.put(v_new), kc, vc, ppos, n_kv * hd, n_kv * hd, hd, n_ctx))
-    out = launch_attention(gpu, q, kc, vc, ppos, pos, T, H, n_kv, hd, n_ctx, window, softcap, n_splits, xq, xq_stride)
+    out = launch_attention(gpu, q, kc, vc, ppos, pos, T, H, n_kv, hd, n_ctx, window, softcap, n_splits, xq, xq_stride,
+                           cluster=cluster)
     return out, gpu.get(kc, kc0.shape, np.float16), gpu.get(vc, vc0.shape, np.float16)
 
 
@@ -80,46 +93,57 @@ def random_case(rng, T, H, n_kv, hd, n_ctx):
 
 @pytest.mark.parametrize("hd,H,n_kv", [(64, 9, 3), (128, 32, 8), (256, 4, 1), (64, 9, 1), (128, 8, 8),
                                       (64, 14, 2)])
-@pytest.mark.parametrize("p", [0, 37, 1000, 3000])
-def test_decode_row(gpu, hd, H, n_kv, p):
+@pytest.mark.parametrize("p", [0, 37, 200, 1000, 3000])
+def test_decode_row(gpu, cluster, hd, H, n_kv, p):
     rng = np.random.default_rng(hd * 1000 + H + p)
     n_ctx = 3100
     q, kc, vc, k_new, v_new = random_case(rng, 1, H, n_kv, hd, n_ctx)
     pos = np.array([p])
-    out, kc_dev, vc_dev = run_attention(gpu, q, k_new, v_new, kc, vc, pos)
+    out, kc_dev, vc_dev = run_attention(gpu, q, k_new, v_new, kc, vc, pos, cluster=cluster)
     assert np.array_equal(kc_dev[:, p], k_new.reshape(n_kv, hd).astype(np.float16))
     ref = attention_ref(q, kc_dev, vc_dev, pos, 1 / np.sqrt(hd), 0, 0.0)
     assert rel_err(out, ref) < 1e-4
 
 
 @pytest.mark.parametrize("hd", [64, 256])
-def test_prefill_rows_are_causal_with_window_and_softcap(gpu, hd):
+def test_prefill_rows_are_causal_with_window_and_softcap(gpu, cluster, hd):
     rng = np.random.default_rng(hd)
     T, H, n_kv, n_ctx = 37, 4, 1, 700
     q, kc, vc, k_new, v_new = random_case(rng, T, H, n_kv, hd, n_ctx)
     pos = np.arange(600, 600 + T)
     for window, softcap in ((0, 0.0), (300, 0.0), (16, 50.0)):
-        out, kc_dev, vc_dev = run_attention(gpu, q, k_new, v_new, kc, vc, pos, window, softcap)
+        out, kc_dev, vc_dev = run_attention(gpu, q, k_new, v_new, kc, vc, pos, window, softcap, cluster=cluster)
         ref = attention_ref(q, kc_dev, vc_dev, pos, 1 / np.sqrt(hd), window, softcap)
         assert rel_err(out, ref) < 1e-4, (window, softcap)
 
 
 @pytest.mark.parametrize("hd", [64, 256])
-def test_result_is_independent_of_the_split_grid(gpu, hd):
+def test_result_is_independent_of_the_split_grid(gpu, cluster, hd):
     rng = np.random.default_rng(7 + hd)
-    q, kc, vc, k_new, v_new = random_case(rng, 3, 9, 3, hd, 1600)
-    pos = np.array([20, 700, 1500])  # one split, several, several walking two chunks each (hd 256)
-    need = max(row_splits(p + 1, hd) for p in pos)
-    base, kc_dev, vc_dev = run_attention(gpu, q, k_new, v_new, kc, vc, pos, n_splits=need)
-    for S in (need + 3, ATTN_MAX_SPLITS):
-        other, _, _ = run_attention(gpu, q, k_new, v_new, kc, vc, pos, n_splits=S)
-        assert np.array_equal(base, other), S
+    q, kc, vc, k_new, v_new = random_case(rng, 4, 9, 3, hd, 3000)
+    # one split, several in one cluster, several clusters, and (hd 256) splits walking 2 chunks each
+    pos = np.array([20, 300, 1500, 2900])
+    need = max(row_splits(p + 1, hd, cluster) for p in pos)
+    if cluster:
+        need = -(-need // ATTN_CLUSTER) * ATTN_CLUSTER
+        others = (need + ATTN_CLUSTER, ATTN_MAX_SPLITS_CL)
+    else:
+        others = (need + 3, ATTN_MAX_SPLITS)
+    base, kc_dev, vc_dev = run_attention(gpu, q, k_new, v_new, kc, vc, pos, n_splits=need, cluster=cluster)
+    for S in others:
+        if S <= (ATTN_MAX_SPLITS_CL if cluster else ATTN_MAX_SPLITS):
+            other, _, _ = run_attention(gpu, q, k_new, v_new, kc, vc, pos, n_splits=S, cluster=cluster)
+            assert np.array_equal(base, other), S
+    ref = attention_ref(q, kc_dev, vc_dev, pos, 1 / np.sqrt(hd), 0, 0.0)
+    assert rel_err(base, ref) < 1e-4
     # and a row alone (smaller grid) equals the same row in a batch
-    alone, _, _ = run_attention(gpu, q[1:2], k_new[1:2], v_new[1:2], kc_dev, vc_dev, pos[1:2])
-    assert np.array_equal(alone[0], base[1])
+    for t in (1, 2):
+        alone, _, _ = run_attention(gpu, q[t:t + 1], k_new[t:t + 1], v_new[t:t + 1], kc_dev, vc_dev, pos[t:t + 1],
+                                    cluster=cluster)
+        assert np.array_equal(alone[0], base[t])
 
 
-def test_q8_0_cache_reads_dequantized_values(gpu):
+def test_q8_0_cache_reads_dequantized_values(gpu, cluster):
     """The q8_0 cache: int8 values plus a half scale per 32 (engine/gpu/kv_cache.py's layout)."""
     rng = np.random.default_rng(11)
     T, H, n_kv, hd, n_ctx = 3, 8, 2, 128, 900
@@ -132,24 +156,24 @@ def test_q8_0_cache_reads_dequantized_values(gpu):
     (kq, kd, kf), (vq, vd, vf) = planes
     pos = np.array([5, 300, 899])
     out = launch_attention(gpu, q, gpu.put(kq), gpu.put(vq), gpu.put(pos.astype(np.int32)), pos,
-                           T, H, n_kv, hd, n_ctx, kd=gpu.put(kd), vd=gpu.put(vd), kv_type="q8_0")
+                           T, H, n_kv, hd, n_ctx, kd=gpu.put(kd), vd=gpu.put(vd), kv_type="q8_0", cluster=cluster)
     ref = attention_ref(q, kf, vf, pos, 1 / np.sqrt(hd), 0, 0.0)
     assert rel_err(out, ref) < 1e-4
 
 
 @pytest.mark.parametrize("hd,H,n_kv", [(64, 9, 3), (256, 4, 1)])
-def test_q8_1_output_equals_quantize_q8_1_of_the_output(gpu, hd, H, n_kv):
+def test_q8_1_output_equals_quantize_q8_1_of_the_output(gpu, cluster, hd, H, n_kv):
     """Attention writes the o matvec's q8_1 input itself, from one split (direct) and from the
     merge of several: the same bytes as quantize_q8_1 of its f32 output."""
     from memra_engine.gpu.quant_ops import q8_1_nbytes, q8_1_stride, quantize_q8_1
 
     rng = np.random.default_rng(hd + H)
     T, n = 3, H * hd
-    q, kc, vc, k_new, v_new = random_case(rng, T, H, n_kv, hd, 600)
+    q, kc, vc, k_new, v_new = random_case(rng, T, H, n_kv, hd, 3000)
     stride, nbytes = q8_1_stride(n), q8_1_nbytes(n, T)
-    for pos in (np.array([3, 20, 31]), np.array([100, 300, 599])):
+    for pos in (np.array([3, 20, 31]), np.array([100, 300, 599]), np.array([700, 1900, 2999])):
         xq = gpu.empty(nbytes // 4 + 1)
-        out, _, _ = run_attention(gpu, q, k_new, v_new, kc, vc, pos, xq=xq, xq_stride=stride)
+        out, _, _ = run_attention(gpu, q, k_new, v_new, kc, vc, pos, xq=xq, xq_stride=stride, cluster=cluster)
         assert np.all(np.isfinite(out))
         ref_xq = gpu.empty(nbytes // 4 + 1)
         quantize_q8_1(gpu.rt, gpu.put(out), ref_xq, n, T)
