@@ -640,6 +640,12 @@ struct q2_K_t {
 // Q3_K: q = ((qs[32h + l] >> 2k) & 3) - 4 * !(hmask[l] bit 4h + k), in -4..3, w = d * (sc - 32) * q
 // with sc the 6-bit scale of 16-value sub-block s: low 4 bits in scales[s % 8] (nibble s / 8),
 // high 2 bits in scales[8 + s % 4] (bits 2(s / 4)).
+QDEV int q3_K_scale(const int4& mv, int s) {  // mv: the 16 meta bytes, s: sub-block 0..15
+    const int lo = (byte_of(mv, s & 7) >> (4 * (s >> 3))) & 0xF;
+    const int hi = (byte_of(mv, 8 + (s & 3)) >> (2 * (s >> 2))) & 3;
+    return (lo | (hi << 4)) - 32;
+}
+
 struct q3_K_t {
     static constexpr int QK = 256, UNITS = 4, QB = 96, MB = 16, UE = 64;
     struct W { int4 ql, hm; int sc[4]; int hbit; float d; };  // hbit: hmask bit of row k = 0
@@ -651,12 +657,7 @@ struct q3_K_t {
         w.hbit = 4 * h;
         const int4 mv = ld16(m);  // scales[0:12], d, 2 zero bytes
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            const int s = 8 * h + 2 * k + (j & 1);
-            const int lo = (byte_of(mv, s & 7) >> (4 * (s >> 3))) & 0xF;
-            const int hi = (byte_of(mv, 8 + (s & 3)) >> (2 * (s >> 2))) & 3;
-            w.sc[k] = (lo | (hi << 4)) - 32;
-        }
+        for (int k = 0; k < 4; ++k) w.sc[k] = q3_K_scale(mv, 8 * h + 2 * k + (j & 1));
         w.d = __half2float(__ushort_as_half((unsigned short)(mv.w & 0xFFFF)));
     }
     static QDEV void load_a(A& a, const int8_t* xq, const float2* ds, int b, int j) { load_act16x4(a, xq, ds, b, j); }
@@ -677,18 +678,23 @@ struct q3_K_t {
         return fmul(w.d, sum);
     }
     static QDEV void dequant(const uint8_t* q, const uint8_t* m, int j, half* dst) {
-        W w;
-        load_w(w, q, m, j);
-        dst += 128 * (j >> 1) + 16 * (j & 1);
-#pragma unroll
+        const int h = j >> 1, l0 = 16 * (j & 1);
+        const int4 hm = ld16(q + l0), ql = ld16(q + 32 + 32 * h + l0), mv = ld16(m);
+        const float d = __half2float(__ushort_as_half((unsigned short)(mv.w & 0xFFFF)));
+        dst += 128 * h + l0;
+#pragma unroll 1  // rolled: unrolled, the 128-row GEMM tile's dequant spills registers
         for (int k = 0; k < 4; ++k) {
-            const float dl = w.d * (float)w.sc[k];
+            const float dl = d * (float)q3_K_scale(mv, 8 * h + 2 * k + (j & 1));
 #pragma unroll
             for (int g = 0; g < 2; ++g) {
-                const int q0 = quants4(w, k, 2 * g), q1 = quants4(w, k, 2 * g + 1);
                 float v[8];
 #pragma unroll
-                for (int e = 0; e < 8; ++e) v[e] = dl * (float)(int8_t)((e < 4 ? q0 : q1) >> (8 * (e & 3)));
+                for (int e = 0; e < 8; ++e) {
+                    const int l = 8 * g + e;
+                    const int low = (byte_of(ql, l) >> (2 * k)) & 3;
+                    const int high = (byte_of(hm, l) >> (4 * h + k)) & 1;
+                    v[e] = dl * (float)(low - (high ? 0 : 4));
+                }
                 store8(dst + 32 * k + 8 * g, v);
             }
         }
