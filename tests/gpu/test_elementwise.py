@@ -259,13 +259,14 @@ def test_norm_and_activation_emit_the_same_q8_1_bytes_as_quantize_q8_1(gpu, n):
             assert np.array_equal(got[row], ref[row]), kernel
 
 
-EMBED_TYPES = [QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0, QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.F16, QT.BF16, QT.F32]
+EMBED_TYPES = [QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0, QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q2_K, QT.Q3_K, QT.IQ4_XS,
+               QT.F16, QT.BF16, QT.F32]
 
 
 @pytest.mark.parametrize("qtype", EMBED_TYPES, ids=lambda t: t.name)
 def test_embed_from_quantized_table_records_history(gpu, qtype):
     rng = np.random.default_rng(int(qtype))
-    rows, cols = 301, 512 if qtype in (QT.Q4_K, QT.Q5_K, QT.Q6_K) else 576
+    rows, cols = 301, 512 if qtype in (QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q2_K, QT.Q3_K, QT.IQ4_XS) else 576
     if qtype in quant_ops.FLOAT_TYPES:
         cols = 577  # float rows are padded to 8 at upload
     data = random_weight_bytes(qtype, rows, cols, rng)
