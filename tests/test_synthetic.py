@@ -21,6 +21,9 @@ from memra_engine.model.synthetic import (
 #   Q5_0  s = 2.1/16           -> 3.8%      Q5_1  s = 4.2/31  -> 3.9%
 #   Q4_K  as Q4_1, plus 6-bit sub-block scales rounded up: 8-9%   Q5_K as Q5_1: ~4%
 #   Q6_K  s = 1.8/32 over 16 weights -> 1.6%, plus 8-bit sub-block scales: ~2%
+#   Q2_K  4 levels over the range of 16 weights, s = 3.5/3 -> 34% (measured 34.5%)
+#   Q3_K  s = 1.8/4 over 16 weights -> 13%, plus the clipped +4 level: ~15.5% measured
+#   IQ4_XS  16 non-uniform levels, extreme of 32 at -127: spacing 0.19-0.38 sigma -> ~8%
 #   F16 / BF16: relative rounding <= 2^-11 / 2^-8 per element.
 ROUND_TRIP_BOUNDS = {
     QT.F32: 0.0,
@@ -34,6 +37,9 @@ ROUND_TRIP_BOUNDS = {
     QT.Q4_K: 0.12,
     QT.Q5_K: 0.06,
     QT.Q6_K: 0.03,
+    QT.Q2_K: 0.45,
+    QT.Q3_K: 0.20,
+    QT.IQ4_XS: 0.11,
 }
 
 
@@ -56,7 +62,7 @@ def test_round_trip_error_within_bound(qtype):
         assert err > 0  # the check can fail: a lossy type that round-trips exactly would be suspicious
 
 
-@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q5_K, QT.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q2_K, QT.Q3_K, QT.IQ4_XS], ids=lambda t: t.name)
 def test_k_quant_blocks_with_mixed_scales_and_flat_sub_blocks(qtype):
     """Sub-blocks whose scales span 1000x, plus one constant and one all-zero sub-block, in one
     super-block: the encoder must keep every value finite and each sub-block's error proportional
@@ -197,7 +203,7 @@ def test_q4_k_m_mix_follows_llama_cpp_rules(tmp_path):
     assert types["blk.0.attn_norm.weight"] == QT.F32
 
 
-@pytest.mark.parametrize("quant", ["Q4_K", "Q5_K", "Q6_K", "Q4_0", "Q5_1", "BF16"])
+@pytest.mark.parametrize("quant", ["Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "IQ4_XS", "Q4_0", "Q5_1", "BF16"])
 def test_any_matrix_type_writes_and_reads_back(quant, tmp_path):
     path = write_synthetic_gguf(tmp_path / "m.gguf", "qwen2", d_model=256, d_ff=512, head_dim=64,
                                 quant=quant, embed_type="Q8_0")
@@ -205,6 +211,25 @@ def test_any_matrix_type_writes_and_reads_back(quant, tmp_path):
     assert g.tensors["blk.0.ffn_up.weight"].ggml_type == QT[quant]
     assert g.tensors["token_embd.weight"].ggml_type == QT.Q8_0
     assert np.isfinite(dequantize(g.tensors["blk.1.ffn_down.weight"])).all()
+
+
+@pytest.mark.parametrize("quant", ["Q2_K", "Q3_K", "IQ4_XS"])
+def test_low_bit_model_generates_on_the_cpu_engine(quant, tmp_path):
+    """Every matrix, embeddings included, in Q2_K/Q3_K/IQ4_XS: the CPU engine (gguf dequantizes)
+    loads the file and a greedy reply comes out, the same tokens twice."""
+    from memra_engine.generate import Engine
+    from memra_engine.sampling import SamplingParams
+
+    path = write_synthetic_gguf(tmp_path / "m.gguf", "llama", d_model=256, d_ff=512, head_dim=64, quant=quant)
+    g = open_gguf(path)
+    assert {t.ggml_type for t in g.tensors.values() if len(t.shape) == 2} == {QT[quant]}
+    greedy = SamplingParams(temperature=0.0, max_tokens=8)
+    with Engine.load(path, backend="cpu", n_ctx=64) as eng:
+        assert eng.info.quant_mix.startswith(f"{quant} x")
+        first = eng.complete("the cat sat on", greedy).collect()
+        again = eng.complete("the cat sat on", greedy).collect()
+    assert first.done.reason in ("eos", "length") and first.token_ids
+    assert again.token_ids == first.token_ids
 
 
 def test_presets_for_benchmarks_plan_the_design_shapes():

@@ -257,8 +257,10 @@ def _use_more_bits(layer: int, n_layer: int) -> bool:
     return layer < n_layer // 8 or layer >= 7 * n_layer // 8 or (layer - n_layer // 8) % 3 == 2
 
 
-# A k-quant tensor whose rows are not a multiple of 256 falls back as in llama.cpp.
-_FALLBACK = {QT.Q4_K: QT.Q5_0, QT.Q5_K: QT.Q5_1, QT.Q6_K: QT.Q8_0}
+# A k-quant tensor whose rows are not a multiple of 256 falls back as in llama.cpp, except that
+# llama.cpp's IQ4_NL fallback for Q2_K/Q3_K/IQ4_XS has no GPU kernel here: Q4_0 instead.
+_FALLBACK = {QT.Q4_K: QT.Q5_0, QT.Q5_K: QT.Q5_1, QT.Q6_K: QT.Q8_0,
+             QT.Q2_K: QT.Q4_0, QT.Q3_K: QT.Q4_0, QT.IQ4_XS: QT.Q4_0}
 
 
 def _fit_type(qtype: QT, cols: int) -> QT:
@@ -394,6 +396,8 @@ _FILE_TYPES = {
     "Q5_0": LlamaFileType.MOSTLY_Q5_0, "Q5_1": LlamaFileType.MOSTLY_Q5_1,
     "Q8_0": LlamaFileType.MOSTLY_Q8_0, "Q4_K": LlamaFileType.MOSTLY_Q4_K_S,
     "Q5_K": LlamaFileType.MOSTLY_Q5_K_S, "Q6_K": LlamaFileType.MOSTLY_Q6_K,
+    "Q2_K": LlamaFileType.MOSTLY_Q2_K, "Q3_K": LlamaFileType.MOSTLY_Q3_K_S,
+    "IQ4_XS": LlamaFileType.MOSTLY_IQ4_XS,
     "Q4_K_M": LlamaFileType.MOSTLY_Q4_K_M,
 }
 
