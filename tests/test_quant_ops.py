@@ -131,6 +131,13 @@ def test_q8_1_sizes():
 def test_bad_weights_are_one_line_errors():
     with pytest.raises(UnsupportedModelError, match="IQ2_XXS"):
         quant_ops.weight_layout(QT.IQ2_XXS, 4, 256)
+    with pytest.raises(UnsupportedModelError) as err:  # IQ4_NL: a neighbour of IQ4_XS, still no kernel
+        quant_ops.weight_layout(QT.IQ4_NL, 4, 256)
+    message = str(err.value)
+    assert "\n" not in message and message.startswith("weight type IQ4_NL has no GPU kernel")
+    assert all(name in message for name in ("Q2_K", "Q3_K", "IQ4_XS", "Q6_K"))
+    with pytest.raises(ModelFormatError, match="IQ4_XS weight has 320 columns, not a multiple of 256"):
+        quant_ops.weight_layout(QT.IQ4_XS, 4, 320)
     with pytest.raises(ModelFormatError, match="multiple of 256"):
         quant_ops.weight_layout(QT.Q4_K, 4, 576)
     with pytest.raises(ModelFormatError, match="empty"):
