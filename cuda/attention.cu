@@ -92,13 +92,17 @@ template <> struct Kv8<true> {
     }
 };
 
-// A row's split rule: its n keys go to at most max_splits splits of chunk * 2^k keys, the
-// smallest that fits. Depends on the row's position only (bit-identical rows across grids).
-__device__ __forceinline__ int attn_splits_of_row(int p, int window, int chunk, int max_splits, int& start,
+// A row's split rule: its n keys go to at most ATTN_MAX_SPLITS splits of chunk * 2^k keys, the
+// smallest that fits. The cluster path allows ATTN_MAX_SPLITS_CL, but first keeps rows of up to
+// 2 * ATTN_CLUSTER chunks in one cluster (splits of 2 chunks): no merge launch up to 1024 keys
+// (hd64) / 512 keys (gemma3's sliding window). Depends on the row's position only (bit-identical
+// rows across grids).
+__device__ __forceinline__ int attn_splits_of_row(int p, int window, int chunk, bool cluster, int& start,
                                                   int& split_len) {
     start = window > 0 ? max(0, p + 1 - window) : 0;
     const int n_keys = p + 1 - start;
-    split_len = chunk;
+    const int max_splits = cluster ? ATTN_MAX_SPLITS_CL : ATTN_MAX_SPLITS;
+    split_len = cluster && n_keys > ATTN_CLUSTER * chunk && n_keys <= 2 * ATTN_CLUSTER * chunk ? 2 * chunk : chunk;
     while ((n_keys + split_len - 1) / split_len > max_splits) split_len *= 2;
     return (n_keys + split_len - 1) / split_len;
 }
@@ -217,8 +221,7 @@ __device__ void attn_rows(const float* __restrict__ q, int q_ld, const void* __r
     }
     const int p = pos[t];
     int start, split_len;
-    const int n_act = attn_splits_of_row(p, window, S::CHUNK, CL ? ATTN_MAX_SPLITS_CL : ATTN_MAX_SPLITS, start,
-                                         split_len);
+    const int n_act = attn_splits_of_row(p, window, S::CHUNK, CL, start, split_len);
     // split path: blocks past the row's splits have nothing to do. Cluster path: whole clusters
     // past them leave; the rest of the last cluster stays for the cluster barriers (and merges).
     if (CL ? (s / ATTN_CLUSTER) * ATTN_CLUSTER >= n_act || (n_act == 1 && s > 0) : s >= n_act) return;
@@ -375,42 +378,50 @@ __device__ void attn_rows(const float* __restrict__ q, int q_ld, const void* __r
     }
 }
 
-// Merge of the partials in slots 0 .. n_parts - 1 of row t (split order) for heads h0 .. h0 + g:
-// grid (n_kv * n_hgroups, 1, T), block ATTN_THREADS; n_slots = opart's slot count. Split weights:
-// warp w takes heads w, w + ATTN_WARPS, ..., one lane per slot; then each thread issues its
-// partial loads 16 slots at a time.
-template <int HD, int G>
+// Merge of the partials in slots 0 .. n_parts - 1 of row t (slot order) for heads h0 .. h0 + g,
+// dims d0 .. d0 + ATTN_MERGE_DIMS (one block per slice: more blocks, one float4 per thread).
+// Each thread issues its first MAXP slots' loads before the weights are known (indices clamped,
+// so no branch keeps them apart; slots past n_parts get weight 0): one memory wait, not two.
+// Weights: warp w takes heads w, w + ATTN_WARPS, ..., one lane per slot.
+#define ATTN_MERGE_DIMS 64
+template <int HD, int G, int MAXP>
 __device__ void attn_merge_parts(const float* __restrict__ opart, const float* __restrict__ ml, int n_parts,
-                                 int n_slots, int g, int h0, int t, int n_head, float* __restrict__ out,
+                                 int n_slots, int g, int h0, int d0, int t, int n_head, float* __restrict__ out,
                                  int8_t* __restrict__ xq, int xq_stride) {
     static_assert(ATTN_MAX_SPLITS <= 32 && ATTN_MAX_SPLITS_CL / ATTN_CLUSTER <= 32, "one lane per slot");
-    __shared__ __align__(16) float o_s[G][HD];
+    static_assert(G * ATTN_MERGE_DIMS / 4 <= ATTN_THREADS, "one float4 per thread");
+    __shared__ __align__(16) float o_s[G][ATTN_MERGE_DIMS];
     __shared__ float c_s[G][32], l_s[G];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    for (int hh = warp; hh < g; hh += ATTN_WARPS) {
-        const size_t r = ((size_t)t * n_slots + lane) * n_head + h0 + hh;
+    const int hh = (4 * tid) / ATTN_MERGE_DIMS, d = (4 * tid) % ATTN_MERGE_DIMS;
+    const bool mine = tid < g * ATTN_MERGE_DIMS / 4;
+    const size_t slot_stride = (size_t)n_head * HD / 4;
+    const float4* src = reinterpret_cast<const float4*>(opart + ((size_t)t * n_slots * n_head + h0 + hh) * HD + d0 + d);
+    float4 v[MAXP];
+    if (mine) {
+#pragma unroll
+        for (int k = 0; k < MAXP; ++k) v[k] = src[(size_t)min(k, n_parts - 1) * slot_stride];
+    }
+    for (int h = warp; h < g; h += ATTN_WARPS) {
+        const size_t r = ((size_t)t * n_slots + lane) * n_head + h0 + h;
         const float m = lane < n_parts ? ml[r * 2] : -INFINITY;
         const float l = lane < n_parts ? ml[r * 2 + 1] : 0.0f;
         const float M = warp_max(m);
         const float c = lane < n_parts ? expf(m - M) : 0.0f;
         const float L = warp_sum(c * l);
-        c_s[hh][lane] = c;
-        if (lane == 0) l_s[hh] = L;
+        c_s[h][lane] = c;
+        if (lane == 0) l_s[h] = L;
     }
     __syncthreads();
-    for (int i = tid; i < g * HD / 4; i += ATTN_THREADS) {
-        const int hh = (4 * i) / HD, d = (4 * i) % HD;
-        const float4* src = reinterpret_cast<const float4*>(opart + ((size_t)t * n_slots * n_head + h0 + hh) * HD + d);
-        const size_t slot_stride = (size_t)n_head * HD / 4;
+    if (mine) {
         float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        // 16 slots' loads in flight at a time (indices clamped, so no branch keeps them apart;
-        // slots past n_parts have weight c_s = 0), then the sums in slot order
-        for (int sp0 = 0; sp0 < n_parts; sp0 += 16) {
-            float4 v[16];
+        for (int sp0 = 0; sp0 < n_parts; sp0 += MAXP) {
+            if (sp0 > 0) {
 #pragma unroll
-            for (int k = 0; k < 16; ++k) v[k] = src[(size_t)min(sp0 + k, n_parts - 1) * slot_stride];
+                for (int k = 0; k < MAXP; ++k) v[k] = src[(size_t)min(sp0 + k, n_parts - 1) * slot_stride];
+            }
 #pragma unroll
-            for (int k = 0; k < 16; ++k) {
+            for (int k = 0; k < MAXP; ++k) {
                 const float c = c_s[hh][(sp0 + k) & 31];
                 acc.x += c * v[k].x; acc.y += c * v[k].y; acc.z += c * v[k].z; acc.w += c * v[k].w;
             }
@@ -418,14 +429,26 @@ __device__ void attn_merge_parts(const float* __restrict__ opart, const float* _
         *reinterpret_cast<float4*>(&o_s[hh][d]) = acc;
     }
     __syncthreads();
-    attn_write_out<HD, G>(o_s, l_s, g, h0, t, n_head, out, xq, xq_stride);
+    // o / l, and its q8_1 copy: each warp iteration is one whole 32-value q8_1 block of one head
+    for (int i = tid; i < g * ATTN_MERGE_DIMS; i += ATTN_THREADS) {
+        const int h = i / ATTN_MERGE_DIMS, dd = i % ATTN_MERGE_DIMS;
+        const float val = o_s[h][dd] / l_s[h];
+        const int col = (h0 + h) * HD + d0 + dd;
+        out[(size_t)t * n_head * HD + col] = val;
+        if (xq) {
+            int8_t* xrow = xq + (size_t)t * xq_stride;
+            quantize_block_q8_1(val, xrow + col, reinterpret_cast<float2*>(xrow + n_head * HD) + (col >> 5));
+        }
+    }
 }
 
-// Split path: merge the splits of rows with more than one (others: attention wrote them).
-template <int HD, int G>
+// Merge the rows with several partials (others: attention wrote them). grid (n_kv * n_hgroups,
+// HD / ATTN_MERGE_DIMS, T), block ATTN_THREADS. Split path: one partial per split (c_s holds 32,
+// 16 loads in flight); cluster path: one per cluster (at most 8, all in flight at once).
+template <int HD, int G, bool CL>
 __device__ void attn_merge_rows(const float* __restrict__ opart, const float* __restrict__ ml,
                                 const int* __restrict__ pos, int n_head, int n_kv, int n_slots, int window,
-                                float* __restrict__ out, int8_t* __restrict__ xq, int xq_stride, bool cluster) {
+                                float* __restrict__ out, int8_t* __restrict__ xq, int xq_stride) {
     const int group = n_head / n_kv;
     const int n_hgroups = (group + G - 1) / G;
     const int kvh = blockIdx.x / n_hgroups, hg = blockIdx.x % n_hgroups;
@@ -433,13 +456,12 @@ __device__ void attn_merge_rows(const float* __restrict__ opart, const float* __
     const int g = min(G, group - hg * G);
     const int t = blockIdx.z;
     int start, split_len;
-    const int n_act = attn_splits_of_row(pos[t], window, AttnShape<HD>::CHUNK,
-                                         cluster ? ATTN_MAX_SPLITS_CL : ATTN_MAX_SPLITS, start, split_len);
-    const int n_parts = cluster ? (n_act + ATTN_CLUSTER - 1) / ATTN_CLUSTER : n_act;
+    const int n_act = attn_splits_of_row(pos[t], window, AttnShape<HD>::CHUNK, CL, start, split_len);
+    const int n_parts = CL ? (n_act + ATTN_CLUSTER - 1) / ATTN_CLUSTER : n_act;
     if (n_parts == 1) return;  // attention wrote this row
-    attn_merge_parts<HD, G>(opart, ml, n_parts, n_slots, g, h0, t, n_head, out, xq, xq_stride);
+    attn_merge_parts<HD, G, CL ? ATTN_MAX_SPLITS_CL / ATTN_CLUSTER : 16>(
+        opart, ml, n_parts, n_slots, g, h0, blockIdx.y * ATTN_MERGE_DIMS, t, n_head, out, xq, xq_stride);
 }
-
 
 #define ATTN_KERNEL(NAME, HD, G, Q8, CL, ATTR)                                                                  \
     extern "C" __global__ void __launch_bounds__(ATTN_THREADS) ATTR NAME(                                        \
@@ -552,7 +574,7 @@ ATTN_KERNEL(attn_cl_hd256_g8_q8_0, 256, 8, true, true, ATTN_CLUSTER_DIMS)
         const float* opart, const float* ml, const int* pos, int n_head, int n_kv, int n_slots, int window,      \
         float* out, int8_t* xq, int xq_stride) {                                                                 \
         pdl_entry();                                                                                             \
-        attn_merge_rows<HD, G>(opart, ml, pos, n_head, n_kv, n_slots, window, out, xq, xq_stride, CL);           \
+        attn_merge_rows<HD, G, CL>(opart, ml, pos, n_head, n_kv, n_slots, window, out, xq, xq_stride);           \
     }
 // memra-kernel: attn_merge_hd64_g1(PPPiiiiPPi)
 ATTN_MERGE(attn_merge_hd64_g1, 64, 1, false)

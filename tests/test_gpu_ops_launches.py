@@ -12,7 +12,8 @@ import pytest
 
 from memra_engine.gpu import build
 from memra_engine.gpu.kv_cache import GpuKvCache
-from memra_engine.gpu.ops import Arena, DArray, GpuOps, attn_splits, kv_bucket
+from memra_engine.gpu.ops import (ATTN_CLUSTER, Arena, DArray, GpuOps, attn_row_splits, attn_slots, attn_splits,
+                                  kv_bucket)
 from memra_engine.gpu.sampler import GpuSampler
 from memra_engine.gpu.weights import GpuWeights
 from memra_engine.model import arch_module
@@ -118,6 +119,19 @@ def test_cluster_attention_merges_in_the_cluster_until_rows_need_several(model_p
     long = run_forward(model_paths["tiny-llama"], 1, n_ctx=4096, cluster=True)
     assert sum(n.startswith("attn_cl_merge_hd64") for n in long) == 2
     assert attn_splits(kv_bucket(4096), 64, cluster=True) == 64 and attn_splits(kv_bucket(100), 256, cluster=True) == 8
+
+
+@pytest.mark.parametrize("cluster", [False, True])
+@pytest.mark.parametrize("hd", [64, 128, 256])
+def test_attention_grid_covers_every_row_of_its_bucket(hd, cluster):
+    """A graph captured for a KV bucket serves every row up to it: its grid.y must cover each
+    row's split count (whole clusters on the cluster path), and the partial slots that many."""
+    for n in list(range(1, 3000)) + list(range(3000, 140_000, 997)):
+        S = attn_splits(kv_bucket(n), hd, cluster)
+        need = attn_row_splits(n, hd, cluster)
+        assert need <= S, (n, need, S)
+        if cluster:
+            assert S % ATTN_CLUSTER == 0 and attn_slots(S, True) * ATTN_CLUSTER >= need
 
 
 def test_sampler_launches_match_their_kernels():

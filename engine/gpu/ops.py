@@ -35,6 +35,7 @@ ARENA_ALIGN = 256
 EW_BLOCK = 256  # elementwise kernels
 ATTN_MAX_SPLITS = 32  # attention.cu: a row's keys go to at most this many blocks (split path)
 ATTN_CLUSTER = 8  # cluster path (sm_90+): blocks per thread-block cluster, merged in shared memory
+ATTN_MERGE_DIMS = 64  # attn_*merge*: head dims per block
 ATTN_MAX_SPLITS_CL = 64  # cluster path: at most 8 clusters, whose partials attn_cl_merge merges
 ATTN_MIN_BUCKET = 32  # KV buckets are powers of two from here; a graph is captured per grid they give
 BATCHED_MATVEC_MAX = quant_ops.MATVEC_MAX_COLUMNS  # up to this many tokens: matvec, beyond: GEMM
@@ -133,8 +134,20 @@ def attn_splits(bucket: int, head_dim: int, cluster: bool = False) -> int:
     rounded up to whole clusters on the cluster path."""
     if not cluster:
         return min(ATTN_MAX_SPLITS, -(-bucket // attn_chunk(head_dim)))
-    n = min(ATTN_MAX_SPLITS_CL, -(-bucket // attn_chunk(head_dim)))
-    return -(-n // ATTN_CLUSTER) * ATTN_CLUSTER
+    chunks = -(-bucket // attn_chunk(head_dim))
+    if chunks <= 2 * ATTN_CLUSTER:  # rows this short stay in one cluster (attention.cu)
+        return ATTN_CLUSTER
+    return -(-min(ATTN_MAX_SPLITS_CL, chunks) // ATTN_CLUSTER) * ATTN_CLUSTER
+
+
+def attn_row_splits(n_keys: int, head_dim: int, cluster: bool = False) -> int:
+    """A row's split count (attention.cu's attn_splits_of_row): at most ATTN_MAX_SPLITS (_CL) splits
+    of chunk * 2^k keys; on the cluster path rows of up to 2 * ATTN_CLUSTER chunks stay in one cluster."""
+    chunk = attn_chunk(head_dim)
+    split_len = 2 * chunk if cluster and ATTN_CLUSTER * chunk < n_keys <= 2 * ATTN_CLUSTER * chunk else chunk
+    while -(-n_keys // split_len) > (ATTN_MAX_SPLITS_CL if cluster else ATTN_MAX_SPLITS):
+        split_len *= 2
+    return -(-n_keys // split_len)
 
 
 def attn_slots(n_splits: int, cluster: bool = False) -> int:
@@ -161,7 +174,7 @@ def attention_launch(rt, q, q_ld, kc, vc, kd, vd, opart, ml, positions, T, n_hea
                np.float32(scale), np.float32(softcap), out, xq, xq_stride))
     slots = attn_slots(n_splits, cluster)
     if slots > 1:
-        rt.launch(f"{kind}_merge_hd{head_dim}_g{G}", (grid[0], 1, T), 128,
+        rt.launch(f"{kind}_merge_hd{head_dim}_g{G}", (grid[0], head_dim // ATTN_MERGE_DIMS, T), 128,
                   (opart, ml, positions, n_head, n_kv, slots, int(window), out, xq, xq_stride))
 
 

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from gpu_util import rel_err
 
-from memra_engine.gpu.ops import (ATTN_CLUSTER, ATTN_MAX_SPLITS, ATTN_MAX_SPLITS_CL, attention_launch, attn_chunk,
-                                  attn_slots, attn_splits, kv_bucket)
+from memra_engine.gpu.ops import (ATTN_CLUSTER, ATTN_MAX_SPLITS, ATTN_MAX_SPLITS_CL, attention_launch,
+                                  attn_row_splits, attn_slots, attn_splits, kv_bucket)
 
 pytestmark = pytest.mark.gpu
 f32 = np.float32
@@ -46,14 +46,6 @@ def attention_ref(q, kc, vc, pos, scale, window, softcap):
             p = np.exp(s - s.max())
             out[t, h] = p @ v / p.sum()
     return out.reshape(T, H * hd)
-
-
-def row_splits(n_keys: int, hd: int, cluster: bool = False) -> int:
-    """attention.cu's split rule: at most ATTN_MAX_SPLITS (_CL) splits of chunk * 2^k keys."""
-    split_len = attn_chunk(hd)
-    while -(-n_keys // split_len) > (ATTN_MAX_SPLITS_CL if cluster else ATTN_MAX_SPLITS):
-        split_len *= 2
-    return -(-n_keys // split_len)
 
 
 def launch_attention(gpu, q, kc, vc, ppos, pos, T, H, n_kv, hd, n_ctx, window=0, softcap=0.0, n_splits=None,
@@ -123,7 +115,7 @@ def test_result_is_independent_of_the_split_grid(gpu, cluster, hd):
     q, kc, vc, k_new, v_new = random_case(rng, 4, 9, 3, hd, 3000)
     # one split, several in one cluster, several clusters, and (hd 256) splits walking 2 chunks each
     pos = np.array([20, 300, 1500, 2900])
-    need = max(row_splits(p + 1, hd, cluster) for p in pos)
+    need = max(attn_row_splits(p + 1, hd, cluster) for p in pos)
     if cluster:
         need = -(-need // ATTN_CLUSTER) * ATTN_CLUSTER
         others = (need + ATTN_CLUSTER, ATTN_MAX_SPLITS_CL)
