@@ -214,11 +214,10 @@ __device__ void attn_rows(const float* __restrict__ q, int q_ld, const void* __r
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int seg = tid % S::SEGS, r0 = tid / S::SEGS;
 
-    // q first: its loads do not wait for the position's
-    for (int i = tid; i < G * HD; i += ATTN_THREADS) {
-        const int hh = i / HD, d = i % HD;
-        q_s[hh][d] = hh < g ? q[(size_t)t * q_ld + (size_t)(h0 + hh) * HD + d] * scale : 0.0f;
-    }
+    // Before the PDL wait: the position (written before the step's graph launch, never inside it)
+    // and an L2 prefetch of this split's first chunk of K/V rows. Those rows are final except the
+    // newest, which the previous kernel may still be writing: L2 is where that write lands, so
+    // the prefetch cannot leave a stale copy. The K/V loads after the wait then hit L2.
     const int p = pos[t];
     int start, split_len;
     const int n_act = attn_splits_of_row(p, window, S::CHUNK, CL, start, split_len);
@@ -227,6 +226,22 @@ __device__ void attn_rows(const float* __restrict__ q, int q_ld, const void* __r
     if (CL ? (s / ATTN_CLUSTER) * ATTN_CLUSTER >= n_act || (n_act == 1 && s > 0) : s >= n_act) return;
     const bool active = s < n_act;
     const int j0 = start + s * split_len, j1 = min(p + 1, j0 + split_len);
+    if (active) {
+        constexpr int ROW_BYTES = HD * (Q8 ? 1 : 2), LINES = ROW_BYTES >= 128 ? ROW_BYTES / 128 : 1;
+        const size_t kv_row0 = (size_t)kvh * n_ctx + j0;
+        for (int i = tid; i < S::CHUNK * LINES; i += ATTN_THREADS) {
+            const int r = i / LINES;
+            if (j0 + r >= j1) break;
+            const size_t off = (kv_row0 + r) * ROW_BYTES + (i % LINES) * 128;
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(static_cast<const char*>(kc) + off));
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(static_cast<const char*>(vc) + off));
+        }
+    }
+    pdl_entry();
+    for (int i = tid; i < G * HD; i += ATTN_THREADS) {
+        const int hh = i / HD, d = i % HD;
+        q_s[hh][d] = hh < g ? q[(size_t)t * q_ld + (size_t)(h0 + hh) * HD + d] * scale : 0.0f;
+    }
 
     if (tid < G) { m_s[tid] = -INFINITY; l_s[tid] = 0.0f; }
 
@@ -468,7 +483,6 @@ __device__ void attn_merge_rows(const float* __restrict__ opart, const float* __
         const float* q, int q_ld, const void* kc, const void* vc, const half* kd, const half* vd, float* opart,  \
         float* ml, const int* pos, int n_head, int n_kv, int n_ctx, int window, float scale, float softcap,     \
         float* out, int8_t* xq, int xq_stride) {                                                                 \
-        pdl_entry();                                                                                             \
         attn_rows<HD, G, Q8, CL>(q, q_ld, kc, vc, kd, vd, opart, ml, pos, n_head, n_kv, n_ctx, window,           \
                                  scale, softcap, out, xq, xq_stride);                                            \
     }

@@ -165,6 +165,36 @@ __device__ __forceinline__ void matvec_f(const uint8_t* __restrict__ w, const fl
     }
 }
 
+// ---- weight prefetch before the PDL wait ---------------------------------------------------
+// Weights never change during a step, so a block may touch them before pdl_entry() waits for
+// the previous kernel: under PDL this block is often resident while that kernel still runs.
+// Each lane asks L2 for one 128-byte line of each of its warp's rows (q and meta planes; the
+// first 4 KB of a row), so the first weight loads after the wait hit L2, not DRAM.
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+
+template <class T, int R>
+__device__ __forceinline__ void matvec_prefetch_q(const uint8_t* wq, const uint8_t* wm, int rows, int cols) {
+    const int lane = threadIdx.x & 31;
+    const int row0 = (blockIdx.x * MV_WARPS + (threadIdx.x >> 5)) * R;
+    const size_t nb = cols / T::QK, qbytes = nb * T::QB, mbytes = nb * T::MB;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        if (row0 + r >= rows) break;
+        if (128 * lane < qbytes) prefetch_l2(wq + (size_t)(row0 + r) * qbytes + 128 * lane);
+        if (128 * lane < mbytes) prefetch_l2(wm + (size_t)(row0 + r) * mbytes + 128 * lane);
+    }
+}
+
+template <class F>
+__device__ __forceinline__ void matvec_prefetch_f(const uint8_t* w, int rows, int cols) {
+    const int lane = threadIdx.x & 31;
+    const int row = blockIdx.x * MV_WARPS + (threadIdx.x >> 5);
+    const size_t bytes = (size_t)((cols + 7) >> 3) * F::QB;
+    if (row < rows && 128 * lane < bytes) prefetch_l2(w + (size_t)row * bytes + 128 * lane);
+}
+
 // ---- entry points ----------------------------------------------------------------------------
 // matvec_<type>_r<R>u<U>_c<C>(wq, wm, xq, y, rows, cols, n_tokens, stride): grid ceil(rows / (4R)),
 // block 128; C is the most columns the launch handles (n_tokens <= C).
@@ -173,13 +203,17 @@ __device__ __forceinline__ void matvec_f(const uint8_t* __restrict__ w, const fl
 #define MATVEC_Q(TYPE, R, U, C)                                                                          \
     extern "C" __global__ __launch_bounds__(MV_WARPS * 32) void matvec_##TYPE##_r##R##u##U##_c##C(      \
         const uint8_t* wq, const uint8_t* wm, const int8_t* xq, float* y, int rows, int cols, int n_tokens, \
-        int stride) { pdl_entry();                                                                                    \
+        int stride) {                                                                                    \
+        matvec_prefetch_q<TYPE##_t, R>(wq, wm, rows, cols);                                              \
+        pdl_entry();                                                                                     \
         matvec_q<TYPE##_t, R, C, U, false>(wq, wm, xq, y, rows, cols, n_tokens, stride);                 \
     }
 #define MATVEC_QF(TYPE, R, U)                                                                             \
     extern "C" __global__ __launch_bounds__(MV_WARPS * 32) void matvec_##TYPE##_fused_r##R##u##U(         \
         const uint8_t* wq, const uint8_t* wm, const float* x, float* y, int rows, int cols, int n_tokens,  \
-        int stride) { pdl_entry();                                                                                     \
+        int stride) {                                                                                     \
+        matvec_prefetch_q<TYPE##_t, R>(wq, wm, rows, cols);                                               \
+        pdl_entry();                                                                                      \
         matvec_q<TYPE##_t, R, 1, U, true>(wq, wm, x, y, rows, cols, n_tokens, stride);                    \
     }
 
@@ -204,7 +238,9 @@ MATVEC_Q_ALL(iq4_xs)
 // matvec_<type>_c<C>(w, x, y, rows, cols, n_tokens): grid ceil(rows / 4), block 128.
 #define MATVEC_F(TYPE, C)                                                                                  \
     extern "C" __global__ __launch_bounds__(MV_WARPS * 32) void matvec_##TYPE##_c##C(                      \
-        const uint8_t* w, const float* x, float* y, int rows, int cols, int n_tokens) { pdl_entry();                    \
+        const uint8_t* w, const float* x, float* y, int rows, int cols, int n_tokens) {                    \
+        matvec_prefetch_f<TYPE##_t>(w, rows, cols);                                                        \
+        pdl_entry();                                                                                       \
         matvec_f<TYPE##_t, C>(w, x, y, rows, cols, n_tokens);                                              \
     }
 
