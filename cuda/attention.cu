@@ -93,16 +93,17 @@ template <> struct Kv8<true> {
 };
 
 // A row's split rule: its n keys go to at most ATTN_MAX_SPLITS splits of chunk * 2^k keys, the
-// smallest that fits. The cluster path allows ATTN_MAX_SPLITS_CL, but first keeps rows of up to
-// 2 * ATTN_CLUSTER chunks in one cluster (splits of 2 chunks): no merge launch up to 1024 keys
-// (hd64) / 512 keys (gemma3's sliding window). Depends on the row's position only (bit-identical
-// rows across grids).
+// smallest that fits. The cluster path allows ATTN_MAX_SPLITS_CL, and rows past ATTN_CLUSTER
+// chunks get splits of at least 2 chunks: up to 16 chunks that keeps a row in one cluster (no
+// merge launch up to 1024 keys at hd64, 512 at hd256: gemma3's sliding window), and longer rows
+// get half as many clusters to merge. Depends on the row's position only (bit-identical rows
+// across grids).
 __device__ __forceinline__ int attn_splits_of_row(int p, int window, int chunk, bool cluster, int& start,
                                                   int& split_len) {
     start = window > 0 ? max(0, p + 1 - window) : 0;
     const int n_keys = p + 1 - start;
     const int max_splits = cluster ? ATTN_MAX_SPLITS_CL : ATTN_MAX_SPLITS;
-    split_len = cluster && n_keys > ATTN_CLUSTER * chunk && n_keys <= 2 * ATTN_CLUSTER * chunk ? 2 * chunk : chunk;
+    split_len = cluster && n_keys > ATTN_CLUSTER * chunk ? 2 * chunk : chunk;
     while ((n_keys + split_len - 1) / split_len > max_splits) split_len *= 2;
     return (n_keys + split_len - 1) / split_len;
 }
@@ -215,7 +216,7 @@ __device__ void attn_rows(const float* __restrict__ q, int q_ld, const void* __r
     const int seg = tid % S::SEGS, r0 = tid / S::SEGS;
 
     // Before the PDL wait: the position (written before the step's graph launch, never inside it)
-    // and an L2 prefetch of this split's first chunk of K/V rows. Those rows are final except the
+    // and an L2 prefetch of this split's K/V rows (its first two chunks). Those rows are final except the
     // newest, which the previous kernel may still be writing: L2 is where that write lands, so
     // the prefetch cannot leave a stale copy. The K/V loads after the wait then hit L2.
     const int p = pos[t];
@@ -229,7 +230,7 @@ __device__ void attn_rows(const float* __restrict__ q, int q_ld, const void* __r
     if (active) {
         constexpr int ROW_BYTES = HD * (Q8 ? 1 : 2), LINES = ROW_BYTES >= 128 ? ROW_BYTES / 128 : 1;
         const size_t kv_row0 = (size_t)kvh * n_ctx + j0;
-        for (int i = tid; i < S::CHUNK * LINES; i += ATTN_THREADS) {
+        for (int i = tid; i < 2 * S::CHUNK * LINES; i += ATTN_THREADS) {  // up to 2 chunks
             const int r = i / LINES;
             if (j0 + r >= j1) break;
             const size_t off = (kv_row0 + r) * ROW_BYTES + (i % LINES) * 128;
@@ -474,6 +475,7 @@ __device__ void attn_merge_rows(const float* __restrict__ opart, const float* __
     const int n_act = attn_splits_of_row(pos[t], window, AttnShape<HD>::CHUNK, CL, start, split_len);
     const int n_parts = CL ? (n_act + ATTN_CLUSTER - 1) / ATTN_CLUSTER : n_act;
     if (n_parts == 1) return;  // attention wrote this row
+    pdl_entry();  // only the partials wait for the attention kernel (the position was final before the step)
     attn_merge_parts<HD, G, CL ? ATTN_MAX_SPLITS_CL / ATTN_CLUSTER : 16>(
         opart, ml, n_parts, n_slots, g, h0, blockIdx.y * ATTN_MERGE_DIMS, t, n_head, out, xq, xq_stride);
 }
@@ -587,7 +589,6 @@ ATTN_KERNEL(attn_cl_hd256_g8_q8_0, 256, 8, true, true, ATTN_CLUSTER_DIMS)
     extern "C" __global__ void __launch_bounds__(ATTN_THREADS) NAME(                                             \
         const float* opart, const float* ml, const int* pos, int n_head, int n_kv, int n_slots, int window,      \
         float* out, int8_t* xq, int xq_stride) {                                                                 \
-        pdl_entry();                                                                                             \
         attn_merge_rows<HD, G, CL>(opart, ml, pos, n_head, n_kv, n_slots, window, out, xq, xq_stride);           \
     }
 // memra-kernel: attn_merge_hd64_g1(PPPiiiiPPi)

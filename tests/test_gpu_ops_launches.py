@@ -118,7 +118,8 @@ def test_cluster_attention_merges_in_the_cluster_until_rows_need_several(model_p
     assert (len(short) - 3) / 2 == 9
     long = run_forward(model_paths["tiny-llama"], 1, n_ctx=4096, cluster=True)
     assert sum(n.startswith("attn_cl_merge_hd64") for n in long) == 2
-    assert attn_splits(kv_bucket(4096), 64, cluster=True) == 64 and attn_splits(kv_bucket(100), 256, cluster=True) == 8
+    assert attn_splits(kv_bucket(4096), 64, cluster=True) == 32 and attn_splits(kv_bucket(100), 256, cluster=True) == 8
+    assert attn_splits(kv_bucket(4096), 256, cluster=True) == 64 and attn_splits(kv_bucket(1024), 64, cluster=True) == 8
 
 
 @pytest.mark.parametrize("cluster", [False, True])

@@ -137,14 +137,14 @@ def attn_splits(bucket: int, head_dim: int, cluster: bool = False) -> int:
     chunks = -(-bucket // attn_chunk(head_dim))
     if chunks <= 2 * ATTN_CLUSTER:  # rows this short stay in one cluster (attention.cu)
         return ATTN_CLUSTER
-    return -(-min(ATTN_MAX_SPLITS_CL, chunks) // ATTN_CLUSTER) * ATTN_CLUSTER
+    return -(-min(ATTN_MAX_SPLITS_CL, -(-chunks // 2)) // ATTN_CLUSTER) * ATTN_CLUSTER  # splits of >= 2 chunks
 
 
 def attn_row_splits(n_keys: int, head_dim: int, cluster: bool = False) -> int:
     """A row's split count (attention.cu's attn_splits_of_row): at most ATTN_MAX_SPLITS (_CL) splits
-    of chunk * 2^k keys; on the cluster path rows of up to 2 * ATTN_CLUSTER chunks stay in one cluster."""
+    of chunk * 2^k keys; on the cluster path rows past ATTN_CLUSTER chunks get splits of >= 2 chunks."""
     chunk = attn_chunk(head_dim)
-    split_len = 2 * chunk if cluster and ATTN_CLUSTER * chunk < n_keys <= 2 * ATTN_CLUSTER * chunk else chunk
+    split_len = 2 * chunk if cluster and n_keys > ATTN_CLUSTER * chunk else chunk
     while -(-n_keys // split_len) > (ATTN_MAX_SPLITS_CL if cluster else ATTN_MAX_SPLITS):
         split_len *= 2
     return -(-n_keys // split_len)
