@@ -202,7 +202,8 @@ __device__ void attn_rows(const float* __restrict__ q, int q_ld, const void* __r
                           float softcap, float* __restrict__ out, int8_t* __restrict__ xq, int xq_stride) {
     using S = AttnShape<HD>;
     __shared__ __align__(16) float q_s[G][HD];
-    __shared__ float m_s[G], l_s[G];
+    __shared__ float p_s[G][S::CHUNK];
+    __shared__ float m_s[G], l_s[G], corr_s[G];
     __shared__ __align__(16) float o_s[ATTN_WARPS][G][HD];
 
     const int group = n_head / n_kv;
@@ -243,17 +244,13 @@ __device__ void attn_rows(const float* __restrict__ q, int q_ld, const void* __r
         q_s[hh][d] = hh < g ? q[(size_t)t * q_ld + (size_t)(h0 + hh) * HD + d] * scale : 0.0f;
     }
 
-    // Online softmax per warp: each warp keeps its own (m, l, o) over its rows of every step, in
-    // registers, with no block barrier inside the loop (a barrier-and-shared-memory softmax per
-    // step cost ~1 us a step); the warps merge once at the end.
-    float o[G][8], m_w[G], l_w[G];
+    if (tid < G) { m_s[tid] = -INFINITY; l_s[tid] = 0.0f; }
+
+    float o[G][8];
 #pragma unroll
-    for (int hh = 0; hh < G; ++hh) {
-        m_w[hh] = -INFINITY;
-        l_w[hh] = 0.0f;
+    for (int hh = 0; hh < G; ++hh)
 #pragma unroll
         for (int e = 0; e < 8; ++e) o[hh][e] = 0.0f;
-    }
 
     const size_t row0 = (size_t)kvh * n_ctx;
     // K/V rows of a step; rows past the end read the last valid row (weight 0 below). The next
@@ -267,7 +264,6 @@ __device__ void attn_rows(const float* __restrict__ q, int q_ld, const void* __r
             vn[e].load(vc, vd, row, seg, HD);
         }
     }
-    __syncthreads();  // q_s ready
     for (int c0 = j0; active && c0 < j1; c0 += S::CHUNK) {
 #pragma unroll
         for (int e = 0; e < S::E; ++e) {
@@ -282,6 +278,7 @@ __device__ void attn_rows(const float* __restrict__ q, int q_ld, const void* __r
                 vn[e].load(vc, vd, row, seg, HD);
             }
         }
+        __syncthreads();  // q_s ready (first step); p_s free (later steps)
         // partial dots first, then the lane reductions level by level over all of them: E * G
         // independent shuffle chains in flight instead of one chain at a time
         float sc[S::E][G];
@@ -303,93 +300,74 @@ __device__ void attn_rows(const float* __restrict__ q, int q_ld, const void* __r
             for (int e = 0; e < S::E; ++e)
 #pragma unroll
                 for (int hh = 0; hh < G; ++hh) sc[e][hh] += __shfl_xor_sync(0xffffffffu, sc[e][hh], off);
-        // the warp's new max per head: this thread's rows, then across the warp's row groups
-        float mx[G];
+        if (seg == 0) {
 #pragma unroll
-        for (int hh = 0; hh < G; ++hh) mx[hh] = -INFINITY;
+            for (int e = 0; e < S::E; ++e) {
+                const int r = r0 + e * S::ROWS_PER_PASS;
 #pragma unroll
-        for (int e = 0; e < S::E; ++e) {
-            const bool valid = c0 + r0 + e * S::ROWS_PER_PASS < j1;
-#pragma unroll
-            for (int hh = 0; hh < G; ++hh) {
-                float x = sc[e][hh];
-                if (softcap > 0.0f) x = softcap * tanhf(x / softcap);
-                sc[e][hh] = valid ? x : -INFINITY;
-                mx[hh] = fmaxf(mx[hh], sc[e][hh]);
+                for (int hh = 0; hh < G; ++hh) {
+                    float x = sc[e][hh];
+                    if (softcap > 0.0f) x = softcap * tanhf(x / softcap);
+                    p_s[hh][r] = c0 + r < j1 ? x : -INFINITY;
+                }
             }
         }
+        __syncthreads();
+        // online softmax over the step's keys: warp w takes heads w, w + ATTN_WARPS, ...
+        for (int hh = warp; hh < g; hh += ATTN_WARPS) {
+            float x[(S::CHUNK + 31) / 32];
+            float mx = -INFINITY;
 #pragma unroll
-        for (int off = S::RW; off < 32; off <<= 1)
-#pragma unroll
-            for (int hh = 0; hh < G; ++hh) mx[hh] = fmaxf(mx[hh], __shfl_xor_sync(0xffffffffu, mx[hh], off));
-        float corr[G], sum[G];
-#pragma unroll
-        for (int hh = 0; hh < G; ++hh) {
-            const float m_new = fmaxf(m_w[hh], mx[hh]);
-            // a warp none of whose rows so far is valid keeps m = -inf, l = 0, o = 0
-            corr[hh] = m_new == -INFINITY ? 1.0f : expf(m_w[hh] - m_new);
-            m_w[hh] = m_new;
-            sum[hh] = 0.0f;
-        }
-#pragma unroll
-        for (int e = 0; e < S::E; ++e)
-#pragma unroll
-            for (int hh = 0; hh < G; ++hh) {
-                const float p = sc[e][hh] == -INFINITY ? 0.0f : expf(sc[e][hh] - m_w[hh]);
-                sc[e][hh] = p;
-                sum[hh] += p;
+            for (int i = 0; i < (S::CHUNK + 31) / 32; ++i) {
+                x[i] = lane + 32 * i < S::CHUNK ? p_s[hh][lane + 32 * i] : -INFINITY;
+                mx = fmaxf(mx, x[i]);
             }
+            const float m_old = m_s[hh], l_old = l_s[hh];
+            const float m_new = fmaxf(m_old, warp_max(mx));  // finite: every step has a valid key
+            float sum = 0.0f;
 #pragma unroll
-        for (int off = S::RW; off < 32; off <<= 1)
-#pragma unroll
-            for (int hh = 0; hh < G; ++hh) sum[hh] += __shfl_xor_sync(0xffffffffu, sum[hh], off);
+            for (int i = 0; i < (S::CHUNK + 31) / 32; ++i) {
+                const float e = expf(x[i] - m_new);
+                sum += e;
+                if (lane + 32 * i < S::CHUNK) p_s[hh][lane + 32 * i] = e;
+            }
+            sum = warp_sum(sum);
+            const float corr = expf(m_old - m_new);  // 0 at the first step
+            __syncwarp();
+            if (lane == 0) { m_s[hh] = m_new; l_s[hh] = l_old * corr + sum; corr_s[hh] = corr; }
+        }
+        __syncthreads();
 #pragma unroll
         for (int hh = 0; hh < G; ++hh) {
-            l_w[hh] = l_w[hh] * corr[hh] + sum[hh];
+            const float corr = hh < g ? corr_s[hh] : 0.0f;
 #pragma unroll
-            for (int i = 0; i < 8; ++i) o[hh][i] *= corr[hh];
+            for (int i = 0; i < 8; ++i) o[hh][i] *= corr;
         }
 #pragma unroll
         for (int e = 0; e < S::E; ++e) {
             float vf[8];
             vr[e].get(vf);
+            const int r = r0 + e * S::ROWS_PER_PASS;
 #pragma unroll
-            for (int hh = 0; hh < G; ++hh)
+            for (int hh = 0; hh < G; ++hh) {
+                const float pk = hh < g ? p_s[hh][r] : 0.0f;
 #pragma unroll
-                for (int i = 0; i < 8; ++i) o[hh][i] += sc[e][hh] * vf[i];
+                for (int i = 0; i < 8; ++i) o[hh][i] += pk * vf[i];
+            }
         }
     }
-    // threads with the same segment inside the warp (same m), then the warps merged in warp order
+    // threads with the same segment: first inside the warp, then across warps in warp order
 #pragma unroll
     for (int off = S::SEGS; off < 32; off <<= 1)
 #pragma unroll
         for (int hh = 0; hh < G; ++hh)
 #pragma unroll
             for (int i = 0; i < 8; ++i) o[hh][i] += __shfl_xor_sync(0xffffffffu, o[hh][i], off);
-    __shared__ float mw_s[ATTN_WARPS][G], lw_s[ATTN_WARPS][G];
-    if (lane == 0) {
-#pragma unroll
-        for (int hh = 0; hh < G; ++hh) { mw_s[warp][hh] = m_w[hh]; lw_s[warp][hh] = l_w[hh]; }
-    }
-    __syncthreads();
-    if (tid < G) {
-        float M = -INFINITY, L = 0.0f;
-#pragma unroll
-        for (int w = 0; w < ATTN_WARPS; ++w) M = fmaxf(M, mw_s[w][tid]);
-#pragma unroll
-        for (int w = 0; w < ATTN_WARPS; ++w)
-            L += mw_s[w][tid] == -INFINITY ? 0.0f : lw_s[w][tid] * expf(mw_s[w][tid] - M);
-        m_s[tid] = M;
-        l_s[tid] = L;
-    }
-    __syncthreads();
     if (lane < S::SEGS) {
 #pragma unroll
-        for (int hh = 0; hh < G; ++hh) {
-            const float sw = m_w[hh] == -INFINITY ? 0.0f : expf(m_w[hh] - m_s[hh]);
+        for (int hh = 0; hh < G; ++hh)
 #pragma unroll
-            for (int i = 0; i < 8; ++i) o_s[warp][hh][8 * seg + i] = o[hh][i] * sw;
-        }
+            for (int i = 0; i < 8; ++i) o_s[warp][hh][8 * seg + i] = o[hh][i];
     }
     __syncthreads();
 
