@@ -64,3 +64,11 @@ def test_signatures_are_parsed_from_sources():
     assert sigs == {"a": "PifP", "gen_q4_0": "PPi"}
     every = build.kernel_signatures()
     assert every, "no extern \"C\" __global__ entry points found"
+
+
+def test_sm90_features_follow_the_built_arch():
+    """PDL and cluster attention are switched on by the arch the kernels were built for: a GPU
+    newer than our SASS targets (compute 10.x) runs the sm_80 build, without griddepcontrol."""
+    assert build.arch_for_capability(10, 0) == "sm_80" and not build.has_sm90_features("sm_80")
+    assert not build.has_sm90_features("sm_86") and not build.has_sm90_features("sm_89")
+    assert build.has_sm90_features(build.arch_for_capability(9, 0)) and build.has_sm90_features("sm_120")

@@ -88,6 +88,13 @@ def arch_for_capability(major: int, minor: int) -> str:
     return arch if arch in ALL_ARCHS else "sm_80"
 
 
+def has_sm90_features(arch: str) -> bool:
+    """Whether kernels built for `arch` carry the sm_90 features the runtime may use (griddepcontrol
+    for PDL, thread-block clusters): decided by the built arch, not the device, since a GPU with no
+    SASS target of its own runs the sm_80 build (arch_for_capability)."""
+    return int(arch.removeprefix("sm_").rstrip("a")) >= 90
+
+
 def gencode_flags(archs: Sequence[str], ptx: bool) -> list[str]:
     flags = []
     for arch in archs:

@@ -53,10 +53,11 @@ class GpuRuntime:
             for family in sorted({fam for fam, _ in self._signatures.values()}):
                 fatbins[family] = build.build_fatbin(family, archs=(self.arch,), progress=progress)
                 self._modules[family] = cuda.module_from_buffer(fatbins[family])
-            # Programmatic dependent launch inside captured graphs: sm_90+ only (MEMRA_PDL=0 turns it off).
-            use_pdl = major >= 9 and os.environ.get("MEMRA_PDL", "1") != "0"
+            self.built_sm90 = built_sm90 = build.has_sm90_features(self.arch)
+            # Programmatic dependent launch inside captured graphs (MEMRA_PDL=0 turns it off).
+            use_pdl = built_sm90 and os.environ.get("MEMRA_PDL", "1") != "0"
             # Attention splits merged inside thread-block clusters: sm_90+ (MEMRA_ATTN_CLUSTER=0 turns it off).
-            self.cluster_attention = major >= 9 and os.environ.get("MEMRA_ATTN_CLUSTER", "1") != "0"
+            self.cluster_attention = built_sm90 and os.environ.get("MEMRA_ATTN_CLUSTER", "1") != "0"
             self.pdl = PdlKernels(fatbins) if use_pdl else None
         except Exception:
             self.context.pop()
