@@ -2,11 +2,6 @@
 #include "common.cuh"
 #include "quants.cuh"
 
-// q8_1 of a warp's 32 values through quants.cuh's quantize_block_q8_1 (see norm.cu).
-__device__ __forceinline__ void q8_1_block(float xi, int8_t* row, int kq, int i) {
-    quantize_block_q8_1(xi, row + i, reinterpret_cast<float2*>(row + kq) + (i >> 5));
-}
-
 __device__ __forceinline__ float silu_mul(float a, float b) { return a / (1.0f + expf(-a)) * b; }
 
 __device__ __forceinline__ float gelu_tanh_mul(float a, float b) {
@@ -25,7 +20,7 @@ __device__ __forceinline__ void gated(const float* g, const float* u, float* y, 
     const float v = i < n ? F(g[r * ld_in + i], u[r * ld_in + i]) : 0.0f;
     if (i < n) y[r * n + i] = v;
     const int kq = (n + 31) & ~31;
-    if (xq && i < kq) q8_1_block(v, xq + r * xq_stride, kq, i);  // warp-uniform: kq % 32 == 0
+    if (xq && i < kq) quantize_q8_1_at(v, xq + r * xq_stride, kq, i);  // warp-uniform: kq % 32 == 0
 }
 
 extern "C" __global__ void silu_mul_f32(const float* g, const float* u, float* y, int n, int ld_in, int8_t* xq,

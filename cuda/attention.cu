@@ -120,7 +120,7 @@ __device__ __forceinline__ void attn_write_out(const float (*o)[HD], const float
         out[(size_t)t * n_head * HD + col] = val;
         if (xq) {
             int8_t* xrow = xq + (size_t)t * xq_stride;
-            quantize_block_q8_1(val, xrow + col, reinterpret_cast<float2*>(xrow + n_head * HD) + (col >> 5));
+            quantize_q8_1_at(val, xrow, n_head * HD, col);
         }
     }
 }
@@ -171,7 +171,7 @@ __device__ void attn_cluster_merge(const float (*o_blk)[HD], const float* m_blk,
             out[(size_t)t * n_head * HD + col] = val;
             if (xq) {
                 int8_t* xrow = xq + (size_t)t * xq_stride;
-                quantize_block_q8_1(val, xrow + col, reinterpret_cast<float2*>(xrow + n_head * HD) + (col >> 5));
+                quantize_q8_1_at(val, xrow, n_head * HD, col);
             }
         } else {
             opart[(((size_t)t * n_slots + c) * n_head + h0) * HD + idx] = acc;
@@ -453,7 +453,7 @@ __device__ void attn_merge_parts(const float* __restrict__ opart, const float* _
         out[(size_t)t * n_head * HD + col] = val;
         if (xq) {
             int8_t* xrow = xq + (size_t)t * xq_stride;
-            quantize_block_q8_1(val, xrow + col, reinterpret_cast<float2*>(xrow + n_head * HD) + (col >> 5));
+            quantize_q8_1_at(val, xrow, n_head * HD, col);
         }
     }
 }

@@ -11,22 +11,22 @@
 // per lane, same tree), so verify gives bit-identical rows to decode (DESIGN.md §5 rule 3).
 //
 // q8_1 activation buffer, per token t at t*stride (stride = q8_1_stride(K), see quant_ops.py):
-//   int8 qs[Kq] (Kq = K rounded up to 32), then float2 ds[Kq/32] = (d, sum of the block's x).
+//   int8 qs[Kq] | int8 qs2[Kq] | float4 ds[Kq/32] = (d1, sum, d2, 0)  (Kq = K rounded up to 32;
+//   two int8 terms, the second the first's rounding residual: quants.cuh, 3.).
 #include "common.cuh"
 #include "quants.cuh"
 
 #define MV_WARPS 4
 
 // ---- quantize_q8_1: x f32 [T][K] -> q8_1 rows -----------------------------------------------
-// One warp per 32-value block, quantize_block_q8_1 (quants.cuh) per lane.
+// One warp per 32-value block, quantize_q8_1_at (quants.cuh) per lane.
 extern "C" __global__ void quantize_q8_1(const float* __restrict__ x, int8_t* __restrict__ xq, int cols, int stride) {
     pdl_entry();
     const int t = blockIdx.y;
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     const int kq = (cols + 31) & ~31;
     if (i >= kq) return;  // whole warps only: kq is a multiple of 32
-    int8_t* row = xq + (size_t)t * stride;
-    quantize_block_q8_1(i < cols ? x[(size_t)t * cols + i] : 0.0f, row + i, reinterpret_cast<float2*>(row + kq) + (i >> 5));
+    quantize_q8_1_at(i < cols ? x[(size_t)t * cols + i] : 0.0f, xq + (size_t)t * stride, kq, i);
 }
 
 // ---- int8 matvec -----------------------------------------------------------------------------
@@ -59,9 +59,7 @@ __device__ __forceinline__ void matvec_q(const uint8_t* __restrict__ wq, const u
 #pragma unroll
                 for (int p = 0; p < PRE; ++p) {
                     const int blk = blk0 + p * MV_WARPS;
-                    if (blk < kq >> 5)
-                        quantize_block_q8_1(xi[p], sq + t * stride + blk * 32 + lane,
-                                            reinterpret_cast<float2*>(sq + t * stride + kq) + blk);
+                    if (blk < kq >> 5) quantize_q8_1_at(xi[p], sq + t * stride, kq, blk * 32 + lane);
                 }
             }
         __syncthreads();
@@ -87,20 +85,20 @@ __device__ __forceinline__ void matvec_q(const uint8_t* __restrict__ wq, const u
             const int b = u / T::UNITS, j = u % T::UNITS;
 #pragma unroll
             for (int r = 0; r < R; ++r) {
-                const size_t blk = (size_t)min(row0 + r, rows - 1) * nb + b;
+                const int row = r == 0 ? row0 : min(row0 + r, rows - 1);  // row0 < rows: checked above
+                const size_t blk = (size_t)row * nb + b;
                 T::load_w(w[i][r], wq + blk * T::QB, wm + blk * T::MB, j);
             }
         }
 #pragma unroll
         for (int c = 0; c < C; ++c) {
             if (c < n_tokens) {
-                const int8_t* xrow = xq + (size_t)c * stride;
-                const float2* ds = reinterpret_cast<const float2*>(xrow + nb * T::QK);
+                const q8_1_row xrow = q8_1_row_at(xq + (size_t)c * stride, nb * T::QK);
                 typename T::A a[U];
 #pragma unroll
                 for (int i = 0; i < U; ++i) {
                     const int u = min(u0 + 32 * i, nu - 1);
-                    T::load_a(a[i], xrow, ds, u / T::UNITS, u % T::UNITS);
+                    T::load_a(a[i], xrow, u / T::UNITS, u % T::UNITS);
                 }
 #pragma unroll
                 for (int i = 0; i < U; ++i) {
@@ -200,8 +198,13 @@ __device__ __forceinline__ void matvec_prefetch_f(const uint8_t* w, int rows, in
 // block 128; C is the most columns the launch handles (n_tokens <= C).
 // matvec_<type>_fused_r<R>u<U>(wq, wm, x, y, rows, cols, n_tokens, stride): one column from f32 x,
 // dynamic shared memory = stride bytes.
+// Batched launches (C > 1) ask for one resident block per SM at least (launch bounds' second
+// argument; 0 leaves ptxas its default): otherwise ptxas trades a few spilled registers for
+// occupancy on the K-quants, whose two-term activations take 40 registers per column.
+#define MV_MIN_BLOCKS(C) ((C) > 1 ? 1 : 0)
 #define MATVEC_Q(TYPE, R, U, C)                                                                          \
-    extern "C" __global__ __launch_bounds__(MV_WARPS * 32) void matvec_##TYPE##_r##R##u##U##_c##C(      \
+    extern "C" __global__ __launch_bounds__(MV_WARPS * 32, MV_MIN_BLOCKS(C)) void                       \
+    matvec_##TYPE##_r##R##u##U##_c##C(                                                                   \
         const uint8_t* wq, const uint8_t* wm, const int8_t* xq, float* y, int rows, int cols, int n_tokens, \
         int stride) {                                                                                    \
         matvec_prefetch_q<TYPE##_t, R>(wq, wm, rows, cols);                                              \

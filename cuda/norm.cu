@@ -4,21 +4,14 @@
 #include "common.cuh"
 #include "quants.cuh"
 
-// q8_1 of one 32-value block held by a warp (one value per lane), through quants.cuh's
-// quantize_block_q8_1 (the one q8_1 producer), so a norm that emits its output already quantized
-// feeds the matvec exactly as quantize_q8_1 would. Row layout (quant_ops.q8_1_stride):
-// int8 qs[kq], then float2 ds[kq / 32].
-__device__ __forceinline__ void q8_1_block(float xi, int8_t* row, int kq, int i) {
-    quantize_block_q8_1(xi, row + i, reinterpret_cast<float2*>(row + kq) + (i >> 5));
-}
-
-// Write y's row r (already in global memory, written by this block) as q8_1 too.
+// Write y's row r (already in global memory, written by this block) as q8_1 too, through
+// quants.cuh's quantize_q8_1_at (the one q8_1 producer): the bytes quantize_q8_1 would write.
 __device__ __forceinline__ void quantize_row(const float* yr, int8_t* xq_row, int n) {
     __syncthreads();  // the row's y values were written by other threads of the block
     const int kq = (n + 31) & ~31;
     for (int base = 0; base < kq; base += blockDim.x) {  // warp-uniform bounds: blockDim % 32 == 0
         const int i = base + threadIdx.x;
-        if (i < kq) q8_1_block(i < n ? yr[i] : 0.0f, xq_row, kq, i);
+        if (i < kq) quantize_q8_1_at(i < n ? yr[i] : 0.0f, xq_row, kq, i);
     }
 }
 

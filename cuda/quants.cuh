@@ -23,18 +23,24 @@
 //       Q3_K (110): q = hmask,qs[0:96] (96)   meta = scales,d[96:110], 2 zero bytes (16)
 //       IQ4_XS (136): q = qs[8:136] (128)     meta = d,scales_h,scales_l[0:8]  (8)
 //    Every 16-byte load of quants is then aligned and a warp's loads are contiguous.
-// 3. The q8_1 activation (our own, structure-of-arrays): for T tokens of K columns (K a multiple
-//    of 32), int8 qs[T][K] then, at align16(T*K), float2 ds[T][K/32] with ds = (d, sum of the
-//    float inputs of the block) — ggml's quantize_q8_1 convention — and q = roundf(x / d),
-//    d = amax / 127. float, not half, scales: the same bytes, less rounding.
+// 3. The q8_1 activation (our own: two int8 terms, structure-of-arrays). Per token, a row of
+//    q8_1_stride(K) bytes (quant_ops.py; Kq = K rounded up to 32, the stride a multiple of 16):
+//       int8 qs[Kq] | int8 qs2[Kq] | float4 ds[Kq/32] = (d1, sum, d2, 0)
+//    Per 32-value block: d1 = amax|x| / 127, qs = roundf(x / d1); the residual r = x - d1*qs (one
+//    rounding: fmaf), d2 = amax|r| / 127, qs2 = roundf(r / d2) (0 where an amax is 0); sum = the
+//    float sum of x (ggml's quantize_q8_1 convention). x ~ d1*qs + d2*qs2 to amax/64516 where one
+//    int8 term alone gives amax/254: that rounding flipped greedy tokens of real models (~96% top-1
+//    agreement with f32 on SmolLM2). A unit's dot is d_w * (d1 * sum(w qs) + d2 * sum(w qs2)) plus
+//    the type's offset term (Q4_0's -8 d_w, Q4_1's m, ...) times the exact sum, counted once. Two
+//    dp4a per weight int instead of one: decode matvecs are bound by latency, not by dp4a.
 //
 // A "unit" is the piece of a block one thread handles in one step: a whole block for the 32-wide
 // types, a quarter super-block (64 values) for the K-quants, a 32-value sub-block for IQ4_XS.
 // Each traits struct gives
 //   QK, UNITS (units per block), QB, MB (plane bytes per block), UE (values per unit)
 //   W: the unit's weight registers; load_w(W&, q_block, meta_block, unit)
-//   A: the unit's activation registers; load_a(A&, xq_row, ds_row, block, unit)
-//   dot(W, A) -> float: the int8 dot product (dp4a) with all scales applied
+//   A: the unit's activation registers; load_a(A&, q8_1_row, block, unit)
+//   dot(W, A) -> float: the two-term int8 dot product (dp4a) with all scales applied
 //   dequant(q_block, meta_block, unit, half* dst): UE values and their offsets in the
 //     block (for the tensor-core GEMM's dequantized tiles).
 #pragma once
@@ -175,44 +181,75 @@ QDEV void scale_min_k4(int j, const uint8_t* q, int& sc, int& m) {
     }
 }
 
+// ---- 3. the q8_1 activation ----------------------------------------------------------------
+// Where the three arrays of one token's row start (kq: the row's values, a multiple of 32).
+struct q8_1_row { const int8_t* qs; const int8_t* qs2; const float4* ds; };
+
+QDEV q8_1_row q8_1_row_at(const int8_t* row, int kq) {
+    return {row, row + kq, reinterpret_cast<const float4*>(row + 2 * kq)};
+}
+
 #ifdef __CUDACC__
-// q8_1 quantization of one 32-value block, one value per lane of a full warp: q = roundf(x / d),
-// d = amax / 127, ds = (d, sum of x) (ggml's quantize_q8_1). Every kernel that emits q8_1
-// (quantize_q8_1, the fused matvec, a norm or activation that writes q8_1 directly) must use
-// this function, so that all of them produce the same bytes. Lane 0 writes ds.
-__device__ __forceinline__ void quantize_block_q8_1(float xi, int8_t* qs, float2* ds) {
-    float amax = fabsf(xi), sum = xi;
+__device__ __forceinline__ float warp_absmax(float v) {
+    float m = fabsf(v);
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-        sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    }
-    const float d = amax / 127.0f;
-    *qs = amax == 0.0f ? 0 : (int8_t)roundf(xi / d);
-    if ((threadIdx.x & 31) == 0) *ds = make_float2(d, sum);
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    return m;
+}
+
+// The one q8_1 producer: value i (column) of a token's row, one value per lane of a full warp
+// holding one 32-value block (i = 32 * block + lane). row: the start of the token's row of
+// q8_1_stride bytes (16-byte aligned); kq: the row's values. Every kernel that emits q8_1
+// (quantize_q8_1, the fused matvec, a norm, an activation, attention) calls this, so all of them
+// write the same bytes. Lane 0 writes the block's ds.
+__device__ __forceinline__ void quantize_q8_1_at(float xi, int8_t* row, int kq, int i) {
+    float sum = xi;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    const float amax = warp_absmax(xi);
+    const float d1 = amax / 127.0f;
+    const float q1 = amax == 0.0f ? 0.0f : roundf(xi / d1);
+    const float r = __fmaf_rn(-d1, q1, xi);  // x - d1*q1 rounded once (the product is exact in the fma)
+    const float amax2 = warp_absmax(r);
+    const float d2 = amax2 / 127.0f;
+    row[i] = (int8_t)q1;
+    row[kq + i] = amax2 == 0.0f ? 0 : (int8_t)roundf(r / d2);
+    if ((threadIdx.x & 31) == 0) reinterpret_cast<float4*>(row + 2 * kq)[i >> 5] = make_float4(d1, sum, d2, 0.0f);
 }
 #endif
 
-// One 32-value q8_1 activation block: 8 ints of int8 and (d, sum).
-struct act32 { int4 lo, hi; float2 ds; };
-
-QDEV void load_act32(act32& a, const int8_t* xq, const float2* ds, int blk) {
-    a.lo = ld16(xq + 32 * blk);
-    a.hi = ld16(xq + 32 * blk + 16);
-    a.ds = ds[blk];
+// d1 * s.x + d2 * s.y + c: a two-term activation's dot with int sums s (first term, residual
+// term), plus c. The first fma takes the cancellation against an offset term c exactly.
+QDEV float act_dot(float d1, float d2, int2 s, float c) {
+    return ffma(d2, (float)s.y, ffma(d1, (float)s.x, c));
 }
 
-// Sum over the 32 values of (4-bit or 5-bit weight ints) x (activation int8): q ints hold
-// values 0..15 / 16..31 of the block in their low / high nibbles (ggml's 32-wide layout).
-QDEV int dot_nibbles(const int4& q, const int4& hbits_lo, const int4& hbits_hi, const act32& a) {
-    int s = 0;
+// One 32-value q8_1 activation block: 8 ints of int8 per term and (d1, sum, d2, 0).
+struct act32 { int4 lo, hi, lo2, hi2; float4 ds; };
+
+QDEV void load_act32(act32& a, const q8_1_row& x, int blk) {
+    a.lo = ld16(x.qs + 32 * blk);
+    a.hi = ld16(x.qs + 32 * blk + 16);
+    a.lo2 = ld16(x.qs2 + 32 * blk);
+    a.hi2 = ld16(x.qs2 + 32 * blk + 16);
+    a.ds = x.ds[blk];
+}
+
+// Sums over the 32 values of (4-bit or 5-bit weight ints) x (each activation int8 term): q ints
+// hold values 0..15 / 16..31 of the block in their low / high nibbles (ggml's 32-wide layout).
+QDEV int2 dot_nibbles(const int4& q, const int4& hbits_lo, const int4& hbits_hi, const act32& a) {
+    int s = 0, s2 = 0;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         const int v = lane_of(q, i);
-        s = dp4a(((v >> 0) & 0x0F0F0F0F) | lane_of(hbits_lo, i), lane_of(a.lo, i), s);
-        s = dp4a(((v >> 4) & 0x0F0F0F0F) | lane_of(hbits_hi, i), lane_of(a.hi, i), s);
+        const int lo = ((v >> 0) & 0x0F0F0F0F) | lane_of(hbits_lo, i);
+        const int hi = ((v >> 4) & 0x0F0F0F0F) | lane_of(hbits_hi, i);
+        s = dp4a(lo, lane_of(a.lo, i), s);
+        s = dp4a(hi, lane_of(a.hi, i), s);
+        s2 = dp4a(lo, lane_of(a.lo2, i), s2);
+        s2 = dp4a(hi, lane_of(a.hi2, i), s2);
     }
-    return s;
+    return make_int2(s, s2);
 }
 
 
@@ -226,10 +263,10 @@ struct q4_0_t {  // w = d * (q - 8)
         w.q = ld16(q);
         w.d = ld_half(m);
     }
-    static QDEV void load_a(A& a, const int8_t* xq, const float2* ds, int b, int) { load_act32(a, xq, ds, b); }
+    static QDEV void load_a(A& a, const q8_1_row& x, int b, int) { load_act32(a, x, b); }
     static QDEV float dot(const W& w, const A& a) {
         const int4 z = make_int4(0, 0, 0, 0);
-        return fmul(w.d, ffma(a.ds.x, (float)dot_nibbles(w.q, z, z, a), -8.0f * a.ds.y));
+        return fmul(w.d, act_dot(a.ds.x, a.ds.z, dot_nibbles(w.q, z, z, a), -8.0f * a.ds.y));
     }
     static QDEV void dequant(const uint8_t* q, const uint8_t* m, int j, half* dst) {
         W w;
@@ -254,10 +291,10 @@ struct q4_1_t {  // w = d * q + m
         w.d = __low2float(dm);
         w.m = __high2float(dm);
     }
-    static QDEV void load_a(A& a, const int8_t* xq, const float2* ds, int b, int) { load_act32(a, xq, ds, b); }
+    static QDEV void load_a(A& a, const q8_1_row& x, int b, int) { load_act32(a, x, b); }
     static QDEV float dot(const W& w, const A& a) {
         const int4 z = make_int4(0, 0, 0, 0);
-        return ffma(w.m, a.ds.y, fmul(fmul(w.d, a.ds.x), (float)dot_nibbles(w.q, z, z, a)));
+        return ffma(w.m, a.ds.y, fmul(w.d, act_dot(a.ds.x, a.ds.z, dot_nibbles(w.q, z, z, a), 0.0f)));
     }
     static QDEV void dequant(const uint8_t* q, const uint8_t* m, int j, half* dst) {
         W w;
@@ -288,11 +325,11 @@ struct q5_0_t {  // w = d * (q5 - 16)
         w.d = __half2float(__ushort_as_half((unsigned short)(meta.x & 0xFFFF)));
         w.qh = meta.y;
     }
-    static QDEV void load_a(A& a, const int8_t* xq, const float2* ds, int b, int) { load_act32(a, xq, ds, b); }
+    static QDEV void load_a(A& a, const q8_1_row& x, int b, int) { load_act32(a, x, b); }
     static QDEV float dot(const W& w, const A& a) {
         int4 hl, hh;
         q5_high_bits(w.qh, hl, hh);
-        return fmul(w.d, ffma(a.ds.x, (float)dot_nibbles(w.q, hl, hh, a), -16.0f * a.ds.y));
+        return fmul(w.d, act_dot(a.ds.x, a.ds.z, dot_nibbles(w.q, hl, hh, a), -16.0f * a.ds.y));
     }
     static QDEV void dequant(const uint8_t* q, const uint8_t* m, int j, half* dst) {
         W w;
@@ -321,11 +358,11 @@ struct q5_1_t {  // w = d * q5 + m
         w.m = __half2float(__ushort_as_half((unsigned short)(meta.x >> 16)));
         w.qh = meta.y;
     }
-    static QDEV void load_a(A& a, const int8_t* xq, const float2* ds, int b, int) { load_act32(a, xq, ds, b); }
+    static QDEV void load_a(A& a, const q8_1_row& x, int b, int) { load_act32(a, x, b); }
     static QDEV float dot(const W& w, const A& a) {
         int4 hl, hh;
         q5_high_bits(w.qh, hl, hh);
-        return ffma(w.m, a.ds.y, fmul(fmul(w.d, a.ds.x), (float)dot_nibbles(w.q, hl, hh, a)));
+        return ffma(w.m, a.ds.y, fmul(w.d, act_dot(a.ds.x, a.ds.z, dot_nibbles(w.q, hl, hh, a), 0.0f)));
     }
     static QDEV void dequant(const uint8_t* q, const uint8_t* m, int j, half* dst) {
         W w;
@@ -352,15 +389,17 @@ struct q8_0_t {  // w = d * q
         w.hi = ld16(q + 16);
         w.d = ld_half(m);
     }
-    static QDEV void load_a(A& a, const int8_t* xq, const float2* ds, int b, int) { load_act32(a, xq, ds, b); }
+    static QDEV void load_a(A& a, const q8_1_row& x, int b, int) { load_act32(a, x, b); }
     static QDEV float dot(const W& w, const A& a) {
-        int s = 0;
+        int s = 0, s2 = 0;
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             s = dp4a(lane_of(w.lo, i), lane_of(a.lo, i), s);
             s = dp4a(lane_of(w.hi, i), lane_of(a.hi, i), s);
+            s2 = dp4a(lane_of(w.lo, i), lane_of(a.lo2, i), s2);
+            s2 = dp4a(lane_of(w.hi, i), lane_of(a.hi2, i), s2);
         }
-        return fmul(fmul(w.d, a.ds.x), (float)s);
+        return fmul(w.d, act_dot(a.ds.x, a.ds.z, make_int2(s, s2), 0.0f));
     }
     static QDEV void dequant(const uint8_t* q, const uint8_t* m, int j, half* dst) {
         W w;
@@ -377,14 +416,15 @@ struct q8_0_t {  // w = d * q
 
 // K-quants: a unit is a quarter super-block, 64 values. For Q4_K/Q5_K unit j covers sub-blocks
 // 2j and 2j+1 (values 64j..64j+63): qs bytes 32j..32j+31, low nibbles -> sub-block 2j.
-struct act64 { int4 x[4]; float2 ds0, ds1; };  // two consecutive q8_1 blocks
+struct act64 { int4 x[4], x2[4]; float4 ds0, ds1; };  // two consecutive q8_1 blocks, both terms
 
-QDEV void load_act64(act64& a, const int8_t* xq, const float2* ds, int blk) {
-    const int8_t* p = xq + 32 * blk;
+QDEV void load_act64(act64& a, const q8_1_row& x, int blk) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) a.x[i] = ld16(p + 16 * i);
-    a.ds0 = ds[blk];
-    a.ds1 = ds[blk + 1];
+    for (int i = 0; i < 4; ++i) a.x[i] = ld16(x.qs + 32 * blk + 16 * i);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) a.x2[i] = ld16(x.qs2 + 32 * blk + 16 * i);
+    a.ds0 = x.ds[blk];
+    a.ds1 = x.ds[blk + 1];
 }
 
 // Scales of sub-blocks 2j, 2j+1, folded with d / dmin.
@@ -412,10 +452,10 @@ QDEV void kquant_scales(const uint8_t* meta, int j, float& dsc0, float& dsc1, fl
     dmn1 = fmul(dmin, (float)mn[1]);
 }
 
-// d*sc*dx*sumi - dmin*m*s for the unit's two sub-blocks.
-QDEV float kquant_combine(float dsc0, float dmn0, float dsc1, float dmn1, const act64& a, int s0, int s1) {
-    const float t0 = ffma(-dmn0, a.ds0.y, fmul(fmul(dsc0, a.ds0.x), (float)s0));
-    const float t1 = ffma(-dmn1, a.ds1.y, fmul(fmul(dsc1, a.ds1.x), (float)s1));
+// d*sc*(d1*sumi + d2*sumi2) - dmin*m*s for the unit's two sub-blocks.
+QDEV float kquant_combine(float dsc0, float dmn0, float dsc1, float dmn1, const act64& a, int2 s0, int2 s1) {
+    const float t0 = ffma(-dmn0, a.ds0.y, fmul(dsc0, act_dot(a.ds0.x, a.ds0.z, s0, 0.0f)));
+    const float t1 = ffma(-dmn1, a.ds1.y, fmul(dsc1, act_dot(a.ds1.x, a.ds1.z, s1, 0.0f)));
     return fadd(t0, t1);
 }
 
@@ -428,14 +468,17 @@ struct q4_K_t {  // w = d*sc[s]*q - dmin*m[s]
         w.q1 = ld16(q + 32 * j + 16);
         kquant_scales(m, j, w.dsc0, w.dsc1, w.dmn0, w.dmn1);
     }
-    static QDEV void load_a(A& a, const int8_t* xq, const float2* ds, int b, int j) { load_act64(a, xq, ds, 8 * b + 2 * j); }
+    static QDEV void load_a(A& a, const q8_1_row& x, int b, int j) { load_act64(a, x, 8 * b + 2 * j); }
     static QDEV float dot(const W& w, const A& a) {
-        int s0 = 0, s1 = 0;
+        int2 s0 = make_int2(0, 0), s1 = make_int2(0, 0);
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
             const int v = i < 4 ? lane_of(w.q0, i) : lane_of(w.q1, i - 4);
-            s0 = dp4a(v & 0x0F0F0F0F, lane_of(a.x[i >> 2], i & 3), s0);
-            s1 = dp4a((v >> 4) & 0x0F0F0F0F, lane_of(a.x[2 + (i >> 2)], i & 3), s1);
+            const int v0 = v & 0x0F0F0F0F, v1 = (v >> 4) & 0x0F0F0F0F;
+            s0.x = dp4a(v0, lane_of(a.x[i >> 2], i & 3), s0.x);
+            s0.y = dp4a(v0, lane_of(a.x2[i >> 2], i & 3), s0.y);
+            s1.x = dp4a(v1, lane_of(a.x[2 + (i >> 2)], i & 3), s1.x);
+            s1.y = dp4a(v1, lane_of(a.x2[2 + (i >> 2)], i & 3), s1.y);
         }
         return kquant_combine(w.dsc0, w.dmn0, w.dsc1, w.dmn1, a, s0, s1);
     }
@@ -470,17 +513,19 @@ struct q5_K_t {  // as Q4_K with a fifth bit: qh[l] bit s is value l of sub-bloc
         w.j = j;
         kquant_scales(m, j, w.dsc0, w.dsc1, w.dmn0, w.dmn1);
     }
-    static QDEV void load_a(A& a, const int8_t* xq, const float2* ds, int b, int j) { load_act64(a, xq, ds, 8 * b + 2 * j); }
+    static QDEV void load_a(A& a, const q8_1_row& x, int b, int j) { load_act64(a, x, 8 * b + 2 * j); }
     static QDEV float dot(const W& w, const A& a) {
-        int s0 = 0, s1 = 0;
+        int2 s0 = make_int2(0, 0), s1 = make_int2(0, 0);
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
             const int v = i < 4 ? lane_of(w.q0, i) : lane_of(w.q1, i - 4);
             const int h = i < 4 ? lane_of(w.h0, i) : lane_of(w.h1, i - 4);
             const int v0 = (v & 0x0F0F0F0F) | (((h >> (2 * w.j)) & 0x01010101) << 4);
             const int v1 = ((v >> 4) & 0x0F0F0F0F) | (((h >> (2 * w.j + 1)) & 0x01010101) << 4);
-            s0 = dp4a(v0, lane_of(a.x[i >> 2], i & 3), s0);
-            s1 = dp4a(v1, lane_of(a.x[2 + (i >> 2)], i & 3), s1);
+            s0.x = dp4a(v0, lane_of(a.x[i >> 2], i & 3), s0.x);
+            s0.y = dp4a(v0, lane_of(a.x2[i >> 2], i & 3), s0.y);
+            s1.x = dp4a(v1, lane_of(a.x[2 + (i >> 2)], i & 3), s1.x);
+            s1.y = dp4a(v1, lane_of(a.x2[2 + (i >> 2)], i & 3), s1.y);
         }
         return kquant_combine(w.dsc0, w.dmn0, w.dsc1, w.dmn1, a, s0, s1);
     }
@@ -509,16 +554,20 @@ struct q5_K_t {  // as Q4_K with a fifth bit: qh[l] bit s is value l of sub-bloc
 // Their unit j = (h = j>>1, l0 = 16(j&1)) takes values l0..l0+15 of all four rows, so one 16-byte
 // load of each bit plane serves the whole unit, and the two units of a half cover its 128 values
 // (the GEMM's K step). Each row piece is one 16-value sub-block: scale index 8h + 2k + (j&1).
-// The activation of such a unit: 16 int8 from each of q8_1 blocks 8b + 4h + k, and their d.
-struct act16x4 { int4 x[4]; float d[4]; };
+// The activation of such a unit: 16 int8 of each term from each of q8_1 blocks 8b + 4h + k, and
+// their d1, d2 (these types have no offset term that needs the block sums, Q2_K's mins aside).
+struct act16x4 { int4 x[4], x2[4]; float d[4], d2[4]; };
 
-QDEV void load_act16x4(act16x4& a, const int8_t* xq, const float2* ds, int b, int j) {
+QDEV void load_act16x4(act16x4& a, const q8_1_row& x, int b, int j) {
     const int h = j >> 1, l0 = 16 * (j & 1);
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
         const int blk = 8 * b + 4 * h + k;
-        a.x[k] = ld16(xq + 32 * blk + l0);
-        a.d[k] = ds[blk].x;
+        a.x[k] = ld16(x.qs + 32 * blk + l0);
+        a.x2[k] = ld16(x.qs2 + 32 * blk + l0);
+        const float4 ds = x.ds[blk];
+        a.d[k] = ds.x;
+        a.d2[k] = ds.z;
     }
 }
 
@@ -544,20 +593,23 @@ struct q6_K_t {
         }
         w.d = ld_half(m);
     }
-    static QDEV void load_a(A& a, const int8_t* xq, const float2* ds, int b, int j) { load_act16x4(a, xq, ds, b, j); }
+    static QDEV void load_a(A& a, const q8_1_row& x, int b, int j) { load_act16x4(a, x, b, j); }
     static QDEV float dot(const W& w, const A& a) {
         float sum = 0.0f;
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
-            int s = 0;
+            int s = 0, s2 = 0;
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 const int src = (k & 1) ? lane_of(w.b, i) : lane_of(w.a, i);
                 const int lo = (src >> (4 * (k >> 1))) & 0x0F0F0F0F;
                 const int hi = ((lane_of(w.h, i) >> (2 * k)) & 0x03030303) << 4;
-                s = dp4a(vsub4(lo | hi, 0x20202020), lane_of(a.x[k], i), s);
+                const int q = vsub4(lo | hi, 0x20202020);
+                s = dp4a(q, lane_of(a.x[k], i), s);
+                s2 = dp4a(q, lane_of(a.x2[k], i), s2);
             }
-            sum = ffma(fmul((float)w.sc[k], a.d[k]), (float)s, sum);
+            // sc * s fits a float exactly: |sc| <= 128, |s| <= 16 * 32 * 127 (< 2^24 together)
+            sum = act_dot(a.d[k], a.d2[k], make_int2(w.sc[k] * s, w.sc[k] * s2), sum);
         }
         return fmul(w.d, sum);
     }
@@ -585,8 +637,10 @@ struct q6_K_t {
 };
 
 // Q2_K: 2-bit q = (qs[32h + l] >> 2k) & 3, w = d*(sc & 15)*q - dmin*(sc >> 4) with sc = scales[s]
-// per 16-value sub-block s. The min term multiplies the sum of the rounded activation (one dp4a
-// against ones per 16 values, as ggml does): q8_1's exact sums cover 32 values, two sub-blocks.
+// per 16-value sub-block s. The min term multiplies the sum of the rounded two-term activation,
+// d1*sum(qs) + d2*sum(qs2) over the 16 values (dp4a against ones, as ggml does with one term):
+// q8_1's exact sums cover 32 values, two sub-blocks. With the residual term that sum is within
+// 16 * amax/64516 of the exact one, so the min term needs no sums of its own.
 struct q2_K_t {
     static constexpr int QK = 256, UNITS = 4, QB = 80, MB = 4, UE = 64;
     struct W { int4 q; unsigned sc; float d, dmin; };  // sc: the scale bytes of rows k = 0..3
@@ -600,21 +654,24 @@ struct q2_K_t {
         w.d = __low2float(dm);
         w.dmin = __high2float(dm);
     }
-    static QDEV void load_a(A& a, const int8_t* xq, const float2* ds, int b, int j) { load_act16x4(a, xq, ds, b, j); }
+    static QDEV void load_a(A& a, const q8_1_row& x, int b, int j) { load_act16x4(a, x, b, j); }
     static QDEV float dot(const W& w, const A& a) {
         float sum_q = 0.0f, sum_m = 0.0f;
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
-            int s = 0, sx = 0;
+            int s = 0, s2 = 0, sx = 0, sx2 = 0;
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
-                const int x = lane_of(a.x[k], i);
-                s = dp4a((lane_of(w.q, i) >> (2 * k)) & 0x03030303, x, s);
+                const int q = (lane_of(w.q, i) >> (2 * k)) & 0x03030303;
+                const int x = lane_of(a.x[k], i), x2 = lane_of(a.x2[k], i);
+                s = dp4a(q, x, s);
+                s2 = dp4a(q, x2, s2);
                 sx = dp4a(0x01010101, x, sx);
+                sx2 = dp4a(0x01010101, x2, sx2);
             }
-            const int sc = (w.sc >> (8 * k)) & 0xFF;
-            sum_q = ffma(a.d[k], (float)((sc & 0xF) * s), sum_q);
-            sum_m = ffma(a.d[k], (float)((sc >> 4) * sx), sum_m);
+            const int sc = (w.sc >> (8 * k)) & 0xFF, scale = sc & 0xF, min = sc >> 4;
+            sum_q = act_dot(a.d[k], a.d2[k], make_int2(scale * s, scale * s2), sum_q);
+            sum_m = act_dot(a.d[k], a.d2[k], make_int2(min * sx, min * sx2), sum_m);
         }
         return ffma(-w.dmin, sum_m, fmul(w.d, sum_q));
     }
@@ -660,7 +717,7 @@ struct q3_K_t {
         for (int k = 0; k < 4; ++k) w.sc[k] = q3_K_scale(mv, 8 * h + 2 * k + (j & 1));
         w.d = __half2float(__ushort_as_half((unsigned short)(mv.w & 0xFFFF)));
     }
-    static QDEV void load_a(A& a, const int8_t* xq, const float2* ds, int b, int j) { load_act16x4(a, xq, ds, b, j); }
+    static QDEV void load_a(A& a, const q8_1_row& x, int b, int j) { load_act16x4(a, x, b, j); }
     static QDEV int quants4(const W& w, int k, int i) {  // four signed 3-bit quants of row k
         const int lo = (lane_of(w.ql, i) >> (2 * k)) & 0x03030303;
         const int hi = ((lane_of(w.hm, i) >> (w.hbit + k)) & 0x01010101) << 2;
@@ -670,10 +727,14 @@ struct q3_K_t {
         float sum = 0.0f;
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
-            int s = 0;
+            int s = 0, s2 = 0;
 #pragma unroll
-            for (int i = 0; i < 4; ++i) s = dp4a(quants4(w, k, i), lane_of(a.x[k], i), s);
-            sum = ffma(fmul((float)w.sc[k], a.d[k]), (float)s, sum);
+            for (int i = 0; i < 4; ++i) {
+                const int q = quants4(w, k, i);
+                s = dp4a(q, lane_of(a.x[k], i), s);
+                s2 = dp4a(q, lane_of(a.x2[k], i), s2);
+            }
+            sum = act_dot(a.d[k], a.d2[k], make_int2(w.sc[k] * s, w.sc[k] * s2), sum);
         }
         return fmul(w.d, sum);
     }
@@ -724,16 +785,19 @@ struct iq4_xs_t {
         const int ls = ((meta.y >> (4 * j)) & 0xF) | (((meta.x >> (16 + 2 * j)) & 3) << 4);
         w.dl = fmul(__half2float(__ushort_as_half((unsigned short)(meta.x & 0xFFFF))), (float)(ls - 32));
     }
-    static QDEV void load_a(A& a, const int8_t* xq, const float2* ds, int b, int j) { load_act32(a, xq, ds, 8 * b + j); }
+    static QDEV void load_a(A& a, const q8_1_row& x, int b, int j) { load_act32(a, x, 8 * b + j); }
     static QDEV float dot(const W& w, const A& a) {
-        int s = 0;
+        int s = 0, s2 = 0;
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             const unsigned v = (unsigned)lane_of(w.q, i);
-            s = dp4a(iq4nl_values4(v & 0x0F0F0F0Fu), lane_of(a.lo, i), s);
-            s = dp4a(iq4nl_values4((v >> 4) & 0x0F0F0F0Fu), lane_of(a.hi, i), s);
+            const int lo = iq4nl_values4(v & 0x0F0F0F0Fu), hi = iq4nl_values4((v >> 4) & 0x0F0F0F0Fu);
+            s = dp4a(lo, lane_of(a.lo, i), s);
+            s = dp4a(hi, lane_of(a.hi, i), s);
+            s2 = dp4a(lo, lane_of(a.lo2, i), s2);
+            s2 = dp4a(hi, lane_of(a.hi2, i), s2);
         }
-        return fmul(fmul(w.dl, a.ds.x), (float)s);
+        return fmul(w.dl, act_dot(a.ds.x, a.ds.z, make_int2(s, s2), 0.0f));
     }
     static QDEV void dequant(const uint8_t* q, const uint8_t* m, int j, half* dst) {
         W w;

@@ -20,8 +20,7 @@ static void run_quant(const uint8_t* buf, int rows, int cols, int tokens, int st
     const int nb = cols / T::QK;
     const uint8_t* meta = buf + align_up((size_t)rows * nb * T::QB, 256);
     for (int t = 0; t < tokens; ++t) {
-        const int8_t* xrow = xq + (size_t)t * stride;
-        const float2* ds = reinterpret_cast<const float2*>(xrow + cols);
+        const q8_1_row xrow = q8_1_row_at(xq + (size_t)t * stride, cols);
         for (int r = 0; r < rows; ++r) {
             float acc = 0.0f;
             for (int u = 0; u < nb * T::UNITS; ++u) {
@@ -30,7 +29,7 @@ static void run_quant(const uint8_t* buf, int rows, int cols, int tokens, int st
                 typename T::W w;
                 typename T::A a;
                 T::load_w(w, buf + blk * T::QB, meta + blk * T::MB, j);
-                T::load_a(a, xrow, ds, b, j);
+                T::load_a(a, xrow, b, j);
                 acc += T::dot(w, a);
             }
             y[(size_t)t * rows + r] = acc;
@@ -69,7 +68,7 @@ int main(int argc, char** argv) {
     while ((n = fread(chunk, 1, sizeof chunk, f)) > 0) in.insert(in.end(), chunk, chunk + n);
     fclose(f);
     const size_t kq = align_up(cols, 32);
-    const int stride = (int)align_up(kq + kq / 32 * 8, 16);
+    const int stride = (int)align_up(2 * kq + kq / 32 * 16, 16);  // qs | qs2 | float4 ds (quant_ops.q8_1_stride)
     const size_t xq_bytes = (size_t)tokens * stride;
     const uint8_t* buf;
     // 16-byte aligned copies, as on the device (the kernels use aligned vector loads)

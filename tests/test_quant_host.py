@@ -34,8 +34,7 @@ def host_check(tmp_path_factory) -> Path:
 def run_host(exe: Path, tmp_path: Path, ggml_type: QT, data, rows: int, cols: int, x: np.ndarray):
     name = quant_ops.weight_layout(ggml_type, rows, cols).kernel_type
     tokens = x.shape[0]
-    qs, ds = quantize_q8_1_ref(x)
-    xq = q8_1_bytes(qs, ds, quant_ops.q8_1_stride(cols))
+    xq = q8_1_bytes(*quantize_q8_1_ref(x), quant_ops.q8_1_stride(cols))
     (tmp_path / "in.bin").write_bytes(quant_ops.repack(ggml_type, data, rows, cols).tobytes() + xq.tobytes())
     subprocess.run([str(exe), name, str(rows), str(cols), str(tokens), str(tmp_path / "in.bin"),
                     str(tmp_path / "out.bin")], check=True)

@@ -14,7 +14,8 @@ from gguf.constants import GGMLQuantizationType as QT
 
 from memra_engine.errors import ModelFormatError, UnsupportedModelError
 from memra_engine.gpu import build, quant_ops
-from memra_engine.gpu.quant_ref import random_weight_bytes, supported_types
+from memra_engine.gpu.quant_ref import (dequantize_q8_1_ref, q8_1_bytes, quantize_q8_1_ref, random_weight_bytes,
+                                        supported_types)
 from memra_engine.model.gguf_file import TensorInfo
 
 SIGNATURES = build.kernel_signatures(["matvec", "gemm"])
@@ -123,9 +124,58 @@ def test_gemm_launches(ggml_type, rows, n_tokens):
 
 
 def test_q8_1_sizes():
-    assert quant_ops.q8_1_stride(576) == 576 + 18 * 8
-    assert quant_ops.q8_1_stride(32) == 48  # 32 + 8, padded to 16
-    assert quant_ops.q8_1_nbytes(4096, 3) == 3 * (4096 + 128 * 8)
+    """A row is qs[Kq] | qs2[Kq] | float4 ds[Kq/32], no padding needed (Kq a multiple of 32)."""
+    assert quant_ops.q8_1_stride(576) == 2 * 576 + 18 * 16
+    assert quant_ops.q8_1_stride(32) == 80
+    assert quant_ops.q8_1_stride(1000) == 2 * 1024 + 32 * 16  # K rounded up to 32
+    assert quant_ops.q8_1_nbytes(4096, 3) == 3 * (2 * 4096 + 128 * 16)
+    assert all(quant_ops.q8_1_stride(k) % 16 == 0 for k in range(1, 700))
+
+
+def test_q8_1_reference_is_two_int8_terms():
+    """quantize_q8_1_ref: qs from d1 = amax/127, qs2 the residual's int8 term, x ~ d1*qs + d2*qs2
+    within d2/2 (plus float rounding), ds = (d1, sum, d2, 0), and the bytes at their offsets."""
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((3, 200)) * rng.uniform(0.01, 100, (3, 1))).astype(np.float32)
+    x[0, 32:64] = np.arange(-127, 129, 8).astype(np.float32) / 8  # multiples of d1 = 1/8: residual 0
+    x[1, :32] = 0.0                                               # all zero: d1 = d2 = 0
+    x[2, 64:96] *= 1e4                                            # one block far larger than the rest
+    qs, qs2, ds = quantize_q8_1_ref(x)
+    kq = 224
+    assert qs.shape == qs2.shape == (3, kq) and ds.shape == (3, kq // 32, 4) and ds.dtype == np.float32
+    blocks = np.zeros((3, kq), np.float32)
+    blocks[:, :200] = x
+    blocks = blocks.reshape(3, -1, 32)
+    d1, d2 = ds[..., 0], ds[..., 2]
+    assert np.allclose(d1, np.abs(blocks).max(-1) / 127, rtol=1e-6)
+    assert np.allclose(ds[..., 1], blocks.sum(-1, dtype=np.float64), rtol=1e-5, atol=1e-4)
+    assert np.all(ds[..., 3] == 0) and np.all(d2 <= d1 / 254 * 1.001)  # |residual| <= d1/2
+    assert np.abs(qs).max() == 127 and np.abs(qs2).max() == 127
+    xhat = dequantize_q8_1_ref(qs, qs2, ds).reshape(3, -1, 32)
+    err = np.abs(xhat - blocks)
+    assert np.all(err <= d2[..., None] * 0.5 + np.abs(blocks) * 1e-6)
+    assert np.all(err.max(-1) <= np.abs(blocks).max(-1) / 127 / 254 * 1.001)  # ~16-bit, relative to the block
+    one_term = qs.reshape(3, -1, 32) * d1[..., None].astype(np.float64)
+    assert np.abs(one_term - blocks).max() > 100 * err.max()  # the second term is what buys it
+    assert d2[0, 1] == 0 and not qs2[0, 32:64].any() and d1[1, 0] == 0 and not qs[1, :32].any()
+
+    stride = quant_ops.q8_1_stride(200)
+    image = q8_1_bytes(qs, qs2, ds, stride)
+    assert image.shape == (3, stride)
+    assert np.array_equal(image[:, :kq].view(np.int8), qs) and np.array_equal(image[:, kq:2 * kq].view(np.int8), qs2)
+    assert np.array_equal(image[:, 2 * kq:].copy().view(np.float32).reshape(3, -1, 4), ds)
+
+
+def test_fused_matvec_with_a_long_row_opts_in_to_its_shared_memory():
+    """The fused matvec keeps the q8_1 row (2.5 bytes per column) in shared memory: past 48 KiB
+    (K > 19,660) the launch needs the kernel's opt-in, below it none."""
+    rt = RecordingRuntime()
+    for cols in (1024, 24576):
+        w, _ = upload(rt, QT.Q4_0, 8, cols)
+        quant_ops.matvec(rt, w, 0x1000, None, 0x3000, 1)
+    (small, _, _, _, shared_small), (big, _, _, _, shared_big) = rt.launches
+    assert shared_small == quant_ops.q8_1_stride(1024) and shared_big == quant_ops.q8_1_stride(24576) > 48 * 1024
+    assert rt.smem_opt_in == {big: shared_big}
 
 
 def test_bad_weights_are_one_line_errors():

@@ -21,6 +21,7 @@ from memra_engine.errors import ModelFormatError, UnsupportedModelError
 MATVEC_WARPS = 4          # MV_WARPS in matvec.cu
 MATVEC_MAX_COLUMNS = 16   # widest batched matvec; more tokens go in chunks of 16
 PLANE_ALIGN = 256
+SHARED_OPT_IN = 48 * 1024  # dynamic shared memory past this needs a per-function opt-in
 
 # ggml type -> (kernel suffix, q plane byte ranges of the block, meta plane parts).
 # A meta part is a (start, stop) byte range of the block or an int count of zero bytes.
@@ -141,10 +142,15 @@ def upload_weight(rt, pool, tensor_info) -> GpuWeight:
 
 
 # ---- q8_1 activations --------------------------------------------------------------------------
+# The q8_1 activation (cuda/quants.cuh, 3.) is two int8 terms per value: per 32-value block
+# d1 = amax/127, qs = round(x/d1), then the residual r = x - d1*qs as d2 = amax|r|/127,
+# qs2 = round(r/d2); x ~ d1*qs + d2*qs2 (~16-bit precision; one int8 term flipped greedy tokens).
+# A token's row: int8 qs[Kq] | int8 qs2[Kq] | float4 ds[Kq/32] = (d1, sum of x, d2, 0), Kq = K
+# rounded up to 32. Every byte of a row is written (no padding: 2*Kq + Kq/2 is a multiple of 16).
 def q8_1_stride(n_cols: int) -> int:
-    """Bytes per token row: int8 qs[Kq] then float2 ds[Kq/32], 16-byte aligned (Kq = K rounded to 32)."""
+    """Bytes per token row of the q8_1 activation: qs[Kq] | qs2[Kq] | float4 ds[Kq/32]."""
     kq = _align(n_cols, 32)
-    return _align(kq + (kq // 32) * 8, 16)
+    return _align(2 * kq + (kq // 32) * 16, 16)
 
 
 def q8_1_nbytes(n_cols: int, n_tokens: int = 1) -> int:
@@ -207,8 +213,11 @@ def matvec(rt, w: GpuWeight, x_ptr: int, xq_ptr: int | None, y_ptr: int, n_token
     stride = q8_1_stride(w.cols)
     if xq_ptr is None:
         r, u = variant or matvec_variant(w, fused=True)
+        name = f"matvec_{lay.kernel_type}_fused_r{r}u{u}"
+        if stride > SHARED_OPT_IN:  # the q8_1 row in shared memory: K > 19,660 needs the opt-in
+            rt.set_max_dynamic_shared(name, stride)
         for t in range(n_tokens):
-            rt.launch(f"matvec_{lay.kernel_type}_fused_r{r}u{u}", -(-w.rows // (MATVEC_WARPS * r)), 32 * MATVEC_WARPS,
+            rt.launch(name, -(-w.rows // (MATVEC_WARPS * r)), 32 * MATVEC_WARPS,
                       (w.q_ptr, w.meta_ptr, int(x_ptr) + t * w.cols * 4, int(y_ptr) + t * w.rows * 4,
                        w.rows, w.cols, 1, stride), shared=stride)
         return
@@ -223,7 +232,6 @@ def matvec(rt, w: GpuWeight, x_ptr: int, xq_ptr: int | None, y_ptr: int, n_token
 # ---- GEMM (prefill) ----------------------------------------------------------------------------
 # kernel prefix -> (tokens per tile, rows per tile, threads, dynamic shared bytes); see gemm.cu
 GEMM_TILES = {"gemm": (64, 64, 128, 34816), "gemm2": (128, 128, 256, 69632)}
-SHARED_OPT_IN = 48 * 1024
 
 
 def gemm_variant(w: GpuWeight, n_tokens: int) -> str:

@@ -2,12 +2,13 @@
 
 - random_weight_bytes: valid random GGUF bytes of any supported type (every bit pattern of the
   quants, sane d/m fields), so tests need no encoder and cover all codes.
-- quantize_q8_1_ref: the exact bytes quantize_q8_1 writes (same division, rounding and warp-tree
-  summation order).
+- quantize_q8_1_ref: the exact bytes quantize_q8_1 writes for the two-term q8_1 activation (same
+  divisions, roundf, residual rounding and warp-tree summation order); q8_1_bytes lays them out
+  as a device row, dequantize_q8_1_ref gives the activation the int8 dots see, d1*qs + d2*qs2.
 - matvec_q8_1_ref: what the int8 matvec computes, in float64: the weights as gguf dequantizes them
-  times the q8_1-rounded activation, except that each block's offset term (Q4_0's -8d, Q4_1's m,
+  times that two-term activation, except that each block's offset term (Q4_0's -8d, Q4_1's m,
   Q4_K/Q5_K's -dmin*m) multiplies the exact float sum s of the block, as the kernel does (Q2_K's
-  -dmin*m, per 16 values, multiplies the rounded activation like the rest of the weight).
+  -dmin*m, per 16 values, multiplies the rounded two-term activation like the rest of the weight).
 """
 from __future__ import annotations
 
@@ -61,29 +62,52 @@ def _warp_tree_sum(v: np.ndarray) -> np.ndarray:
     return v[..., 0]
 
 
-def quantize_q8_1_ref(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """x f32 [T, K] -> (qs int8 [T, Kq], ds f32 [T, Kq/32, 2]) exactly as the kernel writes them."""
+def _quantize_blocks(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """f32 [..., 32] -> (d f32 [...], q f32 [..., 32]): d = amax/127, q = roundf(x/d), 0 where amax = 0."""
+    amax = np.abs(blocks).max(axis=-1)
+    d = (amax / np.float32(127)).astype(np.float32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        v = (blocks / d[..., None]).astype(np.float32)
+        a = np.abs(v)
+        whole = np.floor(a)
+        rounded = np.sign(v) * (whole + (a - whole >= 0.5))  # roundf: half away from zero, no |v|+0.5 rounding
+    return d, np.where(amax[..., None] == 0, 0, rounded).astype(np.float32)
+
+
+def quantize_q8_1_ref(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """x f32 [T, K] -> (qs int8 [T, Kq], qs2 int8 [T, Kq], ds f32 [T, Kq/32, 4]) exactly as the
+    kernel writes them: ds = (d1, sum, d2, 0), qs the first int8 term, qs2 the residual's."""
     x = np.asarray(x, np.float32)
     t, k = x.shape
     kq = -(-k // 32) * 32
     xp = np.zeros((t, kq), np.float32)
     xp[:, :k] = x
     blocks = xp.reshape(t, kq // 32, 32)
-    amax = np.abs(blocks).max(axis=-1)
-    d = (amax / np.float32(127)).astype(np.float32)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        v = blocks / d[..., None]
-    q = np.where(amax[..., None] == 0, 0, np.sign(v) * np.floor(np.abs(v) + np.float32(0.5)))  # roundf
+    d1, q1 = _quantize_blocks(blocks)
+    # the kernel's fmaf(-d1, q1, x): x - d1*q1 is exact in float64 (q1 has 8 bits), then one rounding
+    r = (blocks.astype(np.float64) - d1[..., None].astype(np.float64) * q1).astype(np.float32)
+    d2, q2 = _quantize_blocks(r)
     s = _warp_tree_sum(blocks)
-    return q.astype(np.int8).reshape(t, kq), np.stack([d, s], axis=-1).astype(np.float32)
+    ds = np.stack([d1, s, d2, np.zeros_like(d1)], axis=-1).astype(np.float32)
+    return q1.astype(np.int8).reshape(t, kq), q2.astype(np.int8).reshape(t, kq), ds
 
 
-def q8_1_bytes(qs: np.ndarray, ds: np.ndarray, stride: int) -> np.ndarray:
-    """The device buffer image of quantize_q8_1's output (for exact byte comparison)."""
+def dequantize_q8_1_ref(qs: np.ndarray, qs2: np.ndarray, ds: np.ndarray) -> np.ndarray:
+    """The activation the int8 dot products see, d1*qs + d2*qs2: float64 [T, Kq]."""
+    t = qs.shape[0]
+    d = ds.astype(np.float64)
+    x = qs.reshape(t, -1, 32) * d[..., 0:1] + qs2.reshape(t, -1, 32) * d[..., 2:3]
+    return x.reshape(t, -1)
+
+
+def q8_1_bytes(qs: np.ndarray, qs2: np.ndarray, ds: np.ndarray, stride: int) -> np.ndarray:
+    """The device buffer image of quantize_q8_1's output (for exact byte comparison):
+    per row int8 qs[Kq] | int8 qs2[Kq] | float4 ds[Kq/32], rows `stride` bytes apart."""
     t, kq = qs.shape
     out = np.zeros((t, stride), np.uint8)
     out[:, :kq] = qs.view(np.uint8)
-    out[:, kq:kq + ds[0].nbytes] = np.ascontiguousarray(ds).view(np.uint8).reshape(t, -1)
+    out[:, kq:2 * kq] = qs2.view(np.uint8)
+    out[:, 2 * kq:2 * kq + ds[0].nbytes] = np.ascontiguousarray(ds, np.float32).view(np.uint8).reshape(t, -1)
     return out
 
 
@@ -103,19 +127,19 @@ def block_offsets(ggml_type: QT, data: np.ndarray, rows: int, cols: int) -> np.n
         b = -(dmin * m.reshape(-1, 8).astype(np.float32)).astype(np.float64)  # kernel: float dmin*m
         return b.reshape(rows, cols // 32)
     # Q8_0, Q6_K, Q3_K, IQ4_XS: symmetric. Q2_K's mins are per 16 values, finer than q8_1's exact
-    # sums, so its kernel applies them to the rounded activation: no correction either.
+    # sums, so its kernel applies them to the rounded (two-term) activation: no correction either.
     return np.zeros((rows, cols // 32))
 
 
 def matvec_q8_1_ref(ggml_type: QT, data: np.ndarray, rows: int, cols: int, x: np.ndarray) -> np.ndarray:
     """float64 emulation of the int8 matvec: y [T, rows]."""
     w = dequantize_weight(ggml_type, data, rows, cols).astype(np.float64)
-    qs, ds = quantize_q8_1_ref(x)
+    qs, qs2, ds = quantize_q8_1_ref(x)
     t = x.shape[0]
-    xhat = (qs.reshape(t, -1, 32).astype(np.float64) * ds[..., 0:1].astype(np.float64))
+    xhat = dequantize_q8_1_ref(qs, qs2, ds)
     b = block_offsets(ggml_type, data, rows, cols)
-    correction = ds[..., 1].astype(np.float64) - xhat.sum(-1)  # [T, nb]: exact sum minus rounded sum
-    return xhat.reshape(t, -1) @ w.T + correction @ b.T
+    correction = ds[..., 1].astype(np.float64) - xhat.reshape(t, -1, 32).sum(-1)  # [T, nb]: exact sum minus rounded sum
+    return xhat @ w.T + correction @ b.T
 
 
 def supported_types() -> list[QT]:
