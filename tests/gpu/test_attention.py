@@ -170,6 +170,6 @@ def test_q8_1_output_equals_quantize_q8_1_of_the_output(gpu, cluster, hd, H, n_k
         ref_xq = gpu.empty(nbytes // 4 + 1)
         quantize_q8_1(gpu.rt, gpu.put(out), ref_xq, n, T)
         got, ref = gpu.get(xq, nbytes, np.uint8), gpu.get(ref_xq, nbytes, np.uint8)
-        for t in range(T):  # the defined bytes of each row: qs[n] and ds[n/32]
-            row = slice(t * stride, t * stride + n + n // 32 * 8)
+        for t in range(T):  # the whole row: qs[n], the residual's qs2[n], ds[n/32] (every byte written)
+            row = slice(t * stride, (t + 1) * stride)
             assert np.array_equal(got[row], ref[row]), (pos, t)
