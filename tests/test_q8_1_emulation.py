@@ -2,7 +2,7 @@
 
 The GPU decode quantizes every matmul's activation to q8_1 before the int8 dot products: per
 32-value block two int8 terms, qs with d1 = amax/127 and qs2 for the residual x - d1*qs with
-d2 = amax|r|/127 (cuda/quants.cuh, 3.); prefill (more than 16 tokens) runs a tensor-core GEMM on
+d2 = d1/254 (cuda/quants.cuh, 3.); prefill (more than 16 tokens) runs a tensor-core GEMM on
 f16 operands, and its last row goes through the LM head as a one-token matvec, so q8_1 again.
 Q8_1Ops emulates both with the references of engine/gpu/quant_ref.py: the q8_1 values exactly as
 quantize_q8_1 writes them, and each block's offset term (Q4_1's m) times the exact sum of the

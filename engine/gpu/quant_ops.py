@@ -143,7 +143,7 @@ def upload_weight(rt, pool, tensor_info) -> GpuWeight:
 
 # ---- q8_1 activations --------------------------------------------------------------------------
 # The q8_1 activation (cuda/quants.cuh, 3.) is two int8 terms per value: per 32-value block
-# d1 = amax/127, qs = round(x/d1), then the residual r = x - d1*qs as d2 = amax|r|/127,
+# d1 = amax/127, qs = round(x/d1), then the residual r = x - d1*qs (|r| <= d1/2) as d2 = d1/254,
 # qs2 = round(r/d2); x ~ d1*qs + d2*qs2 (~16-bit precision; one int8 term flipped greedy tokens).
 # A token's row: int8 qs[Kq] | int8 qs2[Kq] | float4 ds[Kq/32] = (d1, sum of x, d2, 0), Kq = K
 # rounded up to 32. Every byte of a row is written (no padding: 2*Kq + Kq/2 is a multiple of 16).

@@ -67,11 +67,15 @@ def _quantize_blocks(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     amax = np.abs(blocks).max(axis=-1)
     d = (amax / np.float32(127)).astype(np.float32)
     with np.errstate(divide="ignore", invalid="ignore"):
-        v = (blocks / d[..., None]).astype(np.float32)
-        a = np.abs(v)
-        whole = np.floor(a)
-        rounded = np.sign(v) * (whole + (a - whole >= 0.5))  # roundf: half away from zero, no |v|+0.5 rounding
+        rounded = _roundf((blocks / d[..., None]).astype(np.float32))
     return d, np.where(amax[..., None] == 0, 0, rounded).astype(np.float32)
+
+
+def _roundf(v: np.ndarray) -> np.ndarray:
+    """C's roundf on float32 values: half away from zero, with no |v| + 0.5 rounding error."""
+    a = np.abs(v)
+    whole = np.floor(a)
+    return np.sign(v) * (whole + (a - whole >= 0.5))
 
 
 def quantize_q8_1_ref(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -86,7 +90,10 @@ def quantize_q8_1_ref(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray
     d1, q1 = _quantize_blocks(blocks)
     # the kernel's fmaf(-d1, q1, x): x - d1*q1 is exact in float64 (q1 has 8 bits), then one rounding
     r = (blocks.astype(np.float64) - d1[..., None].astype(np.float64) * q1).astype(np.float32)
-    d2, q2 = _quantize_blocks(r)
+    d2 = (d1 / np.float32(254)).astype(np.float32)  # fixed: |r| <= d1/2 (quants.cuh)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q2 = np.clip(_roundf((r / d2[..., None]).astype(np.float32)), -127, 127)
+    q2 = np.where(d1[..., None] == 0, 0, q2).astype(np.float32)
     s = _warp_tree_sum(blocks)
     ds = np.stack([d1, s, d2, np.zeros_like(d1)], axis=-1).astype(np.float32)
     return q1.astype(np.int8).reshape(t, kq), q2.astype(np.int8).reshape(t, kq), ds
