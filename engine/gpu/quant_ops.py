@@ -177,20 +177,24 @@ def _columns_variant(n: int) -> int:
 
 
 def matvec_variant(w: GpuWeight, fused: bool = False) -> tuple[int, int]:
-    """(rows per warp, units per lane step) for one-token decode, picked from bench_kernels.py on
-    the H200 (docs/gpu-notes.md): short rows (K <= 1024) want one unit per step and, for many
-    rows, two rows per warp; long rows want more loads in flight (u2, Q8_0 u4); the K-quants,
-    heavier per unit, want u1, with two rows per warp for tall matrices (Q6_K: r2u2). Q2_K/Q3_K
-    follow Q4_K and IQ4_XS the 32-wide types by analogy: not yet timed on the H200."""
+    """(rows per warp, units per lane step) for one-token decode, picked from bench_kernels.py and
+    bench_decode_matvecs.py on the H200 (docs/gpu-notes.md). Every warp reads the whole activation
+    row, so with the two-term q8_1 (2.5x the bytes of one term) tall matrices want two rows per warp
+    (Q4_1 3072x576: 1.92 -> 1.51 µs); rows of K <= 1024 one unit per step; long rows more loads in
+    flight (u2; Q8_0 u4 only past K = 4096: at 576x1536 u4 took 1.95 µs, u2 1.60); the K-quants,
+    heavier per unit, u1 (Q6_K two rows per warp: 576x1536 1.95 -> 1.72 µs). Q2_K/Q3_K follow Q4_K
+    and IQ4_XS the 32-wide types by analogy: not timed."""
     kind = w.layout.kernel_type
     if fused:
         return (2, 1) if w.rows >= 16384 else (1, 1)
     if kind in ("q4_K", "q5_K", "q2_K", "q3_K"):
         return (2, 1) if w.rows >= 8192 else (1, 1)
     if kind == "q6_K":
-        return (2, 2) if w.rows >= 2048 and w.cols >= 2048 else (1, 1)
+        return (2, 2) if w.rows >= 2048 and w.cols >= 2048 else (2, 1)
     if w.cols <= 1024:
-        return (2, 1) if w.rows >= 16384 else (1, 1)
+        return (2, 1) if w.rows >= 2048 else (1, 1)
+    if w.cols <= 4096:
+        return (2, 2) if kind in ("q4_0", "q4_1") else (1, 2)
     return (1, 4) if kind == "q8_0" else (1, 2)
 
 
