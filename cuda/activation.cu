@@ -2,7 +2,12 @@
 #include "common.cuh"
 #include "quants.cuh"
 
-// silu_mul and gelu_tanh_mul are in common.cuh (the GLU matvecs in matvec.cu use them too).
+__device__ __forceinline__ float silu_mul(float a, float b) { return a / (1.0f + expf(-a)) * b; }
+
+__device__ __forceinline__ float gelu_tanh_mul(float a, float b) {
+    const float c = 0.7978845608028654f;  // sqrt(2/pi)
+    return 0.5f * a * (1.0f + tanhf(c * (a + 0.044715f * a * a * a))) * b;
+}
 
 // Gated FFN activations over rows of n: g and u rows are ld_in apart (so the fused [gate|up]
 // matvec output is read in place), y rows are n apart. grid (ceil(kq/256), rows), kq = n rounded

@@ -18,14 +18,6 @@ __device__ __forceinline__ void pdl_entry() {
 #endif
 }
 
-// Gated FFN activations (activation.cu's kernels and the GLU matvecs share them: same bits).
-__device__ __forceinline__ float silu_mul(float a, float b) { return a / (1.0f + expf(-a)) * b; }
-
-__device__ __forceinline__ float gelu_tanh_mul(float a, float b) {
-    const float c = 0.7978845608028654f;  // sqrt(2/pi)
-    return 0.5f * a * (1.0f + tanhf(c * (a + 0.044715f * a * a * a))) * b;
-}
-
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

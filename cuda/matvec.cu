@@ -34,16 +34,7 @@ extern "C" __global__ void quantize_q8_1(const float* __restrict__ x, int8_t* __
 // bytes are in flight per thread (lane order of the units, hence every sum, is unchanged).
 // FUSED: x is f32 and the block first quantizes it into shared memory (C rows of `stride` bytes,
 // dynamic shared memory), saving the quantize_q8_1 launch; worth it for small K only.
-// GLU (FUSED only, one token): x is a gate_up matvec's output row [gate | up] of 2 * cols floats and
-// the block quantizes act(gate, up) instead (1: silu, 2: gelu-tanh), saving the activation's launch.
-template <int GLU>
-__device__ __forceinline__ float fused_input(const float* x, int t, int cols, int i) {
-    if (GLU == 0) return x[(size_t)t * cols + i];
-    const float* g = x + (size_t)t * 2 * cols;
-    return GLU == 1 ? silu_mul(g[i], g[cols + i]) : gelu_tanh_mul(g[i], g[cols + i]);
-}
-
-template <class T, int R, int C, int U, bool FUSED, int GLU = 0>
+template <class T, int R, int C, int U, bool FUSED>
 __device__ __forceinline__ void matvec_q(const uint8_t* __restrict__ wq, const uint8_t* __restrict__ wm,
                                          const void* __restrict__ xsrc, float* __restrict__ y,
                                          int rows, int cols, int n_tokens, int stride) {
@@ -56,14 +47,14 @@ __device__ __forceinline__ void matvec_q(const uint8_t* __restrict__ wq, const u
         const int kq = (cols + 31) & ~31;
         // all of a warp's loads of x first (up to 8 blocks per batch), then the reductions:
         // one L2 round trip per batch instead of one per block
-        constexpr int PRE = GLU ? 16 : 8;  // GLU: K = the FFN width; one round up to 2048
+        constexpr int PRE = 8;
         for (int t = 0; t < n_tokens && t < C; ++t)
             for (int blk0 = threadIdx.x >> 5; blk0 < kq >> 5; blk0 += PRE * MV_WARPS) {
                 float xi[PRE];
 #pragma unroll
                 for (int p = 0; p < PRE; ++p) {
                     const int i = (blk0 + p * MV_WARPS) * 32 + lane;
-                    xi[p] = i < cols ? fused_input<GLU>(x, t, cols, i) : 0.0f;
+                    xi[p] = i < cols ? x[(size_t)t * cols + i] : 0.0f;
                 }
 #pragma unroll
                 for (int p = 0; p < PRE; ++p) {
@@ -229,24 +220,11 @@ __device__ __forceinline__ void matvec_prefetch_f(const uint8_t* w, int rows, in
         matvec_q<TYPE##_t, R, 1, U, true>(wq, wm, x, y, rows, cols, n_tokens, stride);                    \
     }
 
-// matvec_<type>_glu_<act>_r<R>u<U>(wq, wm, x, y, rows, cols, 1, stride): the fused form over
-// act(x[:cols], x[cols:2 cols]) (x: one token's [gate | up] row), dynamic shared memory = stride.
-#define MATVEC_QG(TYPE, R, U, ACT, GLU)                                                                   \
-    extern "C" __global__ __launch_bounds__(MV_WARPS * 32) void matvec_##TYPE##_glu_##ACT##_r##R##u##U(   \
-        const uint8_t* wq, const uint8_t* wm, const float* x, float* y, int rows, int cols, int n_tokens,  \
-        int stride) {                                                                                     \
-        matvec_prefetch_q<TYPE##_t, R>(wq, wm, rows, cols);                                               \
-        pdl_entry();                                                                                      \
-        matvec_q<TYPE##_t, R, 1, U, true, GLU>(wq, wm, x, y, rows, cols, n_tokens, stride);               \
-    }
-
 #define MATVEC_Q_ALL(TYPE)                                                                              \
     MATVEC_Q(TYPE, 1, 1, 1) MATVEC_Q(TYPE, 1, 2, 1) MATVEC_Q(TYPE, 1, 4, 1) MATVEC_Q(TYPE, 2, 1, 1)     \
     MATVEC_Q(TYPE, 2, 2, 1) MATVEC_Q(TYPE, 4, 1, 1)                                                     \
     MATVEC_Q(TYPE, 1, 1, 2) MATVEC_Q(TYPE, 1, 1, 4) MATVEC_Q(TYPE, 1, 1, 8) MATVEC_Q(TYPE, 1, 1, 16)    \
-    MATVEC_QF(TYPE, 1, 1) MATVEC_QF(TYPE, 2, 1)                                                         \
-    MATVEC_QG(TYPE, 1, 1, silu, 1) MATVEC_QG(TYPE, 2, 1, silu, 1)                                       \
-    MATVEC_QG(TYPE, 1, 1, gelu, 2) MATVEC_QG(TYPE, 2, 1, gelu, 2)
+    MATVEC_QF(TYPE, 1, 1) MATVEC_QF(TYPE, 2, 1)
 
 MATVEC_Q_ALL(q4_0)
 MATVEC_Q_ALL(q4_1)
@@ -293,10 +271,6 @@ MATVEC_F_ALL(f32)
 // memra-kernel: matvec_q4_0_r1u1_c16(PPPPiiii)
 // memra-kernel: matvec_q4_0_fused_r1u1(PPPPiiii)
 // memra-kernel: matvec_q4_0_fused_r2u1(PPPPiiii)
-// memra-kernel: matvec_q4_0_glu_silu_r1u1(PPPPiiii)
-// memra-kernel: matvec_q4_0_glu_silu_r2u1(PPPPiiii)
-// memra-kernel: matvec_q4_0_glu_gelu_r1u1(PPPPiiii)
-// memra-kernel: matvec_q4_0_glu_gelu_r2u1(PPPPiiii)
 // memra-kernel: matvec_q4_1_r1u1_c1(PPPPiiii)
 // memra-kernel: matvec_q4_1_r1u2_c1(PPPPiiii)
 // memra-kernel: matvec_q4_1_r1u4_c1(PPPPiiii)
@@ -309,10 +283,6 @@ MATVEC_F_ALL(f32)
 // memra-kernel: matvec_q4_1_r1u1_c16(PPPPiiii)
 // memra-kernel: matvec_q4_1_fused_r1u1(PPPPiiii)
 // memra-kernel: matvec_q4_1_fused_r2u1(PPPPiiii)
-// memra-kernel: matvec_q4_1_glu_silu_r1u1(PPPPiiii)
-// memra-kernel: matvec_q4_1_glu_silu_r2u1(PPPPiiii)
-// memra-kernel: matvec_q4_1_glu_gelu_r1u1(PPPPiiii)
-// memra-kernel: matvec_q4_1_glu_gelu_r2u1(PPPPiiii)
 // memra-kernel: matvec_q5_0_r1u1_c1(PPPPiiii)
 // memra-kernel: matvec_q5_0_r1u2_c1(PPPPiiii)
 // memra-kernel: matvec_q5_0_r1u4_c1(PPPPiiii)
@@ -325,10 +295,6 @@ MATVEC_F_ALL(f32)
 // memra-kernel: matvec_q5_0_r1u1_c16(PPPPiiii)
 // memra-kernel: matvec_q5_0_fused_r1u1(PPPPiiii)
 // memra-kernel: matvec_q5_0_fused_r2u1(PPPPiiii)
-// memra-kernel: matvec_q5_0_glu_silu_r1u1(PPPPiiii)
-// memra-kernel: matvec_q5_0_glu_silu_r2u1(PPPPiiii)
-// memra-kernel: matvec_q5_0_glu_gelu_r1u1(PPPPiiii)
-// memra-kernel: matvec_q5_0_glu_gelu_r2u1(PPPPiiii)
 // memra-kernel: matvec_q5_1_r1u1_c1(PPPPiiii)
 // memra-kernel: matvec_q5_1_r1u2_c1(PPPPiiii)
 // memra-kernel: matvec_q5_1_r1u4_c1(PPPPiiii)
@@ -341,10 +307,6 @@ MATVEC_F_ALL(f32)
 // memra-kernel: matvec_q5_1_r1u1_c16(PPPPiiii)
 // memra-kernel: matvec_q5_1_fused_r1u1(PPPPiiii)
 // memra-kernel: matvec_q5_1_fused_r2u1(PPPPiiii)
-// memra-kernel: matvec_q5_1_glu_silu_r1u1(PPPPiiii)
-// memra-kernel: matvec_q5_1_glu_silu_r2u1(PPPPiiii)
-// memra-kernel: matvec_q5_1_glu_gelu_r1u1(PPPPiiii)
-// memra-kernel: matvec_q5_1_glu_gelu_r2u1(PPPPiiii)
 // memra-kernel: matvec_q8_0_r1u1_c1(PPPPiiii)
 // memra-kernel: matvec_q8_0_r1u2_c1(PPPPiiii)
 // memra-kernel: matvec_q8_0_r1u4_c1(PPPPiiii)
@@ -357,10 +319,6 @@ MATVEC_F_ALL(f32)
 // memra-kernel: matvec_q8_0_r1u1_c16(PPPPiiii)
 // memra-kernel: matvec_q8_0_fused_r1u1(PPPPiiii)
 // memra-kernel: matvec_q8_0_fused_r2u1(PPPPiiii)
-// memra-kernel: matvec_q8_0_glu_silu_r1u1(PPPPiiii)
-// memra-kernel: matvec_q8_0_glu_silu_r2u1(PPPPiiii)
-// memra-kernel: matvec_q8_0_glu_gelu_r1u1(PPPPiiii)
-// memra-kernel: matvec_q8_0_glu_gelu_r2u1(PPPPiiii)
 // memra-kernel: matvec_q4_K_r1u1_c1(PPPPiiii)
 // memra-kernel: matvec_q4_K_r1u2_c1(PPPPiiii)
 // memra-kernel: matvec_q4_K_r1u4_c1(PPPPiiii)
@@ -373,10 +331,6 @@ MATVEC_F_ALL(f32)
 // memra-kernel: matvec_q4_K_r1u1_c16(PPPPiiii)
 // memra-kernel: matvec_q4_K_fused_r1u1(PPPPiiii)
 // memra-kernel: matvec_q4_K_fused_r2u1(PPPPiiii)
-// memra-kernel: matvec_q4_K_glu_silu_r1u1(PPPPiiii)
-// memra-kernel: matvec_q4_K_glu_silu_r2u1(PPPPiiii)
-// memra-kernel: matvec_q4_K_glu_gelu_r1u1(PPPPiiii)
-// memra-kernel: matvec_q4_K_glu_gelu_r2u1(PPPPiiii)
 // memra-kernel: matvec_q5_K_r1u1_c1(PPPPiiii)
 // memra-kernel: matvec_q5_K_r1u2_c1(PPPPiiii)
 // memra-kernel: matvec_q5_K_r1u4_c1(PPPPiiii)
@@ -389,10 +343,6 @@ MATVEC_F_ALL(f32)
 // memra-kernel: matvec_q5_K_r1u1_c16(PPPPiiii)
 // memra-kernel: matvec_q5_K_fused_r1u1(PPPPiiii)
 // memra-kernel: matvec_q5_K_fused_r2u1(PPPPiiii)
-// memra-kernel: matvec_q5_K_glu_silu_r1u1(PPPPiiii)
-// memra-kernel: matvec_q5_K_glu_silu_r2u1(PPPPiiii)
-// memra-kernel: matvec_q5_K_glu_gelu_r1u1(PPPPiiii)
-// memra-kernel: matvec_q5_K_glu_gelu_r2u1(PPPPiiii)
 // memra-kernel: matvec_q6_K_r1u1_c1(PPPPiiii)
 // memra-kernel: matvec_q6_K_r1u2_c1(PPPPiiii)
 // memra-kernel: matvec_q6_K_r1u4_c1(PPPPiiii)
@@ -405,10 +355,6 @@ MATVEC_F_ALL(f32)
 // memra-kernel: matvec_q6_K_r1u1_c16(PPPPiiii)
 // memra-kernel: matvec_q6_K_fused_r1u1(PPPPiiii)
 // memra-kernel: matvec_q6_K_fused_r2u1(PPPPiiii)
-// memra-kernel: matvec_q6_K_glu_silu_r1u1(PPPPiiii)
-// memra-kernel: matvec_q6_K_glu_silu_r2u1(PPPPiiii)
-// memra-kernel: matvec_q6_K_glu_gelu_r1u1(PPPPiiii)
-// memra-kernel: matvec_q6_K_glu_gelu_r2u1(PPPPiiii)
 // memra-kernel: matvec_q2_K_r1u1_c1(PPPPiiii)
 // memra-kernel: matvec_q2_K_r1u2_c1(PPPPiiii)
 // memra-kernel: matvec_q2_K_r1u4_c1(PPPPiiii)
@@ -421,10 +367,6 @@ MATVEC_F_ALL(f32)
 // memra-kernel: matvec_q2_K_r1u1_c16(PPPPiiii)
 // memra-kernel: matvec_q2_K_fused_r1u1(PPPPiiii)
 // memra-kernel: matvec_q2_K_fused_r2u1(PPPPiiii)
-// memra-kernel: matvec_q2_K_glu_silu_r1u1(PPPPiiii)
-// memra-kernel: matvec_q2_K_glu_silu_r2u1(PPPPiiii)
-// memra-kernel: matvec_q2_K_glu_gelu_r1u1(PPPPiiii)
-// memra-kernel: matvec_q2_K_glu_gelu_r2u1(PPPPiiii)
 // memra-kernel: matvec_q3_K_r1u1_c1(PPPPiiii)
 // memra-kernel: matvec_q3_K_r1u2_c1(PPPPiiii)
 // memra-kernel: matvec_q3_K_r1u4_c1(PPPPiiii)
@@ -437,10 +379,6 @@ MATVEC_F_ALL(f32)
 // memra-kernel: matvec_q3_K_r1u1_c16(PPPPiiii)
 // memra-kernel: matvec_q3_K_fused_r1u1(PPPPiiii)
 // memra-kernel: matvec_q3_K_fused_r2u1(PPPPiiii)
-// memra-kernel: matvec_q3_K_glu_silu_r1u1(PPPPiiii)
-// memra-kernel: matvec_q3_K_glu_silu_r2u1(PPPPiiii)
-// memra-kernel: matvec_q3_K_glu_gelu_r1u1(PPPPiiii)
-// memra-kernel: matvec_q3_K_glu_gelu_r2u1(PPPPiiii)
 // memra-kernel: matvec_iq4_xs_r1u1_c1(PPPPiiii)
 // memra-kernel: matvec_iq4_xs_r1u2_c1(PPPPiiii)
 // memra-kernel: matvec_iq4_xs_r1u4_c1(PPPPiiii)
@@ -453,10 +391,6 @@ MATVEC_F_ALL(f32)
 // memra-kernel: matvec_iq4_xs_r1u1_c16(PPPPiiii)
 // memra-kernel: matvec_iq4_xs_fused_r1u1(PPPPiiii)
 // memra-kernel: matvec_iq4_xs_fused_r2u1(PPPPiiii)
-// memra-kernel: matvec_iq4_xs_glu_silu_r1u1(PPPPiiii)
-// memra-kernel: matvec_iq4_xs_glu_silu_r2u1(PPPPiiii)
-// memra-kernel: matvec_iq4_xs_glu_gelu_r1u1(PPPPiiii)
-// memra-kernel: matvec_iq4_xs_glu_gelu_r2u1(PPPPiiii)
 // memra-kernel: matvec_f16_c1(PPPiii)
 // memra-kernel: matvec_f16_c2(PPPiii)
 // memra-kernel: matvec_f16_c4(PPPiii)

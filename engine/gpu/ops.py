@@ -39,7 +39,6 @@ ATTN_MERGE_DIMS = 64  # attn_*merge*: head dims per block
 ATTN_MAX_SPLITS_CL = 64  # cluster path: at most 8 clusters, whose partials attn_cl_merge merges
 ATTN_MIN_BUCKET = 32  # KV buckets are powers of two from here; a graph is captured per grid they give
 BATCHED_MATVEC_MAX = quant_ops.MATVEC_MAX_COLUMNS  # up to this many tokens: matvec, beyond: GEMM
-GLU_ACT = {"silu_mul_f32": "silu", "gelu_tanh_mul_f32": "gelu"}  # gated kernel -> quant_ops.matvec_glu act
 FUSED_QUANT_MAX_ROWS = 16384  # one-token matvecs quantize x per block; the LM head shares one quantize
 
 
@@ -189,8 +188,7 @@ class GpuOps:
         self.n_splits = 1  # attention grid.y of this forward (attn_splits; set per forward by begin)
         self._xq: dict[tuple[int, int], int] = {}
         # Fusion switches (all on; the A/B script scripts/profile_decode.py turns them off one by one).
-        self.fuse_add_norm = self.fuse_rope_kv = self.fuse_quant = self.fuse_glu = True
-        self._pending_glu: tuple | None = None  # a one-token gated activation: (y, kernel, gate, up)
+        self.fuse_add_norm = self.fuse_rope_kv = self.fuse_quant = True
         self._pending_add: tuple[DArray, DArray, DArray] | None = None  # (sum, a, b)
         self._pending_pre: tuple | None = None  # the pending add's b is this deferred norm's output
         self._pending_norm2d: tuple | None = None  # a row norm: (x, w, eps, y, xq, xq_stride)
@@ -202,7 +200,7 @@ class GpuOps:
         and the per-forward q8_1 cache."""
         self.arena.reset()
         self._xq.clear()
-        self._pending_add = self._pending_pre = self._pending_norm2d = self._pending_glu = None
+        self._pending_add = self._pending_pre = self._pending_norm2d = None
         self._pending_norm.clear()
         self._pending_rope.clear()
         self.n_splits = n_splits
@@ -216,10 +214,6 @@ class GpuOps:
     def flush(self) -> None:
         """Launch whatever is deferred (the backend calls this at the end of a forward)."""
         self._flush_add()
-        if self._pending_glu is not None:
-            y, kernel, gate, up = self._pending_glu
-            self._pending_glu = None
-            self._launch_gated(kernel, gate, up, y)
         for x, w, eps, y in self._pending_norm.values():
             self._launch_rms_norm(x, w, eps, y)
         self._pending_norm.clear()
@@ -243,14 +237,6 @@ class GpuOps:
         return y
 
     def matmul(self, x: DArray, w) -> DArray:
-        glu = self._pending_glu
-        if glu is not None and glu[0].ptr == x.ptr and isinstance(w, GpuWeight) and not w.layout.is_float \
-                and w.rows < FUSED_QUANT_MAX_ROWS:
-            self._pending_glu = None  # the down matvec applies the activation itself (quant_ops.matvec_glu)
-            self.flush()
-            y = self.new((1, w.rows))
-            quant_ops.matvec_glu(self.rt, w, glu[2].ptr, y.ptr, GLU_ACT[glu[1]])
-            return y
         self.flush()
         x = self._contiguous(x)
         T = x.rows
@@ -438,17 +424,10 @@ class GpuOps:
         assert gate.ld == up.ld
         n = gate.width
         y = self.new((gate.rows, n))
-        if self.fuse_glu and gate.rows == 1 and up.ptr == gate.ptr + 4 * n:
-            self._pending_glu = (y, kernel, gate, up)  # a matmul of y takes it (see matmul), else flush()
-            return y
-        self._launch_gated(kernel, gate, up, y)
-        return y
-
-    def _launch_gated(self, kernel: str, gate: DArray, up: DArray, y: DArray) -> None:
-        n = gate.width
         xq, stride = self._quantized_output(y)
         self.rt.launch(kernel, (_blocks(-(-n // 32) * 32), gate.rows), EW_BLOCK,
                        (gate.ptr, up.ptr, y.ptr, n, gate.ld, xq, stride))
+        return y
 
     def _quantized_output(self, y: DArray) -> tuple[int, int]:
         """A q8_1 copy of y that its producer writes too (for the matvec that reads y next):

@@ -198,22 +198,6 @@ def matvec_variant(w: GpuWeight, fused: bool = False) -> tuple[int, int]:
     return (1, 4) if kind == "q8_0" else (1, 2)
 
 
-GLU_ACTS = ("silu", "gelu")  # matvec.cu's GLU forms: silu_mul, gelu_tanh_mul
-
-
-def matvec_glu(rt, w: GpuWeight, gate_up_ptr: int, y_ptr: int, act: str) -> None:
-    """y = W @ act(gate, up) for one token, from the gate_up matvec's output row [gate | up]
-    (2 * w.cols floats): the fused form's block quantizes act(gate, up) itself, so the activation
-    kernel's launch goes; the same bytes as that kernel's q8_1 output, hence the same y."""
-    r, u = matvec_variant(w, fused=True)
-    name = f"matvec_{w.layout.kernel_type}_glu_{act}_r{r}u{u}"
-    stride = q8_1_stride(w.cols)
-    if stride > SHARED_OPT_IN:
-        rt.set_max_dynamic_shared(name, stride)
-    rt.launch(name, -(-w.rows // (MATVEC_WARPS * r)), 32 * MATVEC_WARPS,
-              (w.q_ptr, w.meta_ptr, int(gate_up_ptr), int(y_ptr), w.rows, w.cols, 1, stride), shared=stride)
-
-
 def matvec(rt, w: GpuWeight, x_ptr: int, xq_ptr: int | None, y_ptr: int, n_tokens: int = 1,
            variant: tuple[int, int] | None = None) -> None:
     """y[t, rows] = W @ x[t] for t < n_tokens (x f32 [n_tokens, cols], y f32 [n_tokens, rows]).
@@ -281,7 +265,6 @@ def kernel_names() -> list[str]:
         names += [f"matvec_{name}_r{r}u{u}_c1" for r, u in ONE_COLUMN_VARIANTS]
         names += [f"matvec_{name}_r1u1_c{c}" for c in (2, 4, 8, 16)]
         names += [f"matvec_{name}_fused_r{r}u{u}" for r, u in FUSED_VARIANTS]
-        names += [f"matvec_{name}_glu_{act}_r{r}u{u}" for act in GLU_ACTS for r, u in FUSED_VARIANTS]
         names += [f"{prefix}_{name}" for prefix in GEMM_TILES]
     for name, _ in FLOAT_TYPES.values():
         names += [f"matvec_{name}_c{c}" for c in (1, 2, 4, 8, 16)]
