@@ -10,8 +10,22 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
+from memra_engine.errors import ContextOverflowError
 from memra_engine.events import VramStats
 from memra_engine.model.config import ModelConfig
+
+
+def check_tokens(tokens: Sequence[int], vocab_size: int, n_past: int, n_ctx: int) -> np.ndarray:
+    """Token ids as int32, or a one-line error: empty, out of the vocabulary, or past n_ctx
+    (ContextOverflowError, before anything changes). Both backends call it before a step."""
+    ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
+    if len(ids) == 0:
+        raise ValueError("no tokens given")
+    if ids.min() < 0 or ids.max() >= vocab_size:
+        raise ValueError(f"token id out of range 0..{vocab_size - 1}")
+    if n_past + len(ids) > n_ctx:
+        raise ContextOverflowError(f"{len(ids)} more tokens do not fit: {n_past} of the {n_ctx}-token context are used")
+    return ids.astype(np.int32)
 
 
 class Backend(Protocol):

@@ -7,6 +7,7 @@ import numpy as np
 import psutil
 from threadpoolctl import ThreadpoolController
 
+from memra_engine.backend import check_tokens
 from memra_engine.cpu.kv_cache import KvCache
 from memra_engine.cpu.ops import CpuOps
 from memra_engine.cpu.weights import DEFAULT_BUDGET_BYTES, CpuWeights
@@ -88,16 +89,7 @@ class CpuBackend:
 
     # --- internals ------------------------------------------------------------------------------
     def check_tokens(self, tokens: Sequence[int]) -> np.ndarray:
-        ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
-        if len(ids) == 0:
-            raise ValueError("no tokens given")
-        if ids.min() < 0 or ids.max() >= self.config.vocab_size:
-            raise ValueError(f"token id out of range 0..{self.config.vocab_size - 1}")
-        if self.n_past + len(ids) > self.n_ctx:
-            raise ContextOverflowError(
-                f"{len(ids)} more tokens do not fit: {self.n_past} of the {self.n_ctx}-token context are used"
-            )
-        return ids.astype(np.int32)
+        return check_tokens(tokens, self.config.vocab_size, self.n_past, self.n_ctx)
 
     def run(self, ids: np.ndarray, last_only: bool) -> np.ndarray:
         positions = np.arange(self.n_past, self.n_past + len(ids), dtype=np.int32)

@@ -22,6 +22,7 @@ from typing import Sequence
 
 import numpy as np
 
+from memra_engine.backend import check_tokens
 from memra_engine.errors import ContextOverflowError, UnsupportedModelError
 from memra_engine.events import VramStats
 from memra_engine.gpu.graph import CudaGraph
@@ -236,15 +237,7 @@ class CudaBackend:
 
     # ---- internals ---------------------------------------------------------------------------
     def _check(self, tokens) -> np.ndarray:
-        ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
-        if len(ids) == 0:
-            raise ValueError("no tokens given")
-        if ids.min() < 0 or ids.max() >= self.config.vocab_size:
-            raise ValueError(f"token id out of range 0..{self.config.vocab_size - 1}")
-        if self.n_past + len(ids) > self.n_ctx:
-            raise ContextOverflowError(
-                f"{len(ids)} more tokens do not fit: {self.n_past} of the {self.n_ctx}-token context are used")
-        return ids.astype(np.int32)
+        return check_tokens(tokens, self.config.vocab_size, self.n_past, self.n_ctx)
 
     def _write_step(self, token: int, pos: int | None = None) -> None:
         self.step_host[0] = token
