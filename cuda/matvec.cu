@@ -15,6 +15,7 @@
 //   two int8 terms, the second the first's rounding residual: quants.cuh, 3.).
 #include "common.cuh"
 #include "quants.cuh"
+#include "rope.cuh"
 
 #define MV_WARPS 4
 
@@ -29,9 +30,58 @@ extern "C" __global__ void quantize_q8_1(const float* __restrict__ x, int8_t* __
     quantize_q8_1_at(i < cols ? x[(size_t)t * cols + i] : 0.0f, xq + (size_t)t * stride, kq, i);
 }
 
+// A warp's partial sums (per lane, before the warp tree) of rows row[0..R) for C columns. The
+// rows are any valid rows: each row's arithmetic (units per lane, their order) does not depend
+// on which other rows the warp holds. U units per lane per step: all their weight loads are
+// issued before the first dot, so more bytes are in flight per thread (lane order of the units,
+// hence every sum, is unchanged).
+template <class T, int R, int C, int U>
+__device__ __forceinline__ void matvec_dots(const uint8_t* __restrict__ wq, const uint8_t* __restrict__ wm,
+                                            const int8_t* __restrict__ xq, const int (&row)[R], int cols,
+                                            int n_tokens, int stride, float (&acc)[R][C]) {
+    const int lane = threadIdx.x & 31;
+    const int nb = cols / T::QK;
+    const int nu = nb * T::UNITS;
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int c = 0; c < C; ++c) acc[r][c] = 0.0f;
+
+    for (int u0 = lane; u0 < nu; u0 += 32 * U) {
+        typename T::W w[U][R];
+#pragma unroll
+        for (int i = 0; i < U; ++i) {
+            const int u = min(u0 + 32 * i, nu - 1);  // clamped: loads stay in bounds, dots skipped
+            const int b = u / T::UNITS, j = u % T::UNITS;
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                const size_t blk = (size_t)row[r] * nb + b;
+                T::load_w(w[i][r], wq + blk * T::QB, wm + blk * T::MB, j);
+            }
+        }
+#pragma unroll
+        for (int c = 0; c < C; ++c) {
+            if (c < n_tokens) {
+                const q8_1_row xrow = q8_1_row_at(xq + (size_t)c * stride, nb * T::QK);
+                typename T::A a[U];
+#pragma unroll
+                for (int i = 0; i < U; ++i) {
+                    const int u = min(u0 + 32 * i, nu - 1);
+                    T::load_a(a[i], xrow, u / T::UNITS, u % T::UNITS);
+                }
+#pragma unroll
+                for (int i = 0; i < U; ++i) {
+                    if (u0 + 32 * i < nu) {
+#pragma unroll
+                        for (int r = 0; r < R; ++r) acc[r][c] = fadd(acc[r][c], T::dot(w[i][r], a[i]));
+                    }
+                }
+            }
+        }
+    }
+}
+
 // ---- int8 matvec -----------------------------------------------------------------------------
-// U units per lane per step: all their weight loads are issued before the first dot, so more
-// bytes are in flight per thread (lane order of the units, hence every sum, is unchanged).
 // FUSED: x is f32 and the block first quantizes it into shared memory (C rows of `stride` bytes,
 // dynamic shared memory), saving the quantize_q8_1 launch; worth it for small K only.
 template <class T, int R, int C, int U, bool FUSED>
@@ -69,47 +119,11 @@ __device__ __forceinline__ void matvec_q(const uint8_t* __restrict__ wq, const u
     }
     const int row0 = (blockIdx.x * MV_WARPS + (threadIdx.x >> 5)) * R;
     if (row0 >= rows) return;
-    const int nb = cols / T::QK;
-    const int nu = nb * T::UNITS;
+    int row[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) row[r] = r == 0 ? row0 : min(row0 + r, rows - 1);  // clamped: loads stay in bounds
     float acc[R][C];
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int c = 0; c < C; ++c) acc[r][c] = 0.0f;
-
-    for (int u0 = lane; u0 < nu; u0 += 32 * U) {
-        typename T::W w[U][R];
-#pragma unroll
-        for (int i = 0; i < U; ++i) {
-            const int u = min(u0 + 32 * i, nu - 1);  // clamped: loads stay in bounds, dots skipped
-            const int b = u / T::UNITS, j = u % T::UNITS;
-#pragma unroll
-            for (int r = 0; r < R; ++r) {
-                const int row = r == 0 ? row0 : min(row0 + r, rows - 1);  // row0 < rows: checked above
-                const size_t blk = (size_t)row * nb + b;
-                T::load_w(w[i][r], wq + blk * T::QB, wm + blk * T::MB, j);
-            }
-        }
-#pragma unroll
-        for (int c = 0; c < C; ++c) {
-            if (c < n_tokens) {
-                const q8_1_row xrow = q8_1_row_at(xq + (size_t)c * stride, nb * T::QK);
-                typename T::A a[U];
-#pragma unroll
-                for (int i = 0; i < U; ++i) {
-                    const int u = min(u0 + 32 * i, nu - 1);
-                    T::load_a(a[i], xrow, u / T::UNITS, u % T::UNITS);
-                }
-#pragma unroll
-                for (int i = 0; i < U; ++i) {
-                    if (u0 + 32 * i < nu) {
-#pragma unroll
-                        for (int r = 0; r < R; ++r) acc[r][c] = fadd(acc[r][c], T::dot(w[i][r], a[i]));
-                    }
-                }
-            }
-        }
-    }
+    matvec_dots<T, R, C, U>(wq, wm, xq, row, cols, n_tokens, stride, acc);
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
@@ -173,16 +187,24 @@ __device__ __forceinline__ void prefetch_l2(const void* p) {
 }
 
 template <class T, int R>
-__device__ __forceinline__ void matvec_prefetch_q(const uint8_t* wq, const uint8_t* wm, int rows, int cols) {
+__device__ __forceinline__ void matvec_prefetch_rows(const uint8_t* wq, const uint8_t* wm, const int (&row)[R], int cols) {
     const int lane = threadIdx.x & 31;
-    const int row0 = (blockIdx.x * MV_WARPS + (threadIdx.x >> 5)) * R;
     const size_t nb = cols / T::QK, qbytes = nb * T::QB, mbytes = nb * T::MB;
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-        if (row0 + r >= rows) break;
-        if (128 * lane < qbytes) prefetch_l2(wq + (size_t)(row0 + r) * qbytes + 128 * lane);
-        if (128 * lane < mbytes) prefetch_l2(wm + (size_t)(row0 + r) * mbytes + 128 * lane);
+        if (128 * lane < qbytes) prefetch_l2(wq + (size_t)row[r] * qbytes + 128 * lane);
+        if (128 * lane < mbytes) prefetch_l2(wm + (size_t)row[r] * mbytes + 128 * lane);
     }
+}
+
+template <class T, int R>
+__device__ __forceinline__ void matvec_prefetch_q(const uint8_t* wq, const uint8_t* wm, int rows, int cols) {
+    const int row0 = (blockIdx.x * MV_WARPS + (threadIdx.x >> 5)) * R;
+    if (row0 >= rows) return;
+    int row[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) row[r] = min(row0 + r, rows - 1);
+    matvec_prefetch_rows<T, R>(wq, wm, row, cols);
 }
 
 template <class F>
@@ -191,6 +213,57 @@ __device__ __forceinline__ void matvec_prefetch_f(const uint8_t* w, int rows, in
     const int row = blockIdx.x * MV_WARPS + (threadIdx.x >> 5);
     const size_t bytes = (size_t)((cols + 7) >> 3) * F::QB;
     if (row < rows && 128 * lane < bytes) prefetch_l2(w + (size_t)row * bytes + 128 * lane);
+}
+
+// ---- one-token q|k|v matvec with rope and the KV write (llama, qwen2: no q/k norm) -------------
+// Each warp takes one rope pair of rows of the stacked q|k|v weight: (i, i + hd/2) of a head for
+// neox, (2i, 2i + 1) otherwise, so after the warp tree lane 0 holds both values of the pair. It
+// adds the bias (qwen2), rotates q and k pairs with rope_rotate and writes q to q_out [n_q][hd]
+// and k, v as f16 straight into the cache row at position pos[0] (kc, vc: half [n_kv][n_ctx][hd]).
+// This replaces matvec + add_bias + rope_qk_kv for decode with the same bits: matvec_dots' sums
+// do not depend on the rows a warp holds, x + bias is add_bias_f32's add, and rope_rotate is
+// rope_qk_kv's rotation (verify and prefill keep the three launches).
+// grid ceil(rows / 2 / MV_WARPS), block 128; rows = q_rows + 2 * kv_rows, heads of head_dim.
+template <class T>
+__device__ __forceinline__ void matvec_qkv_rope(const uint8_t* __restrict__ wq, const uint8_t* __restrict__ wm,
+                                                const int8_t* __restrict__ xq, const float* __restrict__ bias,
+                                                float* __restrict__ q_out, half* __restrict__ kc,
+                                                half* __restrict__ vc, const int* __restrict__ pos,
+                                                const float* __restrict__ freq_factors, int rows, int cols,
+                                                int stride, int q_rows, int kv_rows, int head_dim, int n_ctx,
+                                                float theta_base, float pos_scale, int neox) {
+    const int pair = blockIdx.x * MV_WARPS + (threadIdx.x >> 5);
+    const int off = neox ? head_dim / 2 : 1;  // row distance inside a pair
+    const int base = (pair / off) * 2 * off + pair % off;
+    const int row[2] = {min(base, rows - 2), min(base + off, rows - 1)};
+    matvec_prefetch_rows<T, 2>(wq, wm, row, cols);
+    pdl_entry();
+    if (2 * pair >= rows) return;
+    float acc[2][1];
+    matvec_dots<T, 2, 1, 1>(wq, wm, xq, row, cols, 1, stride, acc);
+    float x0 = warp_sum(acc[0][0]), x1 = warp_sum(acc[1][0]);
+    if ((threadIdx.x & 31) != 0) return;
+    if (bias) {
+        x0 = x0 + bias[row[0]];
+        x1 = x1 + bias[row[1]];
+    }
+    const int a = row[0] % head_dim, b = a + off;  // a, b: dims of the pair inside its head
+    if (row[0] >= q_rows + kv_rows) {  // v: no rotation
+        half* vr = vc + ((size_t)((row[0] - q_rows - kv_rows) / head_dim) * n_ctx + pos[0]) * head_dim;
+        vr[a] = __float2half(x0);
+        vr[b] = __float2half(x1);
+        return;
+    }
+    float y0, y1;
+    rope_rotate(x0, x1, neox ? a : a / 2, head_dim, (float)pos[0] * pos_scale, freq_factors, theta_base, y0, y1);
+    if (row[0] < q_rows) {
+        q_out[row[0]] = y0;
+        q_out[row[1]] = y1;
+    } else {
+        half* kr = kc + ((size_t)((row[0] - q_rows) / head_dim) * n_ctx + pos[0]) * head_dim;
+        kr[a] = __float2half(y0);
+        kr[b] = __float2half(y1);
+    }
 }
 
 // ---- entry points ----------------------------------------------------------------------------
@@ -220,11 +293,20 @@ __device__ __forceinline__ void matvec_prefetch_f(const uint8_t* w, int rows, in
         matvec_q<TYPE##_t, R, 1, U, true>(wq, wm, x, y, rows, cols, n_tokens, stride);                    \
     }
 
+#define MATVEC_QKV_ROPE(TYPE)                                                                                 \
+    extern "C" __global__ __launch_bounds__(MV_WARPS * 32) void matvec_##TYPE##_qkv_rope(                          \
+        const uint8_t* wq, const uint8_t* wm, const int8_t* xq, const float* bias, float* q_out, half* kc,        \
+        half* vc, const int* pos, const float* freq_factors, int rows, int cols, int stride, int q_rows,           \
+        int kv_rows, int head_dim, int n_ctx, float theta_base, float pos_scale, int neox) {                       \
+        matvec_qkv_rope<TYPE##_t>(wq, wm, xq, bias, q_out, kc, vc, pos, freq_factors, rows, cols, stride, q_rows, \
+                                  kv_rows, head_dim, n_ctx, theta_base, pos_scale, neox);                          \
+    }
+
 #define MATVEC_Q_ALL(TYPE)                                                                              \
     MATVEC_Q(TYPE, 1, 1, 1) MATVEC_Q(TYPE, 1, 2, 1) MATVEC_Q(TYPE, 1, 4, 1) MATVEC_Q(TYPE, 2, 1, 1)     \
     MATVEC_Q(TYPE, 2, 2, 1) MATVEC_Q(TYPE, 4, 1, 1)                                                     \
     MATVEC_Q(TYPE, 1, 1, 2) MATVEC_Q(TYPE, 1, 1, 4) MATVEC_Q(TYPE, 1, 1, 8) MATVEC_Q(TYPE, 1, 1, 16)    \
-    MATVEC_QF(TYPE, 1, 1) MATVEC_QF(TYPE, 2, 1)
+    MATVEC_QF(TYPE, 1, 1) MATVEC_QF(TYPE, 2, 1) MATVEC_QKV_ROPE(TYPE)
 
 MATVEC_Q_ALL(q4_0)
 MATVEC_Q_ALL(q4_1)
@@ -271,6 +353,7 @@ MATVEC_F_ALL(f32)
 // memra-kernel: matvec_q4_0_r1u1_c16(PPPPiiii)
 // memra-kernel: matvec_q4_0_fused_r1u1(PPPPiiii)
 // memra-kernel: matvec_q4_0_fused_r2u1(PPPPiiii)
+// memra-kernel: matvec_q4_0_qkv_rope(PPPPPPPPPiiiiiiiffi)
 // memra-kernel: matvec_q4_1_r1u1_c1(PPPPiiii)
 // memra-kernel: matvec_q4_1_r1u2_c1(PPPPiiii)
 // memra-kernel: matvec_q4_1_r1u4_c1(PPPPiiii)
@@ -283,6 +366,7 @@ MATVEC_F_ALL(f32)
 // memra-kernel: matvec_q4_1_r1u1_c16(PPPPiiii)
 // memra-kernel: matvec_q4_1_fused_r1u1(PPPPiiii)
 // memra-kernel: matvec_q4_1_fused_r2u1(PPPPiiii)
+// memra-kernel: matvec_q4_1_qkv_rope(PPPPPPPPPiiiiiiiffi)
 // memra-kernel: matvec_q5_0_r1u1_c1(PPPPiiii)
 // memra-kernel: matvec_q5_0_r1u2_c1(PPPPiiii)
 // memra-kernel: matvec_q5_0_r1u4_c1(PPPPiiii)
@@ -295,6 +379,7 @@ MATVEC_F_ALL(f32)
 // memra-kernel: matvec_q5_0_r1u1_c16(PPPPiiii)
 // memra-kernel: matvec_q5_0_fused_r1u1(PPPPiiii)
 // memra-kernel: matvec_q5_0_fused_r2u1(PPPPiiii)
+// memra-kernel: matvec_q5_0_qkv_rope(PPPPPPPPPiiiiiiiffi)
 // memra-kernel: matvec_q5_1_r1u1_c1(PPPPiiii)
 // memra-kernel: matvec_q5_1_r1u2_c1(PPPPiiii)
 // memra-kernel: matvec_q5_1_r1u4_c1(PPPPiiii)
@@ -307,6 +392,7 @@ MATVEC_F_ALL(f32)
 // memra-kernel: matvec_q5_1_r1u1_c16(PPPPiiii)
 // memra-kernel: matvec_q5_1_fused_r1u1(PPPPiiii)
 // memra-kernel: matvec_q5_1_fused_r2u1(PPPPiiii)
+// memra-kernel: matvec_q5_1_qkv_rope(PPPPPPPPPiiiiiiiffi)
 // memra-kernel: matvec_q8_0_r1u1_c1(PPPPiiii)
 // memra-kernel: matvec_q8_0_r1u2_c1(PPPPiiii)
 // memra-kernel: matvec_q8_0_r1u4_c1(PPPPiiii)
@@ -319,6 +405,7 @@ MATVEC_F_ALL(f32)
 // memra-kernel: matvec_q8_0_r1u1_c16(PPPPiiii)
 // memra-kernel: matvec_q8_0_fused_r1u1(PPPPiiii)
 // memra-kernel: matvec_q8_0_fused_r2u1(PPPPiiii)
+// memra-kernel: matvec_q8_0_qkv_rope(PPPPPPPPPiiiiiiiffi)
 // memra-kernel: matvec_q4_K_r1u1_c1(PPPPiiii)
 // memra-kernel: matvec_q4_K_r1u2_c1(PPPPiiii)
 // memra-kernel: matvec_q4_K_r1u4_c1(PPPPiiii)
@@ -331,6 +418,7 @@ MATVEC_F_ALL(f32)
 // memra-kernel: matvec_q4_K_r1u1_c16(PPPPiiii)
 // memra-kernel: matvec_q4_K_fused_r1u1(PPPPiiii)
 // memra-kernel: matvec_q4_K_fused_r2u1(PPPPiiii)
+// memra-kernel: matvec_q4_K_qkv_rope(PPPPPPPPPiiiiiiiffi)
 // memra-kernel: matvec_q5_K_r1u1_c1(PPPPiiii)
 // memra-kernel: matvec_q5_K_r1u2_c1(PPPPiiii)
 // memra-kernel: matvec_q5_K_r1u4_c1(PPPPiiii)
@@ -343,6 +431,7 @@ MATVEC_F_ALL(f32)
 // memra-kernel: matvec_q5_K_r1u1_c16(PPPPiiii)
 // memra-kernel: matvec_q5_K_fused_r1u1(PPPPiiii)
 // memra-kernel: matvec_q5_K_fused_r2u1(PPPPiiii)
+// memra-kernel: matvec_q5_K_qkv_rope(PPPPPPPPPiiiiiiiffi)
 // memra-kernel: matvec_q6_K_r1u1_c1(PPPPiiii)
 // memra-kernel: matvec_q6_K_r1u2_c1(PPPPiiii)
 // memra-kernel: matvec_q6_K_r1u4_c1(PPPPiiii)
@@ -355,6 +444,7 @@ MATVEC_F_ALL(f32)
 // memra-kernel: matvec_q6_K_r1u1_c16(PPPPiiii)
 // memra-kernel: matvec_q6_K_fused_r1u1(PPPPiiii)
 // memra-kernel: matvec_q6_K_fused_r2u1(PPPPiiii)
+// memra-kernel: matvec_q6_K_qkv_rope(PPPPPPPPPiiiiiiiffi)
 // memra-kernel: matvec_q2_K_r1u1_c1(PPPPiiii)
 // memra-kernel: matvec_q2_K_r1u2_c1(PPPPiiii)
 // memra-kernel: matvec_q2_K_r1u4_c1(PPPPiiii)
@@ -367,6 +457,7 @@ MATVEC_F_ALL(f32)
 // memra-kernel: matvec_q2_K_r1u1_c16(PPPPiiii)
 // memra-kernel: matvec_q2_K_fused_r1u1(PPPPiiii)
 // memra-kernel: matvec_q2_K_fused_r2u1(PPPPiiii)
+// memra-kernel: matvec_q2_K_qkv_rope(PPPPPPPPPiiiiiiiffi)
 // memra-kernel: matvec_q3_K_r1u1_c1(PPPPiiii)
 // memra-kernel: matvec_q3_K_r1u2_c1(PPPPiiii)
 // memra-kernel: matvec_q3_K_r1u4_c1(PPPPiiii)
@@ -379,6 +470,7 @@ MATVEC_F_ALL(f32)
 // memra-kernel: matvec_q3_K_r1u1_c16(PPPPiiii)
 // memra-kernel: matvec_q3_K_fused_r1u1(PPPPiiii)
 // memra-kernel: matvec_q3_K_fused_r2u1(PPPPiiii)
+// memra-kernel: matvec_q3_K_qkv_rope(PPPPPPPPPiiiiiiiffi)
 // memra-kernel: matvec_iq4_xs_r1u1_c1(PPPPiiii)
 // memra-kernel: matvec_iq4_xs_r1u2_c1(PPPPiiii)
 // memra-kernel: matvec_iq4_xs_r1u4_c1(PPPPiiii)
@@ -391,6 +483,7 @@ MATVEC_F_ALL(f32)
 // memra-kernel: matvec_iq4_xs_r1u1_c16(PPPPiiii)
 // memra-kernel: matvec_iq4_xs_fused_r1u1(PPPPiiii)
 // memra-kernel: matvec_iq4_xs_fused_r2u1(PPPPiiii)
+// memra-kernel: matvec_iq4_xs_qkv_rope(PPPPPPPPPiiiiiiiffi)
 // memra-kernel: matvec_f16_c1(PPPiii)
 // memra-kernel: matvec_f16_c2(PPPiii)
 // memra-kernel: matvec_f16_c4(PPPiii)

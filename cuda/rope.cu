@@ -5,20 +5,16 @@
 // angle = pos * pos_scale * base^(-2i/hd) / freq_factors[i] (freq_factors may be null).
 #include "common.cuh"
 #include "kv_q8_0.cuh"
+#include "rope.cuh"
 
 // nw not null: x is first RMS-normed per head (x * inv * nw, as rms_norm_f32 writes it).
 __device__ __forceinline__ void rope_pair(const float* xh, int head_dim, int i, float p, const float* freq_factors,
                                           float theta_base, int neox, int& a, int& b, float& ya, float& yb,
                                           float inv = 1.0f, const float* nw = nullptr) {
-    float inv_freq = powf(theta_base, -2.0f * (float)i / (float)head_dim);
-    if (freq_factors) inv_freq /= freq_factors[i];
-    float s, c;
-    sincosf(p * inv_freq, &s, &c);
     a = neox ? i : 2 * i;
     b = neox ? i + head_dim / 2 : 2 * i + 1;
     const float x0 = nw ? xh[a] * inv * nw[a] : xh[a], x1 = nw ? xh[b] * inv * nw[b] : xh[b];
-    ya = x0 * c - x1 * s;
-    yb = x0 * s + x1 * c;
+    rope_rotate(x0, x1, i, head_dim, p, freq_factors, theta_base, ya, yb);
 }
 
 // grid (n_heads, T), block >= 32.

@@ -75,11 +75,11 @@ def model_paths(tmp_path_factory):
     return {name: write_synthetic_gguf(root / f"{name}.gguf", **kw) for name, kw in MODELS.items()}
 
 
-def run_forward(path, T: int, n_ctx: int = 300, cluster: bool = False) -> list[str]:
+def run_forward(path, T: int, n_ctx: int = 300, cluster: bool = False, kv_type: str = "f16") -> list[str]:
     g = open_gguf(path)
     cfg = config_from_gguf(g)
     weights = GpuWeights(g, cfg).upload(None, None, dry=True)
-    kv = GpuKvCache(None, cfg.n_layer, cfg.n_kv_head, n_ctx, cfg.head_dim)
+    kv = GpuKvCache(None, cfg.n_layer, cfg.n_kv_head, n_ctx, cfg.head_dim, kv_type)
     rt = RecordingRuntime()
     ops = GpuOps(None, cfg, kv, Arena(0, 1 << 40), dry=True, cluster=cluster)
     ops.rt = rt
@@ -98,15 +98,38 @@ def test_every_launch_matches_its_kernel(model_paths, name, T):
     assert any(n.startswith("attn_hd") for n in launches)
 
 
-def test_decode_is_ten_kernels_per_llama_layer(model_paths):
+def test_decode_is_nine_kernels_per_llama_layer(model_paths):
     launches = run_forward(model_paths["tiny-llama"], 1)
     n_layer = 2
-    # embed, the first layer's norm and the LM head, then per layer: qkv, rope_qk_kv, attention,
-    # merge (the 300-token bucket has several splits), o, add+norm, gate_up, silu, down, add+next norm
+    # embed, the first layer's norm and the LM head, then per layer: qkv with rope and the KV
+    # write, attention, merge (the 300-token bucket has several splits), o, add+norm, gate_up,
+    # silu, down, add+next norm
     per_layer = (len(launches) - 3) / n_layer
-    assert per_layer == 10, launches
+    assert per_layer == 9, launches
     assert sum(n.startswith("attn_merge_") for n in launches) == n_layer
-    assert "quantize_q8_1" not in launches and "add_f32" not in launches and "rope_f32" not in launches
+    assert sum(n.endswith("_qkv_rope") for n in launches) == n_layer
+    assert not any(n.startswith(("rope_", "kv_write_", "add_bias_", "quantize_q8_1", "add_f32")) for n in launches)
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.parametrize("T", [1, 5, 40])
+def test_qkv_rope_fusion_takes_one_token_decode_without_qk_norm(model_paths, name, T):
+    """matvec_qkv_rope replaces qkv matvec (+ bias) + rope_qk_kv for one-token llama/qwen2 decode;
+    verify and prefill batches and q/k-normed archs (qwen3, gemma3) keep rope_qk_kv."""
+    launches = run_forward(model_paths[name], T)
+    fused = T == 1 and name in ("tiny-llama", "tiny-qwen2")
+    n_layer = sum(n.startswith("attn_hd") for n in launches)
+    assert sum(n.endswith("_qkv_rope") for n in launches) == (n_layer if fused else 0), launches
+    assert sum(n.startswith("rope_qk_kv_") for n in launches) == (0 if fused else n_layer), launches
+    if name == "tiny-qwen2":
+        assert ("add_bias_f32" in launches) != fused
+
+
+def test_qkv_rope_fusion_writes_f16_caches_only(model_paths):
+    """The fused epilogue writes f16 rows; a q8_0 cache keeps rope_qk_kv (block scales)."""
+    launches = run_forward(model_paths["tiny-llama"], 1, kv_type="q8_0")
+    assert not any(n.endswith("_qkv_rope") for n in launches)
+    assert launches.count("rope_qk_kv_q8_0") == 2
 
 
 def test_cluster_attention_merges_in_the_cluster_until_rows_need_several(model_paths):
@@ -115,7 +138,7 @@ def test_cluster_attention_merges_in_the_cluster_until_rows_need_several(model_p
     short = run_forward(model_paths["tiny-llama"], 1, n_ctx=300, cluster=True)
     assert sum(n.startswith("attn_cl_hd64") for n in short) == 2
     assert not any("merge" in n for n in short)
-    assert (len(short) - 3) / 2 == 9
+    assert (len(short) - 3) / 2 == 8
     long = run_forward(model_paths["tiny-llama"], 1, n_ctx=4096, cluster=True)
     assert sum(n.startswith("attn_cl_merge_hd64") for n in long) == 2
     assert attn_splits(kv_bucket(4096), 64, cluster=True) == 32 and attn_splits(kv_bucket(100), 256, cluster=True) == 8

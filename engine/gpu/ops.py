@@ -188,7 +188,10 @@ class GpuOps:
         self.n_splits = 1  # attention grid.y of this forward (attn_splits; set per forward by begin)
         self._xq: dict[tuple[int, int], int] = {}
         # Fusion switches (all on; the A/B script scripts/profile_decode.py turns them off one by one).
-        self.fuse_add_norm = self.fuse_rope_kv = self.fuse_quant = True
+        self.fuse_add_norm = self.fuse_rope_kv = self.fuse_quant = self.fuse_qkv_rope = True
+        # a one-token q|k|v matmul attention() may run as matvec_qkv_rope: (x, w, y, bias, out),
+        # out = y + bias (or y); launched as it is by flush() when anything else comes first
+        self._pending_mm: tuple | None = None
         self._pending_add: tuple[DArray, DArray, DArray] | None = None  # (sum, a, b)
         self._pending_pre: tuple | None = None  # the pending add's b is this deferred norm's output
         self._pending_norm2d: tuple | None = None  # a row norm: (x, w, eps, y, xq, xq_stride)
@@ -200,7 +203,7 @@ class GpuOps:
         and the per-forward q8_1 cache."""
         self.arena.reset()
         self._xq.clear()
-        self._pending_add = self._pending_pre = self._pending_norm2d = None
+        self._pending_add = self._pending_pre = self._pending_norm2d = self._pending_mm = None
         self._pending_norm.clear()
         self._pending_rope.clear()
         self.n_splits = n_splits
@@ -213,6 +216,7 @@ class GpuOps:
     # ---- the ops Protocol ------------------------------------------------------------------
     def flush(self) -> None:
         """Launch whatever is deferred (the backend calls this at the end of a forward)."""
+        self._flush_mm()
         self._flush_add()
         for x, w, eps, y in self._pending_norm.values():
             self._launch_rms_norm(x, w, eps, y)
@@ -241,6 +245,9 @@ class GpuOps:
         x = self._contiguous(x)
         T = x.rows
         y = self.new((T, w.rows))
+        if T == 1 and self._qkv_fusable(w):
+            self._pending_mm = (x, w, y, None, y)  # see attention()
+            return y
         parts = w.parts if isinstance(w, FusedWeight) else (w,)
         if len(parts) == 1 or T == 1:
             off = 0
@@ -258,6 +265,11 @@ class GpuOps:
         return y
 
     def add(self, a: DArray, b) -> DArray:
+        mm = self._pending_mm
+        if isinstance(b, Vector) and mm is not None and mm[3] is None and mm[2].ptr == a.ptr and mm[2].shape == a.shape:
+            y = self.new(a.shape)  # the bias goes with the deferred q|k|v matmul
+            self._pending_mm = (*mm[:3], b, y)
+            return y
         pre = self._pending_norm2d
         if isinstance(b, Vector) or pre is None or pre[3].ptr != b.ptr or pre[3].shape != b.shape or b.ptr == a.ptr:
             pre = None
@@ -292,6 +304,14 @@ class GpuOps:
 
     def heads(self, x: DArray, n_head: int) -> DArray:
         return DArray(x.ptr, (x.rows, n_head, x.width // n_head), x.ld)
+
+    def _flush_mm(self) -> None:
+        if self._pending_mm is not None:
+            x, w, y, bias, out = self._pending_mm
+            self._pending_mm = None
+            self._matmul_into(x, w, y.ptr)
+            if bias is not None:
+                self.rt.launch("add_bias_f32", (_blocks(y.width), 1), EW_BLOCK, (out.ptr, y.ptr, bias.ptr, y.width))
 
     def _flush_add(self) -> None:
         """Launch a deferred row norm and a deferred add (with the norm of its b, if deferred)."""
@@ -365,8 +385,29 @@ class GpuOps:
                   window: int = 0, softcap: float = 0.0) -> DArray:
         T, n_head, hd = q.shape
         n_kv = k.shape[1]
+        self._write_kv(layer, q, k, v, positions)
         kc, vc = self.kv.layer_ptrs(layer)
+        q = self._contiguous(q)
+        S = self.n_splits
+        slots = attn_slots(S, self.cluster)
+        opart = self.new((T, slots, n_head, hd))
+        ml = self.new((T, slots, n_head, 2))
+        y = self.new((T, n_head * hd))
+        xq, stride = self._quantized_output(y)  # the o matvec reads it (no quantize launch)
+        kd, vd = self.kv.layer_scale_ptrs(layer)
+        attention_launch(self.rt, q.ptr, q.ld, kc, vc, kd, vd, opart.ptr, ml.ptr, positions.ptr,
+                         T, n_head, n_kv, hd, self.kv.n_ctx, window, scale, softcap, y.ptr, xq, stride, S,
+                         self.kv.kv_type, self.cluster)
+        return y
+
+    def _write_kv(self, layer: int, q: DArray, k: DArray, v: DArray, positions: DArray) -> None:
+        """Rope q and k if pending and write k, v into the cache, in as few launches as the pending
+        ops allow: matvec_qkv_rope (decode, no q/k norm), rope_qk_kv, or kv_write."""
+        T, n_head, hd = q.shape
+        n_kv = k.shape[1]
         rq, rk = self._pending_rope.get(q.ptr), self._pending_rope.get(k.ptr)
+        if self._qkv_rope_launch(layer, q, k, v, positions, rq, rk):
+            return
         if rq is not None and rk is not None and rq[2:] == rk[2:] and rk[2] == positions and v.shape == k.shape:
             del self._pending_rope[q.ptr], self._pending_rope[k.ptr]
             xq, xk = rq[0], rk[0]
@@ -386,18 +427,6 @@ class GpuOps:
             self.flush()
             self.rt.launch(f"kv_write_{self.kv.kv_type}", (T, n_kv), min(128, hd),
                            (k.ptr, v.ptr, *self.kv.write_args(layer), positions.ptr, k.ld, v.ld, hd, self.kv.n_ctx))
-        q = self._contiguous(q)
-        S = self.n_splits
-        slots = attn_slots(S, self.cluster)
-        opart = self.new((T, slots, n_head, hd))
-        ml = self.new((T, slots, n_head, 2))
-        y = self.new((T, n_head * hd))
-        xq, stride = self._quantized_output(y)  # the o matvec reads it (no quantize launch)
-        kd, vd = self.kv.layer_scale_ptrs(layer)
-        attention_launch(self.rt, q.ptr, q.ld, kc, vc, kd, vd, opart.ptr, ml.ptr, positions.ptr,
-                         T, n_head, n_kv, hd, self.kv.n_ctx, window, scale, softcap, y.ptr, xq, stride, S,
-                         self.kv.kv_type, self.cluster)
-        return y
 
     def swiglu(self, gate: DArray, up: DArray) -> DArray:
         return self._gated("silu_mul_f32", gate, up)
@@ -418,6 +447,37 @@ class GpuOps:
 
     # ---- helpers ---------------------------------------------------------------------------
     _positions_ptr = 0  # set by the backend: positions of this forward (the embed kernel records history)
+
+    def _qkv_fusable(self, w) -> bool:
+        """Whether w looks like a layer's stacked q|k|v weight that matvec_qkv_rope can take."""
+        cfg = self.cfg
+        return (self.fuse_qkv_rope and self.fuse_rope_kv and isinstance(w, GpuWeight) and not w.layout.is_float
+                and self.kv.kv_type == "f16" and w.rows == cfg.q_dim + 2 * cfg.kv_dim and w.cols == cfg.d_model)
+
+    def _qkv_rope_launch(self, layer: int, q: DArray, k: DArray, v: DArray, positions: DArray, rq, rk) -> bool:
+        """Decode's q|k|v matmul, bias, rope and KV write as one launch (matvec_qkv_rope), when the
+        deferred matmul's output is exactly what the pending ropes and v take, with no q/k norm.
+        The matmul's own f32 output is then never written: only q, the cache rows read on."""
+        mm = self._pending_mm
+        if mm is None or rq is None or rk is None or q.rows != 1:
+            return False
+        x, w, _, bias, out = mm
+        T, n_head, hd = q.shape
+        n_kv = k.shape[1]
+        xq_in, xk_in = rq[0], rk[0]
+        if (xq_in.ptr != out.ptr or xk_in.ptr != out.ptr + n_head * hd * 4 or v.ptr != xk_in.ptr + n_kv * hd * 4
+                or xq_in.ptr in self._pending_norm or xk_in.ptr in self._pending_norm
+                or rq[2:] != rk[2:] or rk[2] != positions or not q.contiguous):
+            return False
+        del self._pending_rope[q.ptr], self._pending_rope[k.ptr]
+        self._pending_mm = None
+        self.flush()
+        kc, vc = self.kv.write_args(layer)
+        _, _, _, base, neox, pos_scale, ff = rq
+        quant_ops.matvec_qkv_rope(self.rt, w, self._q8_1_of(x, w.cols), bias.ptr if bias is not None else 0, q.ptr,
+                                  kc, vc, positions.ptr, ff.ptr if ff is not None else 0, n_head * hd, n_kv * hd,
+                                  hd, self.kv.n_ctx, base, pos_scale, neox)
+        return True
 
     def _gated(self, kernel: str, gate: DArray, up: DArray) -> DArray:
         self.flush()
@@ -455,10 +515,15 @@ class GpuOps:
                 and key not in self._xq):
             quant_ops.matvec(self.rt, w, x.ptr, None, y_ptr, 1)  # quantizes x itself: one launch
             return
-        xq = 0
-        if not w.layout.is_float:
-            xq = self._xq.get(key, 0)
-            if not xq:  # quantize each activation once, however many weights read it
-                xq = self._xq[key] = self.arena.alloc(quant_ops.q8_1_nbytes(w.cols, T))
-                quant_ops.quantize_q8_1(self.rt, x.ptr, xq, w.cols, T)
+        xq = 0 if w.layout.is_float else self._q8_1_of(x, w.cols)
         quant_ops.matvec(self.rt, w, x.ptr, xq, y_ptr, T)
+
+    def _q8_1_of(self, x: DArray, cols: int) -> int:
+        """x's q8_1 copy: the one its producer wrote, or a quantize launch (once per activation,
+        however many weights read it)."""
+        key = (x.ptr, x.rows)
+        xq = self._xq.get(key, 0)
+        if not xq:
+            xq = self._xq[key] = self.arena.alloc(quant_ops.q8_1_nbytes(cols, x.rows))
+            quant_ops.quantize_q8_1(self.rt, x.ptr, xq, cols, x.rows)
+        return xq

@@ -233,6 +233,20 @@ def matvec(rt, w: GpuWeight, x_ptr: int, xq_ptr: int | None, y_ptr: int, n_token
                   (w.q_ptr, w.meta_ptr, int(xq_ptr) + t0 * stride, int(y_ptr) + t0 * w.rows * 4, w.rows, w.cols, n, stride))
 
 
+def matvec_qkv_rope(rt, w: GpuWeight, xq_ptr: int, bias_ptr: int, q_out: int, kc: int, vc: int, pos_ptr: int,
+                    freq_factors_ptr: int, q_rows: int, kv_rows: int, head_dim: int, n_ctx: int, theta_base: float,
+                    pos_scale: float, neox: bool) -> None:
+    """One token's q|k|v projection (w stacks q, k, v rows; xq its q8_1 input) with the bias,
+    rope and the f16 KV write in the epilogue: q roped into q_out [n_q, head_dim], k roped and v
+    into cache row pos (matvec.cu, matvec_qkv_rope). Same bits as matvec + add_bias + rope_qk_kv."""
+    lay = w.layout
+    pairs = w.rows // 2
+    rt.launch(f"matvec_{lay.kernel_type}_qkv_rope", -(-pairs // MATVEC_WARPS), 32 * MATVEC_WARPS,
+              (w.q_ptr, w.meta_ptr, int(xq_ptr), int(bias_ptr), int(q_out), int(kc), int(vc), int(pos_ptr),
+               int(freq_factors_ptr), w.rows, w.cols, q8_1_stride(w.cols), q_rows, kv_rows, head_dim, n_ctx,
+               np.float32(theta_base), np.float32(pos_scale), int(bool(neox))))
+
+
 # ---- GEMM (prefill) ----------------------------------------------------------------------------
 # kernel prefix -> (tokens per tile, rows per tile, threads, dynamic shared bytes); see gemm.cu
 GEMM_TILES = {"gemm": (64, 64, 128, 34816), "gemm2": (128, 128, 256, 69632)}
@@ -265,6 +279,7 @@ def kernel_names() -> list[str]:
         names += [f"matvec_{name}_r{r}u{u}_c1" for r, u in ONE_COLUMN_VARIANTS]
         names += [f"matvec_{name}_r1u1_c{c}" for c in (2, 4, 8, 16)]
         names += [f"matvec_{name}_fused_r{r}u{u}" for r, u in FUSED_VARIANTS]
+        names.append(f"matvec_{name}_qkv_rope")
         names += [f"{prefix}_{name}" for prefix in GEMM_TILES]
     for name, _ in FLOAT_TYPES.values():
         names += [f"matvec_{name}_c{c}" for c in (1, 2, 4, 8, 16)]

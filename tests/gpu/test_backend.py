@@ -122,8 +122,9 @@ def test_graph_replay_is_bit_identical_to_eager(backends, name):
     assert np.array_equal(runs[0], runs[2])
 
 
-def test_verify_rows_equal_decode_rows(backends):
-    _, gpu = backends("tiny-llama")
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2"])  # decode fuses q|k|v + bias + rope, verify does not
+def test_verify_rows_equal_decode_rows(backends, name):
+    _, gpu = backends(name)
     prompt = list(range(10, 60))
     draft = [4, 8, 15, 16, 23, 42]
     gpu.prefill(prompt)

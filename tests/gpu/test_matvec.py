@@ -139,3 +139,75 @@ def test_batched_columns_bit_identical_to_single(gpu, ggml_type):
         for v in quant_ops.FUSED_VARIANTS:  # quantize inside the matvec: same bytes, same sums
             assert np.array_equal(run_matvec(rt, pool, w, x[:2], variant=v, fused=True), singles[:2]), f"fused {v} differs"
 
+
+
+def rope_pairs_ref(y: np.ndarray, hd: int, pos: int, neox: bool, base: float, ff) -> np.ndarray:
+    """float64 rope of [n, hd] heads at one position (tests/gpu/test_elementwise.py's rope_ref)."""
+    inv = base ** (-np.arange(0, hd, 2, dtype=np.float64) / hd)
+    if ff is not None:
+        inv = inv / ff
+    c, s = np.cos(pos * inv), np.sin(pos * inv)
+    y = y.astype(np.float64)
+    if neox:
+        a, b = y[..., : hd // 2], y[..., hd // 2:]
+        return np.concatenate([a * c - b * s, a * s + b * c], -1)
+    a, b = y[..., 0::2], y[..., 1::2]
+    return np.stack([a * c - b * s, a * s + b * c], -1).reshape(y.shape)
+
+
+@pytest.mark.parametrize("ggml_type", [QT.Q4_1, QT.Q8_0, QT.Q4_K, QT.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("neox,bias,hd,n_q,n_kv", [(True, False, 64, 9, 3), (False, True, 128, 4, 2),
+                                                   (True, True, 64, 14, 2)])
+def test_qkv_rope_matvec_is_matvec_bias_and_rope_qk_kv(gpu, ggml_type, neox, bias, hd, n_q, n_kv):
+    """matvec_qkv_rope (one-token decode) writes the same bits as the three launches verify and
+    prefill use (matvec, add_bias_f32, rope_qk_kv_f16): q, and the whole K/V caches (the one row
+    at pos changed, every other row untouched). And against float64 numpy: matvec of the
+    dequantized weight, bias, rope: <= 5e-4 of the product scale S (test_quant_matvec's 2e-4 for the
+    two-term activation, plus f32 rope), f16 cache rows <= 2e-3 relative."""
+    rt, pool = gpu.rt, gpu.pool
+    f32 = np.float32
+    rng = np.random.default_rng(int(ggml_type) * 7 + hd + n_q + bias)
+    cols, n_ctx, pos = 768, 96, 77
+    q_rows, kv_rows = n_q * hd, n_kv * hd
+    rows = q_rows + 2 * kv_rows
+    w, data = upload(rt, pool, ggml_type, rows, cols, rng)
+    x = rng.standard_normal((1, cols)).astype(f32)
+    b = rng.standard_normal(rows).astype(f32)
+    ff = (1 + rng.random(hd // 2)).astype(f32)
+    cache0 = rng.standard_normal((2, n_kv, n_ctx, hd)).astype(np.float16)
+    xq = pool.alloc("scratch", quant_ops.q8_1_nbytes(cols), "xq").ptr
+    quant_ops.quantize_q8_1(rt, gpu.put(x), xq, cols)
+    ppos, pff, pb = gpu.put(np.array([pos], np.int32)), gpu.put(ff), gpu.put(b)
+
+    q_out, kc, vc = gpu.empty(q_rows), gpu.put(cache0[0]), gpu.put(cache0[1])
+    quant_ops.matvec_qkv_rope(rt, w, xq, pb if bias else 0, q_out, kc, vc, ppos, pff, q_rows, kv_rows, hd, n_ctx,
+                              1e4, 1.0, neox)
+
+    y, yb = gpu.empty(rows), gpu.empty(rows)
+    quant_ops.matvec(rt, w, 0, xq, y)
+    if bias:
+        rt.launch("add_bias_f32", (-(-rows // 256), 1), 256, (yb, y, pb, rows))
+    else:
+        yb = y
+    q_ref, kc2, vc2 = gpu.empty(q_rows), gpu.put(cache0[0]), gpu.put(cache0[1])
+    rt.launch("rope_qk_kv_f16", (n_q + n_kv, 1), max(32, min(128, hd // 2)),
+              (yb, q_ref, yb + q_rows * 4, yb + (q_rows + kv_rows) * 4, kc2, vc2, ppos, pff, n_q, hd, rows, rows, rows,
+               n_ctx, f32(1e4), f32(1.0), int(neox), 0, 0, f32(0)))
+    got_q = gpu.get(q_out, (n_q, hd))
+    got_k, got_v = (gpu.get(p, (n_kv, n_ctx, hd), np.float16) for p in (kc, vc))
+    assert np.array_equal(got_q, gpu.get(q_ref, (n_q, hd)))
+    assert np.array_equal(got_k, gpu.get(kc2, (n_kv, n_ctx, hd), np.float16))
+    assert np.array_equal(got_v, gpu.get(vc2, (n_kv, n_ctx, hd), np.float16))
+    others = np.arange(n_ctx) != pos
+    assert np.array_equal(got_k[:, others], cache0[0][:, others]) and np.array_equal(got_v[:, others], cache0[1][:, others])
+
+    wf = dequantize_weight(ggml_type, data, rows, cols)
+    ref = x.astype(np.float64) @ wf.T.astype(np.float64) + (b if bias else 0)
+    heads = ref[0].reshape(-1, hd)
+    q_want = rope_pairs_ref(heads[:n_q], hd, pos, neox, 1e4, ff)
+    k_want = rope_pairs_ref(heads[n_q:n_q + n_kv], hd, pos, neox, 1e4, ff)
+    v_want = heads[n_q + n_kv:]
+    s = np.linalg.norm(np.sqrt((x.astype(np.float64) ** 2) @ (wf[:q_rows].astype(np.float64) ** 2).T))
+    assert np.linalg.norm(got_q - q_want) / s <= 5e-4
+    for got, want in ((got_k[:, pos], k_want), (got_v[:, pos], v_want)):
+        assert np.linalg.norm(got.astype(np.float64) - want) / np.linalg.norm(want) <= 2e-3
