@@ -3,8 +3,11 @@
 bench_kernels.py times its fixed shape list; this times the SmolLM2-135M and Gemma3-270M decode
 shapes (qkv, o, gate_up, down) with the same method (HBM-resident weights, graph replays), to
 pick quant_ops.matvec_variant. Run on the GPU machine: python scripts/bench_decode_matvecs.py
+[ROWSxCOLS:TYPE ...] (other shapes, e.g. the LM heads: 262144x640:Q8_0 49152x576:Q8_0).
 """
 from __future__ import annotations
+
+import sys
 
 import bench_kernels as bk
 from gguf.constants import GGMLQuantizationType as QT
@@ -18,16 +21,24 @@ TYPES = [QT.Q4_1, QT.Q5_0, QT.Q8_0, QT.Q4_K, QT.Q6_K]
 
 
 def main() -> None:
-    bk.MATVEC_SHAPES, bk.MATVEC_TYPES = SHAPES, TYPES
+    runs = [(SHAPES, TYPES)]
+    if sys.argv[1:]:
+        runs = []
+        for spec in sys.argv[1:]:
+            shape, qtype = spec.split(":")
+            rows, cols = (int(n) for n in shape.split("x"))
+            runs.append(([(rows, cols)], [QT[qtype]]))
     rt = GpuRuntime(families=["matvec"])
     pool = VramPool({"weights": 2560 << 20, "scratch": 256 << 20})
     try:
         for name in quant_ops.kernel_names():
             if name.startswith("matvec_") or name == "quantize_q8_1":
                 rt.kernel(name)
-        for r in bk.bench_matvec(rt, pool, quick=False):
-            print(f"  {r['type']} {r['rows']}x{r['cols']}: best {r['best']} ({r['us_' + r['best']]:.2f} us), "
-                  f"default {r['default']} ({r['us_' + r['default']]:.2f} us)")
+        for bk.MATVEC_SHAPES, bk.MATVEC_TYPES in runs:
+            for r in bk.bench_matvec(rt, pool, quick=False):
+                variants = "  ".join(f"{k[3:]} {v:.2f}" for k, v in r.items() if k.startswith("us_") and "_c" not in k)
+                print(f"  {r['type']} {r['rows']}x{r['cols']}: best {r['best']} ({r['us_' + r['best']]:.2f} us), "
+                      f"default {r['default']} ({r['us_' + r['default']]:.2f} us)  [{variants}]")
     finally:
         pool.close()
         rt.close()

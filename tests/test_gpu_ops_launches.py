@@ -141,8 +141,10 @@ def test_cluster_attention_merges_in_the_cluster_until_rows_need_several(model_p
     assert (len(short) - 3) / 2 == 8
     long = run_forward(model_paths["tiny-llama"], 1, n_ctx=4096, cluster=True)
     assert sum(n.startswith("attn_cl_merge_hd64") for n in long) == 2
-    assert attn_splits(kv_bucket(4096), 64, cluster=True) == 32 and attn_splits(kv_bucket(100), 256, cluster=True) == 8
-    assert attn_splits(kv_bucket(4096), 256, cluster=True) == 64 and attn_splits(kv_bucket(1024), 64, cluster=True) == 8
+    assert attn_splits(kv_bucket(4096), 64, cluster=True) == 64 and attn_splits(kv_bucket(100), 256, cluster=True) == 8
+    assert attn_splits(kv_bucket(4096), 256, cluster=True) == 128 and attn_splits(kv_bucket(1024), 64, cluster=True) == 8
+    # rows past one cluster walk one chunk per block until 128 splits, then 2, 4, ... chunks
+    assert [attn_row_splits(n, 64, cluster=True) for n in (1024, 1025, 4097, 8192, 8193)] == [8, 17, 65, 128, 65]
 
 
 @pytest.mark.parametrize("cluster", [False, True])
