@@ -92,22 +92,24 @@ template <> struct Kv8<true> {
     }
 };
 
-// A row's split rule: its n keys go to at most ATTN_MAX_SPLITS splits of chunk * 2^k keys, the
-// smallest that fits. The cluster path allows ATTN_MAX_SPLITS_CL, and rows of 9-16 chunks get
-// splits of 2 chunks, which keeps them in one cluster (no merge launch up to 1024 keys at hd64,
-// 512 at hd256: gemma3's sliding window). Rows that need a merge launch anyway keep one-chunk
-// splits as long as they fit: a block's second chunk cost more than the extra blocks (H200,
-// SmolLM2 at 4096: docs/gpu-notes.md round 5). Depends on the row's position only (bit-identical
-// rows across grids).
+// A row's split rule, in chunks: split path, at most ATTN_MAX_SPLITS splits of 2^k chunks, the
+// smallest that fits. Cluster path: the row's chunks spread over one cluster (ceil(chunks / 8)
+// chunks per split) up to ATTN_MAX_STEPS_CL chunks per split, so rows up to 8 * 16 chunks (8192
+// keys at hd64, 4096 at hd256) need no merge launch; longer rows take splits of 16 chunks (then
+// 32, 64, ... past ATTN_MAX_SPLITS_CL splits) over several clusters. On the H200 a block's further
+// chunks cost less than more clusters plus the merge launch (docs/gpu-notes.md, round 5). Depends
+// on the row's position only (bit-identical rows across grids).
+#define ATTN_MAX_STEPS_CL 16
 __device__ __forceinline__ int attn_splits_of_row(int p, int window, int chunk, bool cluster, int& start,
                                                   int& split_len) {
     start = window > 0 ? max(0, p + 1 - window) : 0;
     const int n_keys = p + 1 - start;
+    const int n_chunks = (n_keys + chunk - 1) / chunk;
     const int max_splits = cluster ? ATTN_MAX_SPLITS_CL : ATTN_MAX_SPLITS;
-    const bool one_cluster = cluster && n_keys > ATTN_CLUSTER * chunk && n_keys <= 2 * ATTN_CLUSTER * chunk;
-    split_len = one_cluster ? 2 * chunk : chunk;
-    while ((n_keys + split_len - 1) / split_len > max_splits) split_len *= 2;
-    return (n_keys + split_len - 1) / split_len;
+    int per = cluster ? min((n_chunks + ATTN_CLUSTER - 1) / ATTN_CLUSTER, ATTN_MAX_STEPS_CL) : 1;
+    while ((n_chunks + per - 1) / per > max_splits) per *= 2;
+    split_len = per * chunk;
+    return (n_chunks + per - 1) / per;
 }
 
 // out = o / l for heads h0 .. h0 + g of row t, and its q8_1 copy for the o matvec: g * HD is a

@@ -112,9 +112,9 @@ def test_prefill_rows_are_causal_with_window_and_softcap(gpu, cluster, hd):
 @pytest.mark.parametrize("hd", [64, 256])
 def test_result_is_independent_of_the_split_grid(gpu, cluster, hd):
     rng = np.random.default_rng(7 + hd)
-    q, kc, vc, k_new, v_new = random_case(rng, 4, 9, 3, hd, 3000)
-    # one split, several in one cluster, several clusters, and (hd 256) splits walking 2 chunks each
-    pos = np.array([20, 300, 1500, 2900])
+    q, kc, vc, k_new, v_new = random_case(rng, 5, 9, 3, hd, 8600)
+    # one split, several in one cluster (splits walking 1, 2, 6 and more chunks each), several clusters
+    pos = np.array([20, 300, 1500, 2900, 8500])
     need = max(attn_row_splits(p + 1, hd, cluster) for p in pos)
     if cluster:
         need = -(-need // ATTN_CLUSTER) * ATTN_CLUSTER
@@ -129,7 +129,7 @@ def test_result_is_independent_of_the_split_grid(gpu, cluster, hd):
     ref = attention_ref(q, kc_dev, vc_dev, pos, 1 / np.sqrt(hd), 0, 0.0)
     assert rel_err(base, ref) < 1e-4
     # and a row alone (smaller grid) equals the same row in a batch
-    for t in (1, 2):
+    for t in (1, 2, 4):
         alone, _, _ = run_attention(gpu, q[t:t + 1], k_new[t:t + 1], v_new[t:t + 1], kc_dev, vc_dev, pos[t:t + 1],
                                     cluster=cluster)
         assert np.array_equal(alone[0], base[t])
