@@ -126,12 +126,7 @@ def kv_bucket(n_keys: int) -> int:
 
 def attn_chunk(head_dim: int) -> int:
     """Keys per block step in attention.cu (AttnShape::CHUNK)."""
-    return 128 if head_dim == 64 else 32
-
-
-def attn_threads(head_dim: int) -> int:
-    """Threads per attention block (AttnShape::THREADS)."""
-    return 256 if head_dim == 64 else 128
+    return 64 if head_dim == 64 else 32
 
 
 def attn_splits(bucket: int, head_dim: int, cluster: bool = False) -> int:
@@ -142,14 +137,14 @@ def attn_splits(bucket: int, head_dim: int, cluster: bool = False) -> int:
     chunks = -(-bucket // attn_chunk(head_dim))
     if chunks <= 2 * ATTN_CLUSTER:  # rows this short stay in one cluster (attention.cu)
         return ATTN_CLUSTER
-    return -(-min(ATTN_MAX_SPLITS_CL, chunks) // ATTN_CLUSTER) * ATTN_CLUSTER
+    return -(-min(ATTN_MAX_SPLITS_CL, -(-chunks // 2)) // ATTN_CLUSTER) * ATTN_CLUSTER  # splits of >= 2 chunks
 
 
 def attn_row_splits(n_keys: int, head_dim: int, cluster: bool = False) -> int:
     """A row's split count (attention.cu's attn_splits_of_row): at most ATTN_MAX_SPLITS (_CL) splits
-    of chunk * 2^k keys; on the cluster path rows of 9-16 chunks get splits of 2 chunks (one cluster)."""
+    of chunk * 2^k keys; on the cluster path rows past ATTN_CLUSTER chunks get splits of >= 2 chunks."""
     chunk = attn_chunk(head_dim)
-    split_len = 2 * chunk if cluster and ATTN_CLUSTER * chunk < n_keys <= 2 * ATTN_CLUSTER * chunk else chunk
+    split_len = 2 * chunk if cluster and n_keys > ATTN_CLUSTER * chunk else chunk
     while -(-n_keys // split_len) > (ATTN_MAX_SPLITS_CL if cluster else ATTN_MAX_SPLITS):
         split_len *= 2
     return -(-n_keys // split_len)
@@ -174,7 +169,7 @@ def attention_launch(rt, q, q_ld, kc, vc, kd, vd, opart, ml, positions, T, n_hea
     G = attn_group_tile(n_head // n_kv)
     grid = (n_kv * -(-(n_head // n_kv) // G), n_splits, T)
     kind = "attn_cl" if cluster else "attn"
-    rt.launch(f"{kind}_hd{head_dim}_g{G}_{kv_type}", grid, attn_threads(head_dim),
+    rt.launch(f"{kind}_hd{head_dim}_g{G}_{kv_type}", grid, 128,
               (q, q_ld, kc, vc, kd, vd, opart, ml, positions, n_head, n_kv, n_ctx, int(window),
                np.float32(scale), np.float32(softcap), out, xq, xq_stride))
     slots = attn_slots(n_splits, cluster)
