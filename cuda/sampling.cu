@@ -236,7 +236,7 @@ extern "C" __global__ void __launch_bounds__(S1_THREADS, 1) sample_stage1(
     pdl_entry();
     __shared__ float sv[S1_CHUNK];
     __shared__ int si[S1_CHUNK];
-    __shared__ float red[32];
+    __shared__ float2 red2[32];
     __shared__ float bmax_s;
     constexpr int PER = S1_CHUNK / S1_THREADS;  // 4: a warp holds one run of RUN = 128
     const SampleParams p = *params;
@@ -280,12 +280,18 @@ extern "C" __global__ void __launch_bounds__(S1_THREADS, 1) sample_stage1(
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     if (lane == 0) { wv[warp] = vmax; wi[warp] = imax; wg[warp] = gbest; wgi[warp] = gidx; }
     __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int w = 1; w < S1_THREADS / 32; ++w) {
-            if (before(wv[w], wi[w], vmax, imax)) { vmax = wv[w]; imax = wi[w]; }
-            if (wg[w] > gbest || (wg[w] == gbest && wgi[w] < gidx)) { gbest = wg[w]; gidx = wgi[w]; }
+    if (warp == 0) {  // the warps' winners, one per lane, through a shuffle tree (a total order: same winner)
+        static_assert(S1_THREADS == 32 * 32, "one warp result per lane");
+        vmax = wv[lane]; imax = wi[lane]; gbest = wg[lane]; gidx = wgi[lane];
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, vmax, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, imax, o);
+            if (before(ov, oi, vmax, imax)) { vmax = ov; imax = oi; }
+            const float og = __shfl_xor_sync(0xffffffffu, gbest, o);
+            const int ogi = __shfl_xor_sync(0xffffffffu, gidx, o);
+            if (og > gbest || (og == gbest && ogi < gidx)) { gbest = og; gidx = ogi; }
         }
-        bmax_s = vmax;
+        if (lane == 0) bmax_s = vmax;
     }
     __syncthreads();
     const float bmax = bmax_s;
@@ -297,13 +303,19 @@ extern "C" __global__ void __launch_bounds__(S1_THREADS, 1) sample_stage1(
             if (l > -INFINITY) { s1 += expf(l - bmax); sT += expf((l - bmax) / temp); }
         }
     }
-    s1 = block_sum(s1, red);
+    // both normalizers in one block reduction, in block_sum's order (warp trees, then warp 0's)
+    s1 = warp_sum(s1);
+    sT = warp_sum(sT);
+    if (lane == 0) red2[warp] = make_float2(s1, sT);
     __syncthreads();
-    sT = block_sum(sT, red);
-    if (threadIdx.x == 0) {
-        float* o = part + blockIdx.x * 8;
-        o[0] = bmax; o[1] = __int_as_float(imax); o[2] = s1; o[3] = sT;
-        o[4] = gbest; o[5] = __int_as_float(gidx); o[6] = 0.0f; o[7] = 0.0f;
+    if (warp == 0) {
+        s1 = warp_sum(red2[lane].x);
+        sT = warp_sum(red2[lane].y);
+        if (lane == 0) {  // lane 0 of warp 0 holds the block's winners from the tree above
+            float* o = part + blockIdx.x * 8;
+            o[0] = bmax; o[1] = __int_as_float(imax); o[2] = s1; o[3] = sT;
+            o[4] = gbest; o[5] = __int_as_float(gidx); o[6] = 0.0f; o[7] = 0.0f;
+        }
     }
     if (p.temperature > 0.0f && filters_on(p, vocab)) {
         // the warp's 128 pairs (position lane * 4 + r) sorted in registers, then 5 merge rounds

@@ -170,3 +170,11 @@ def test_sampler_launches_match_their_kernels():
         assert sampler.n_blocks * sampler.local_k <= 8192
         sampler.launch(1 << 20, 1 << 21, 1 << 22, 1 << 23, 1 << 23 + 4)
     assert rt.launches.count("sample_finish") == 4
+
+
+@pytest.mark.parametrize("T", [1, 40])
+def test_gemma3_embedding_scale_rides_on_the_embed_launch(model_paths, T):
+    """gemma3 scales the embedding by sqrt(d_model): the embed kernel's scale argument, not a
+    scale_f32 launch (the GPU backend tests compare the logits with the CPU reference)."""
+    launches = run_forward(model_paths["tiny-gemma3"], T)
+    assert launches[0].startswith("embed_") and "scale_f32" not in launches

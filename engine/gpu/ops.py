@@ -192,6 +192,7 @@ class GpuOps:
         # a one-token q|k|v matmul attention() may run as matvec_qkv_rope: (x, w, y, bias, out),
         # out = y + bias (or y); launched as it is by flush() when anything else comes first
         self._pending_mm: tuple | None = None
+        self._pending_embed: tuple | None = None  # (table, tokens, y, scale)
         self._pending_add: tuple[DArray, DArray, DArray] | None = None  # (sum, a, b)
         self._pending_pre: tuple | None = None  # the pending add's b is this deferred norm's output
         self._pending_norm2d: tuple | None = None  # a row norm: (x, w, eps, y, xq, xq_stride)
@@ -203,7 +204,7 @@ class GpuOps:
         and the per-forward q8_1 cache."""
         self.arena.reset()
         self._xq.clear()
-        self._pending_add = self._pending_pre = self._pending_norm2d = self._pending_mm = None
+        self._pending_add = self._pending_pre = self._pending_norm2d = self._pending_mm = self._pending_embed = None
         self._pending_norm.clear()
         self._pending_rope.clear()
         self.n_splits = n_splits
@@ -216,6 +217,7 @@ class GpuOps:
     # ---- the ops Protocol ------------------------------------------------------------------
     def flush(self) -> None:
         """Launch whatever is deferred (the backend calls this at the end of a forward)."""
+        self._flush_embed()
         self._flush_mm()
         self._flush_add()
         for x, w, eps, y in self._pending_norm.values():
@@ -230,15 +232,20 @@ class GpuOps:
 
     def embed(self, table: GpuWeight, tokens: DArray) -> DArray:
         self.flush()
-        T = tokens.rows
-        y = self.new((T, table.cols))
-        lay = table.layout
-        nb = lay.padded_cols // lay.block_values
-        shared = 0 if lay.kernel_type == "f32" else nb * lay.block_values * 2
-        self.rt.launch(f"embed_{lay.kernel_type}", T, 128,
-                       (table.q_ptr, table.meta_ptr, tokens.ptr, y.ptr, table.cols, nb, np.float32(1.0),
-                        self._positions_ptr, self.history_ptr), shared=shared)
+        y = self.new((tokens.rows, table.cols))
+        self._pending_embed = (table, tokens, y, 1.0)  # a scale() of y goes into the same launch
         return y
+
+    def _flush_embed(self) -> None:
+        if self._pending_embed is not None:
+            table, tokens, y, scale = self._pending_embed
+            self._pending_embed = None
+            lay = table.layout
+            nb = lay.padded_cols // lay.block_values
+            shared = 0 if lay.kernel_type == "f32" else nb * lay.block_values * 2
+            self.rt.launch(f"embed_{lay.kernel_type}", tokens.rows, 128,
+                           (table.q_ptr, table.meta_ptr, tokens.ptr, y.ptr, table.cols, nb, np.float32(scale),
+                            self._positions_ptr, self.history_ptr), shared=shared)
 
     def matmul(self, x: DArray, w) -> DArray:
         self.flush()
@@ -288,6 +295,12 @@ class GpuOps:
         return y
 
     def scale(self, x: DArray, s: float) -> DArray:
+        pe = self._pending_embed
+        if pe is not None and pe[2].ptr == x.ptr and pe[2].shape == x.shape:
+            # gemma3's embedding scale: the embed kernel multiplies its rows (value * scale, the
+            # same product scale_f32 takes); the unscaled rows are never written
+            self._pending_embed = (*pe[:3], pe[3] * s)
+            return x
         self.flush()
         x = self._contiguous(x)
         y = self.new(x.shape)
