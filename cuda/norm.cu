@@ -15,6 +15,13 @@ __device__ __forceinline__ void quantize_row(const float* yr, int8_t* xq_row, in
     }
 }
 
+// The same when every thread holds the one value it wrote (rows of n <= blockDim.x, the launches'
+// round_up(n, 32) threads up to 1024): no barrier, no re-read of the row. yi: y[threadIdx.x].
+__device__ __forceinline__ void quantize_own(float yi, int8_t* xq_row, int n) {
+    const int kq = (n + 31) & ~31;
+    if ((int)threadIdx.x < kq) quantize_q8_1_at((int)threadIdx.x < n ? yi : 0.0f, xq_row, kq, threadIdx.x);
+}
+
 // y[r] = x[r] * rsqrt(mean(x[r]^2) + eps) * w over rows of n. Row r is head r % heads of token
 // r / heads: x rows of tokens are x_ld floats apart (views of a fused qkv output), y's y_ld.
 // xq: when not null (heads == 1 only), y is also written as q8_1 rows of xq_stride bytes.
@@ -25,6 +32,15 @@ extern "C" __global__ void rms_norm_f32(const float* x, const float* w, float* y
     const int t = blockIdx.x / heads, h = blockIdx.x % heads;
     const float* xr = x + (size_t)t * x_ld + (size_t)h * n;
     float* yr = y + (size_t)t * y_ld + (size_t)h * n;
+    if (n <= (int)blockDim.x) {  // one value per thread, kept in registers (same arithmetic as below)
+        const int i = threadIdx.x;
+        const float xi = i < n ? xr[i] : 0.0f;
+        const float inv = rsqrtf(block_sum(xi * xi, scratch) / (float)n + eps);
+        const float yi = i < n ? xi * inv * w[i] : 0.0f;
+        if (i < n) yr[i] = yi;
+        if (xq) quantize_own(yi, xq + (size_t)blockIdx.x * xq_stride, n);
+        return;
+    }
     float ss = 0.0f;
     for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
     const float inv = rsqrtf(block_sum(ss, scratch) / (float)n + eps);
@@ -39,6 +55,16 @@ extern "C" __global__ void add_rms_norm_f32(float* h, const float* a, const floa
     pdl_entry();
     __shared__ float scratch[32];
     const size_t r = (size_t)blockIdx.x * n;
+    if (n <= (int)blockDim.x) {  // one value per thread, kept in registers (same arithmetic as below)
+        const int i = threadIdx.x;
+        const float v = i < n ? a[r + i] + b[r + i] : 0.0f;
+        if (i < n) h[r + i] = v;
+        const float inv = rsqrtf(block_sum(v * v, scratch) / (float)n + eps);
+        const float yi = i < n ? v * inv * w[i] : 0.0f;
+        if (i < n) y[r + i] = yi;
+        if (xq) quantize_own(yi, xq + (size_t)blockIdx.x * xq_stride, n);
+        return;
+    }
     float ss = 0.0f;
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
         const float v = a[r + i] + b[r + i];
@@ -60,6 +86,19 @@ extern "C" __global__ void norm_add_rms_norm_f32(float* h, const float* a, const
     pdl_entry();
     __shared__ float scratch[32];
     const size_t r = (size_t)blockIdx.x * n;
+    if (n <= (int)blockDim.x) {  // one value per thread, kept in registers (same arithmetic as below)
+        const int i = threadIdx.x;
+        const float bi = i < n ? b[r + i] : 0.0f, ai = i < n ? a[r + i] : 0.0f;
+        const float inv_b = rsqrtf(block_sum(bi * bi, scratch) / (float)n + eps_b);
+        const float nb = i < n ? __fmul_rn(__fmul_rn(bi, inv_b), wb[i]) : 0.0f;
+        const float v = ai + nb;
+        if (i < n) { yb[r + i] = nb; h[r + i] = v; }
+        const float inv = rsqrtf(block_sum(v * v, scratch) / (float)n + eps);
+        const float yi = i < n ? v * inv * w[i] : 0.0f;
+        if (i < n) y[r + i] = yi;
+        if (xq) quantize_own(yi, xq + (size_t)blockIdx.x * xq_stride, n);
+        return;
+    }
     float ss = 0.0f;
     for (int i = threadIdx.x; i < n; i += blockDim.x) ss += b[r + i] * b[r + i];
     const float inv_b = rsqrtf(block_sum(ss, scratch) / (float)n + eps_b);

@@ -25,12 +25,14 @@ def rms_norm_ref(x, w, eps):
 
 
 @pytest.mark.parametrize("T,n", [(1, 576), (7, 640), (3, 1001)])
-def test_rms_norm_rows(gpu, T, n):
+@pytest.mark.parametrize("block", ["128", "one per value"])  # a loop per thread; the engine's register path
+def test_rms_norm_rows(gpu, T, n, block):
     rng = np.random.default_rng(n)
     x = rng.standard_normal((T, n)).astype(f32) * 3
     w = (1 + 0.1 * rng.standard_normal(n)).astype(f32)
     y = gpu.empty(T * n)
-    gpu.rt.launch("rms_norm_f32", T, 128, (gpu.put(x), gpu.put(w), y, n, 1, n, n, f32(1e-6), 0, 0))
+    threads = 128 if block == "128" else -(-n // 32) * 32
+    gpu.rt.launch("rms_norm_f32", T, threads, (gpu.put(x), gpu.put(w), y, n, 1, n, n, f32(1e-6), 0, 0))
     assert rel_err(gpu.get(y, (T, n)), rms_norm_ref(x, w, 1e-6)) < 1e-5
 
 
@@ -254,21 +256,28 @@ def test_norm_and_activation_emit_the_same_q8_1_bytes_as_quantize_q8_1(gpu, n):
     x, d = (rng.standard_normal((2, T, n)) * 2).astype(f32)
     w = (1 + 0.1 * rng.standard_normal(n)).astype(f32)
     stride, nbytes = q8_1_stride(n), q8_1_nbytes(n, T)
-    for kernel in ("rms_norm_f32", "add_rms_norm_f32", "silu_mul_f32"):
+    # norms with 128 threads (a loop per thread, then quantize_row) and with one thread per value
+    # (the engine's launch: each thread quantizes the value it holds)
+    cases = [(k, b) for k in ("rms_norm_f32", "add_rms_norm_f32", "norm_add_rms_norm_f32")
+             for b in (128, -(-n // 32) * 32)] + [("silu_mul_f32", 256)]
+    for kernel, block in cases:
         y = gpu.empty(T * n)
         xq = gpu.empty(nbytes // 4 + 1)
         gpu.rt.memset_u32(xq, 0x5A5A5A5A, nbytes // 4)  # poisoned: every byte of a row must be written
         if kernel == "rms_norm_f32":
-            gpu.rt.launch(kernel, T, 128, (gpu.put(x), gpu.put(w), y, n, 1, n, n, f32(1e-6), xq, stride))
+            gpu.rt.launch(kernel, T, block, (gpu.put(x), gpu.put(w), y, n, 1, n, n, f32(1e-6), xq, stride))
         elif kernel == "add_rms_norm_f32":
-            gpu.rt.launch(kernel, T, 128, (gpu.empty(T * n), gpu.put(x), gpu.put(d), gpu.put(w), y, n, f32(1e-6),
-                                           xq, stride))
+            gpu.rt.launch(kernel, T, block, (gpu.empty(T * n), gpu.put(x), gpu.put(d), gpu.put(w), y, n, f32(1e-6),
+                                             xq, stride))
+        elif kernel == "norm_add_rms_norm_f32":
+            gpu.rt.launch(kernel, T, block, (gpu.empty(T * n), gpu.put(x), gpu.put(d), gpu.put(w), gpu.empty(T * n),
+                                             f32(1e-6), gpu.put(w[::-1].copy()), y, n, f32(1e-6), xq, stride))
         else:
             gu = gpu.put(np.concatenate([x, d], axis=1))
             gpu.rt.launch(kernel, (-(-n // 256), T), 256, (gu, gu + n * 4, y, n, 2 * n, xq, stride))
         ref = quantize_q8_1_bytes(gpu, y, T, n)
         got = gpu.get(xq, nbytes, np.uint8)
-        assert np.array_equal(got, ref), kernel  # every byte: qs | qs2 | ds rows fill the stride
+        assert np.array_equal(got, ref), (kernel, block)  # every byte: qs | qs2 | ds rows fill the stride
 
 
 EMBED_TYPES = [QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0, QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q2_K, QT.Q3_K, QT.IQ4_XS,
