@@ -20,8 +20,8 @@
 // Cluster variant (attn_cl_*, sm_90+): grid.y is a multiple of 8 and every 8 consecutive splits
 // form a thread-block cluster that merges its splits through distributed shared memory, so a row
 // of up to 8 splits needs no second launch (that launch cost 2.6 / 5.5 us at hd64 / hd256, more
-// than the attention itself). Longer rows (up to 128 splits) write one partial per cluster, and
-// attn_cl_merge merges those (at most 16).
+// than the attention itself). Longer rows (up to 64 splits) write one partial per cluster, and
+// attn_cl_merge merges those (at most 8).
 #include <cooperative_groups.h>
 #include "common.cuh"
 #include "quants.cuh"
@@ -30,7 +30,7 @@
 #define ATTN_WARPS (ATTN_THREADS / 32)
 #define ATTN_MAX_SPLITS 32     // split + merge-kernel path (attn_*)
 #define ATTN_CLUSTER 8         // blocks per cluster (the portable maximum)
-#define ATTN_MAX_SPLITS_CL 128  // cluster path (attn_cl_*): at most 16 clusters, so attn_cl_merge merges <= 16
+#define ATTN_MAX_SPLITS_CL 64  // cluster path (attn_cl_*): at most 8 clusters, so attn_cl_merge merges <= 8
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
 #define ATTN_CLUSTER_DIMS  // never launched before sm_90 (ops.attention_launch); compiled so every fatbin has it
@@ -92,24 +92,20 @@ template <> struct Kv8<true> {
     }
 };
 
-// A row's split rule, in chunks: split path, at most ATTN_MAX_SPLITS splits of 2^k chunks, the
-// smallest that fits. Cluster path: the row's chunks spread over one cluster (ceil(chunks / 8)
-// chunks per split) up to ATTN_MAX_STEPS_CL chunks per split, so rows up to 8 * 16 chunks (8192
-// keys at hd64, 4096 at hd256) need no merge launch; longer rows take splits of 16 chunks (then
-// 32, 64, ... past ATTN_MAX_SPLITS_CL splits) over several clusters. On the H200 a block's further
-// chunks cost less than more clusters plus the merge launch (docs/gpu-notes.md, round 5). Depends
-// on the row's position only (bit-identical rows across grids).
-#define ATTN_MAX_STEPS_CL 16
+// A row's split rule: its n keys go to at most ATTN_MAX_SPLITS splits of chunk * 2^k keys, the
+// smallest that fits. The cluster path allows ATTN_MAX_SPLITS_CL, and rows past ATTN_CLUSTER
+// chunks get splits of at least 2 chunks: up to 16 chunks that keeps a row in one cluster (no
+// merge launch up to 1024 keys at hd64, 512 at hd256: gemma3's sliding window), and longer rows
+// get half as many clusters to merge. Depends on the row's position only (bit-identical rows
+// across grids).
 __device__ __forceinline__ int attn_splits_of_row(int p, int window, int chunk, bool cluster, int& start,
                                                   int& split_len) {
     start = window > 0 ? max(0, p + 1 - window) : 0;
     const int n_keys = p + 1 - start;
-    const int n_chunks = (n_keys + chunk - 1) / chunk;
     const int max_splits = cluster ? ATTN_MAX_SPLITS_CL : ATTN_MAX_SPLITS;
-    int per = cluster ? min((n_chunks + ATTN_CLUSTER - 1) / ATTN_CLUSTER, ATTN_MAX_STEPS_CL) : 1;
-    while ((n_chunks + per - 1) / per > max_splits) per *= 2;
-    split_len = per * chunk;
-    return (n_chunks + per - 1) / per;
+    split_len = cluster && n_keys > ATTN_CLUSTER * chunk ? 2 * chunk : chunk;
+    while ((n_keys + split_len - 1) / split_len > max_splits) split_len *= 2;
+    return (n_keys + split_len - 1) / split_len;
 }
 
 // out = o / l for heads h0 .. h0 + g of row t, and its q8_1 copy for the o matvec: g * HD is a
@@ -234,8 +230,9 @@ __device__ void attn_rows(const float* __restrict__ q, int q_ld, const void* __r
     if (active) {
         constexpr int ROW_BYTES = HD * (Q8 ? 1 : 2), LINES = ROW_BYTES >= 128 ? ROW_BYTES / 128 : 1;
         const size_t kv_row0 = (size_t)kvh * n_ctx + j0;
-        for (int i = tid; i < (j1 - j0) * LINES; i += ATTN_THREADS) {  // the whole split
+        for (int i = tid; i < 2 * S::CHUNK * LINES; i += ATTN_THREADS) {  // up to 2 chunks
             const int r = i / LINES;
+            if (j0 + r >= j1) break;
             const size_t off = (kv_row0 + r) * ROW_BYTES + (i % LINES) * 128;
             asm volatile("prefetch.global.L2 [%0];" ::"l"(static_cast<const char*>(kc) + off));
             asm volatile("prefetch.global.L2 [%0];" ::"l"(static_cast<const char*>(vc) + off));
@@ -463,7 +460,7 @@ __device__ void attn_merge_parts(const float* __restrict__ opart, const float* _
 
 // Merge the rows with several partials (others: attention wrote them). grid (n_kv * n_hgroups,
 // HD / ATTN_MERGE_DIMS, T), block ATTN_THREADS. Split path: one partial per split (c_s holds 32,
-// 16 loads in flight); cluster path: one per cluster (at most 16, all in flight at once).
+// 16 loads in flight); cluster path: one per cluster (at most 8, all in flight at once).
 template <int HD, int G, bool CL>
 __device__ void attn_merge_rows(const float* __restrict__ opart, const float* __restrict__ ml,
                                 const int* __restrict__ pos, int n_head, int n_kv, int n_slots, int window,

@@ -36,8 +36,7 @@ EW_BLOCK = 256  # elementwise kernels
 ATTN_MAX_SPLITS = 32  # attention.cu: a row's keys go to at most this many blocks (split path)
 ATTN_CLUSTER = 8  # cluster path (sm_90+): blocks per thread-block cluster, merged in shared memory
 ATTN_MERGE_DIMS = 64  # attn_*merge*: head dims per block
-ATTN_MAX_SPLITS_CL = 128  # cluster path: at most 16 clusters, whose partials attn_cl_merge merges
-ATTN_MAX_STEPS_CL = 16  # cluster path: chunks per split before a row spreads over several clusters
+ATTN_MAX_SPLITS_CL = 64  # cluster path: at most 8 clusters, whose partials attn_cl_merge merges
 ATTN_MIN_BUCKET = 32  # KV buckets are powers of two from here; a graph is captured per grid they give
 BATCHED_MATVEC_MAX = quant_ops.MATVEC_MAX_COLUMNS  # up to this many tokens: matvec, beyond: GEMM
 FUSED_QUANT_MAX_ROWS = 16384  # one-token matvecs quantize x per block; the LM head shares one quantize
@@ -133,22 +132,22 @@ def attn_chunk(head_dim: int) -> int:
 def attn_splits(bucket: int, head_dim: int, cluster: bool = False) -> int:
     """grid.y: the most splits any row of up to `bucket` keys uses (attention.cu's split rule),
     rounded up to whole clusters on the cluster path."""
-    chunks = -(-bucket // attn_chunk(head_dim))
     if not cluster:
-        return min(ATTN_MAX_SPLITS, chunks)
-    most = min(ATTN_MAX_SPLITS_CL, max(ATTN_CLUSTER, -(-chunks // ATTN_MAX_STEPS_CL)))
-    return -(-most // ATTN_CLUSTER) * ATTN_CLUSTER
+        return min(ATTN_MAX_SPLITS, -(-bucket // attn_chunk(head_dim)))
+    chunks = -(-bucket // attn_chunk(head_dim))
+    if chunks <= 2 * ATTN_CLUSTER:  # rows this short stay in one cluster (attention.cu)
+        return ATTN_CLUSTER
+    return -(-min(ATTN_MAX_SPLITS_CL, -(-chunks // 2)) // ATTN_CLUSTER) * ATTN_CLUSTER  # splits of >= 2 chunks
 
 
 def attn_row_splits(n_keys: int, head_dim: int, cluster: bool = False) -> int:
-    """A row's split count (attention.cu's attn_splits_of_row), in chunks: split path, splits of 2^k
-    chunks, at most ATTN_MAX_SPLITS; cluster path, the chunks over one cluster up to
-    ATTN_MAX_STEPS_CL chunks per split, then more clusters (at most ATTN_MAX_SPLITS_CL splits)."""
-    chunks = -(-n_keys // attn_chunk(head_dim))
-    per = min(-(-chunks // ATTN_CLUSTER), ATTN_MAX_STEPS_CL) if cluster else 1
-    while -(-chunks // per) > (ATTN_MAX_SPLITS_CL if cluster else ATTN_MAX_SPLITS):
-        per *= 2
-    return -(-chunks // per)
+    """A row's split count (attention.cu's attn_splits_of_row): at most ATTN_MAX_SPLITS (_CL) splits
+    of chunk * 2^k keys; on the cluster path rows past ATTN_CLUSTER chunks get splits of >= 2 chunks."""
+    chunk = attn_chunk(head_dim)
+    split_len = 2 * chunk if cluster and n_keys > ATTN_CLUSTER * chunk else chunk
+    while -(-n_keys // split_len) > (ATTN_MAX_SPLITS_CL if cluster else ATTN_MAX_SPLITS):
+        split_len *= 2
+    return -(-n_keys // split_len)
 
 
 def attn_slots(n_splits: int, cluster: bool = False) -> int:
