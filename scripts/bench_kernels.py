@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import statistics
 import sys
 
 import numpy as np
@@ -43,19 +41,10 @@ def time_graph(rt, launches, reps: int = 9) -> float:
     with graph.capture(rt):
         for launch in launches:
             launch()
-    start, end = rt.cuda.Event(), rt.cuda.Event()
-    graph.launch(rt)
-    rt.synchronize()
-    times = []
-    for _ in range(reps):
-        start.record(rt.stream)
-        graph.launch(rt)
-        end.record(rt.stream)
-        end.synchronize()
-        times.append(end.time_since(start) * 1e-3)
+    us = graph.replay_us(rt, batches=reps)
     graph.destroy()
     rt.check()
-    return statistics.median(times) / len(launches)
+    return us * 1e-6 / len(launches)
 
 
 def copy_bandwidth(rt, pool) -> float:
@@ -186,7 +175,7 @@ def summary(copy_bw, q, mv, gemm) -> str:
             else:
                 cells.append("-")
         lines.append(f"{t.name:6s}" + "".join(f"{s:>19s}" for s in cells))
-    lines += ["", f"quantize_q8_1 + matvec (default variant) vs fused, us:"]
+    lines += ["", "quantize_q8_1 + matvec (default variant) vs fused, us:"]
     for m in mv:
         if "best_fused" in m:
             sep = qus.get(m["cols"], float("nan")) + m[f"us_{m['default']}"]

@@ -12,7 +12,6 @@ dozen likely tokens over a N(0, 1.5^2) floor (closer to a model's logits).
 """
 from __future__ import annotations
 
-import statistics
 
 import numpy as np
 
@@ -70,17 +69,9 @@ def run(rt, pool) -> None:
             with graph.capture(rt):
                 for _ in range(PER_GRAPH):
                     sampler.launch(logits, hist, pos)
-            graph.launch(rt)  # warm-up
-            times = []
-            for _ in range(7):
-                a, b = rt.cuda.Event(), rt.cuda.Event()
-                a.record(rt.stream)
-                graph.launch(rt)
-                b.record(rt.stream)
-                b.synchronize()
-                times.append(b.time_since(a) * 1000 / PER_GRAPH)
+            us = graph.replay_us(rt, batches=7) / PER_GRAPH
             graph.destroy()
-            print(f"{vocab:>7}  {kind:<8} {name:<24} {statistics.median(times):8.1f}")
+            print(f"{vocab:>7}  {kind:<8} {name:<24} {us:8.1f}")
 
 
 if __name__ == "__main__":

@@ -10,28 +10,12 @@ step. The full graph is timed the same way, so the table also shows the launch-g
 from __future__ import annotations
 
 import argparse
-import statistics
 from collections import OrderedDict
 
 from memra_engine.gpu.backend import CudaBackend
 from memra_engine.gpu.graph import CudaGraph
 from memra_engine.model.gguf_file import open_gguf
 from memra_engine.sampling import SamplingParams
-
-
-def time_graph(rt, graph: CudaGraph, reps: int = 30) -> float:
-    """Median µs per replay over 5 batches of reps back-to-back replays."""
-    cuda = rt.cuda
-    out = []
-    for _ in range(5):
-        a, b = cuda.Event(), cuda.Event()
-        a.record(rt.stream)
-        for _ in range(reps):
-            graph.launch(rt)
-        b.record(rt.stream)
-        b.synchronize()
-        out.append(b.time_since(a) * 1000 / reps)
-    return statistics.median(out)
 
 
 def profile(backend: CudaBackend, ctx: int) -> None:
@@ -51,7 +35,7 @@ def profile(backend: CudaBackend, ctx: int) -> None:
     full = backend._graph(backend.splits_for(backend.n_past + 200), sample=True)
     rt.launch = launch
     backend._write_step(1)
-    total = time_graph(rt, full)
+    total = full.replay_us(rt, replays=30)
     groups: OrderedDict[str, list] = OrderedDict()
     for item in record:
         groups.setdefault(item[0], []).append(item)
@@ -61,7 +45,7 @@ def profile(backend: CudaBackend, ctx: int) -> None:
         with g.capture(rt):
             for _, grid, block, args, shared in items:
                 launch(name, grid, block, args, shared)
-        rows.append((time_graph(rt, g), name, len(items)))
+        rows.append((g.replay_us(rt, replays=30), name, len(items)))
         g.destroy()
     rows.sort(reverse=True)
     parts = sum(r[0] for r in rows)

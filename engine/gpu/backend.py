@@ -288,19 +288,13 @@ class CudaBackend:
         """Device time per replayed decode+sample graph (events around n back-to-back replays, no
         host work in between) and the graph's node count. params: greedy unless given."""
         self._settle()
-        cuda = self.rt.cuda
         self.set_sampling(params or SamplingParams(temperature=0.0), seed=0)
         n = min(n, self.n_ctx - self.n_past - 1)
         graph = self._graph(self.splits_for(self.n_past + n), sample=True)
         self._write_step(1)
-        start, stop = cuda.Event(), cuda.Event()
-        start.record(self.rt.stream)
-        for _ in range(n):
-            graph.launch(self.rt)
-        stop.record(self.rt.stream)
-        stop.synchronize()
+        us = graph.replay_us(self.rt, replays=n, batches=1, warmup=False)  # each replay is a step
         self.n_past += n
-        return stop.time_since(start) * 1000.0 / n, graph.n_nodes
+        return us, graph.n_nodes
 
     def bench_extras(self, runs: int) -> dict:
         import statistics

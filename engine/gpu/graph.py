@@ -7,6 +7,7 @@ allocate or synchronize. Replays launch the instantiated graph on the same strea
 from __future__ import annotations
 
 import ctypes
+import statistics
 import ctypes.util
 
 from memra_engine.errors import DeviceError
@@ -55,6 +56,22 @@ class CudaGraph:
 
     def launch(self, rt) -> None:
         _check(_libcuda().cuGraphLaunch(self.exec, ctypes.c_void_p(rt.stream.handle)), "cuGraphLaunch")
+
+    def replay_us(self, rt, replays: int = 1, batches: int = 5, warmup: bool = True) -> float:
+        """Median over `batches` of the device µs per replay, timed by events around `replays`
+        back-to-back replays (the benchmarks' one timing loop)."""
+        if warmup:
+            self.launch(rt)
+        cuda, out = rt.cuda, []
+        for _ in range(batches):
+            start, stop = cuda.Event(), cuda.Event()
+            start.record(rt.stream)
+            for _ in range(replays):
+                self.launch(rt)
+            stop.record(rt.stream)
+            stop.synchronize()
+            out.append(stop.time_since(start) * 1000.0 / replays)
+        return statistics.median(out)
 
     def destroy(self) -> None:
         lib = _libcuda()

@@ -79,3 +79,20 @@ def test_pool_stats_and_oom_message(gpu):
         VramPool({"weights": 4 << 20}, budget=1 << 20)
     with pytest.raises(DeviceOutOfMemory, match="cannot reserve"):
         VramPool({"kv": 1 << 50})
+
+
+def test_replay_timing_grows_with_the_work_in_the_graph(gpu):
+    """CudaGraph.replay_us (the benchmarks' timing loop): positive, and a graph of 40 launches
+    takes longer per replay than a graph of one."""
+    n = 1 << 20
+    x = gpu.empty(n, poison=False)
+    gpu.rt.resolve_all()
+    timings = []
+    for count in (1, 40):
+        graph = CudaGraph()
+        with graph.capture(gpu.rt):
+            for _ in range(count):
+                gpu.rt.launch("scale_f32", -(-n // 256), 256, (x, x, np.float32(1.0), n))
+        timings.append(graph.replay_us(gpu.rt, replays=3))
+        graph.destroy()
+    assert 0 < timings[0] < timings[1]
