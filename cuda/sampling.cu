@@ -80,6 +80,20 @@ __device__ __forceinline__ bool before(float va, int ia, float vb, int ib) {
     return va > vb || (va == vb && ia < ib);
 }
 
+// Warp tree over the argmax (value, index) and the best Gumbel score (score, index): every lane
+// ends with the warp's winners. Both orders are total (ties: the lower index), so the winners do
+// not depend on the tree.
+__device__ __forceinline__ void warp_winners(float& v, int& i, float& g, int& gi) {
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, i, o);
+        if (before(ov, oi, v, i)) { v = ov; i = oi; }
+        const float og = __shfl_xor_sync(0xffffffffu, g, o);
+        const int ogi = __shfl_xor_sync(0xffffffffu, gi, o);
+        if (before(og, ogi, g, gi)) { g = og; gi = ogi; }
+    }
+}
+
 // Sorting, in two pieces that need few block barriers:
 //  - warp_sort128: a warp sorts 128 (value, index) pairs it holds in registers, 4 per lane
 //    (position lane * 4 + r in register r): a bitonic network whose partners are either in the
@@ -269,28 +283,14 @@ extern "C" __global__ void __launch_bounds__(S1_THREADS, 1) sample_stage1(
     // block argmax (value, then lowest index) and best gumbel, through warp shuffles + shared
     __shared__ float wv[32], wg[32];
     __shared__ int wi[32], wgi[32];
-    for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, vmax, o);
-        const int oi = __shfl_xor_sync(0xffffffffu, imax, o);
-        if (before(ov, oi, vmax, imax)) { vmax = ov; imax = oi; }
-        const float og = __shfl_xor_sync(0xffffffffu, gbest, o);
-        const int ogi = __shfl_xor_sync(0xffffffffu, gidx, o);
-        if (og > gbest || (og == gbest && ogi < gidx)) { gbest = og; gidx = ogi; }
-    }
+    warp_winners(vmax, imax, gbest, gidx);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     if (lane == 0) { wv[warp] = vmax; wi[warp] = imax; wg[warp] = gbest; wgi[warp] = gidx; }
     __syncthreads();
-    if (warp == 0) {  // the warps' winners, one per lane, through a shuffle tree (a total order: same winner)
+    if (warp == 0) {  // the warps' winners, one per lane, through the same tree
         static_assert(S1_THREADS == 32 * 32, "one warp result per lane");
         vmax = wv[lane]; imax = wi[lane]; gbest = wg[lane]; gidx = wgi[lane];
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ov = __shfl_xor_sync(0xffffffffu, vmax, o);
-            const int oi = __shfl_xor_sync(0xffffffffu, imax, o);
-            if (before(ov, oi, vmax, imax)) { vmax = ov; imax = oi; }
-            const float og = __shfl_xor_sync(0xffffffffu, gbest, o);
-            const int ogi = __shfl_xor_sync(0xffffffffu, gidx, o);
-            if (og > gbest || (og == gbest && ogi < gidx)) { gbest = og; gidx = ogi; }
-        }
+        warp_winners(vmax, imax, gbest, gidx);
         if (lane == 0) bmax_s = vmax;
     }
     __syncthreads();
@@ -450,14 +450,7 @@ extern "C" __global__ void __launch_bounds__(S2_THREADS) sample_finish(
             const int gib = __float_as_int(o[5]);
             if (o[4] > gb || (o[4] == gb && gib < gi)) { gb = o[4]; gi = gib; }
         }
-        for (int off = 16; off > 0; off >>= 1) {
-            const float oM = __shfl_xor_sync(0xffffffffu, M, off);
-            const int oa = __shfl_xor_sync(0xffffffffu, arg, off);
-            if (before(oM, oa, M, arg)) { M = oM; arg = oa; }
-            const float og = __shfl_xor_sync(0xffffffffu, gb, off);
-            const int ogi = __shfl_xor_sync(0xffffffffu, gi, off);
-            if (og > gb || (og == gb && ogi < gi)) { gb = og; gi = ogi; }
-        }
+        warp_winners(M, arg, gb, gi);
         float Z1 = 0.0f, ZT = 0.0f;
         for (int b = lane; b < n_blocks; b += 32) {
             const float* o = part + b * 8;

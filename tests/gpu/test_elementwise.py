@@ -13,7 +13,7 @@ from gguf.constants import GGMLQuantizationType as QT
 from memra_engine.gpu import quant_ops
 from memra_engine.gpu.quant_ref import dequantize_weight, random_weight_bytes
 from memra_engine.model.gguf_file import TensorInfo
-from gpu_util import rel_err
+from gpu_util import rel_err, rope_ref
 
 pytestmark = pytest.mark.gpu
 f32 = np.float32
@@ -56,21 +56,6 @@ def test_add_rms_norm_updates_the_residual(gpu):
     gpu.rt.launch("add_rms_norm_f32", T, 128, (total, gpu.put(h), gpu.put(d), gpu.put(w), y, n, f32(1e-5), 0, 0))
     assert np.array_equal(gpu.get(total, (T, n)), h + d)
     assert rel_err(gpu.get(y, (T, n)), rms_norm_ref(h + d, w, 1e-5)) < 1e-5
-
-
-def rope_ref(x, pos, base, neox, scale=1.0, ff=None):
-    T, n, hd = x.shape
-    inv = base ** (-np.arange(0, hd, 2, dtype=np.float64) / hd)
-    if ff is not None:
-        inv = inv / ff
-    ang = (pos.astype(np.float64) * scale)[:, None] * inv[None]
-    c, s = np.cos(ang)[:, None], np.sin(ang)[:, None]
-    x = x.astype(np.float64)
-    if neox:
-        a, b = x[..., : hd // 2], x[..., hd // 2:]
-        return np.concatenate([a * c - b * s, a * s + b * c], -1)
-    a, b = x[..., 0::2], x[..., 1::2]
-    return np.stack([a * c - b * s, a * s + b * c], -1).reshape(x.shape)
 
 
 @pytest.mark.parametrize("neox", [False, True])

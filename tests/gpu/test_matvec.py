@@ -23,6 +23,7 @@ from memra_engine.gpu import quant_ops
 from memra_engine.gpu.quant_ref import (dequantize_weight, matvec_q8_1_ref, q8_1_bytes, quantize_q8_1_ref,
                                         random_weight_bytes, supported_types)
 from memra_engine.model.gguf_file import TensorInfo
+from gpu_util import rope_ref
 
 pytestmark = pytest.mark.gpu
 NAN_BITS = 0x7FC00000
@@ -141,20 +142,6 @@ def test_batched_columns_bit_identical_to_single(gpu, ggml_type):
 
 
 
-def rope_pairs_ref(y: np.ndarray, hd: int, pos: int, neox: bool, base: float, ff) -> np.ndarray:
-    """float64 rope of [n, hd] heads at one position (tests/gpu/test_elementwise.py's rope_ref)."""
-    inv = base ** (-np.arange(0, hd, 2, dtype=np.float64) / hd)
-    if ff is not None:
-        inv = inv / ff
-    c, s = np.cos(pos * inv), np.sin(pos * inv)
-    y = y.astype(np.float64)
-    if neox:
-        a, b = y[..., : hd // 2], y[..., hd // 2:]
-        return np.concatenate([a * c - b * s, a * s + b * c], -1)
-    a, b = y[..., 0::2], y[..., 1::2]
-    return np.stack([a * c - b * s, a * s + b * c], -1).reshape(y.shape)
-
-
 @pytest.mark.parametrize("ggml_type", [QT.Q4_1, QT.Q8_0, QT.Q4_K, QT.Q6_K], ids=lambda t: t.name)
 @pytest.mark.parametrize("neox,bias,hd,n_q,n_kv", [(True, False, 64, 9, 3), (False, True, 128, 4, 2),
                                                    (True, True, 64, 14, 2)])
@@ -204,8 +191,8 @@ def test_qkv_rope_matvec_is_matvec_bias_and_rope_qk_kv(gpu, ggml_type, neox, bia
     wf = dequantize_weight(ggml_type, data, rows, cols)
     ref = x.astype(np.float64) @ wf.T.astype(np.float64) + (b if bias else 0)
     heads = ref[0].reshape(-1, hd)
-    q_want = rope_pairs_ref(heads[:n_q], hd, pos, neox, 1e4, ff)
-    k_want = rope_pairs_ref(heads[n_q:n_q + n_kv], hd, pos, neox, 1e4, ff)
+    q_want = rope_ref(heads[None, :n_q], np.array([pos]), 1e4, neox, 1.0, ff)[0]
+    k_want = rope_ref(heads[None, n_q:n_q + n_kv], np.array([pos]), 1e4, neox, 1.0, ff)[0]
     v_want = heads[n_q + n_kv:]
     s = np.linalg.norm(np.sqrt((x.astype(np.float64) ** 2) @ (wf[:q_rows].astype(np.float64) ** 2).T))
     assert np.linalg.norm(got_q - q_want) / s <= 5e-4
