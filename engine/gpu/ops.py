@@ -475,7 +475,7 @@ class GpuOps:
         if mm is None or rq is None or rk is None or q.rows != 1:
             return False
         x, w, _, bias, out = mm
-        T, n_head, hd = q.shape
+        _, n_head, hd = q.shape
         n_kv = k.shape[1]
         xq_in, xk_in = rq[0], rk[0]
         if (xq_in.ptr != out.ptr or xk_in.ptr != out.ptr + n_head * hd * 4 or v.ptr != xk_in.ptr + n_kv * hd * 4
