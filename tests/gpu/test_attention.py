@@ -173,3 +173,55 @@ def test_q8_1_output_equals_quantize_q8_1_of_the_output(gpu, cluster, hd, H, n_k
         for t in range(T):  # the whole row: qs[n], the residual's qs2[n], ds[n/32] (every byte written)
             row = slice(t * stride, (t + 1) * stride)
             assert np.array_equal(got[row], ref[row]), (pos, t)
+
+
+@pytest.mark.parametrize("hd,H,n_kv,qtype", [(64, 9, 3, "Q4_1"), (256, 4, 1, "Q4_K"), (128, 32, 8, "Q8_0")])
+def test_o_matvec_merges_cluster_partials_like_the_merge_launch(gpu, hd, H, n_kv, qtype):
+    """Decode rows past one cluster: matvec_amerge (the o matvec merging the cluster partials in
+    its prologue) gives the same bits as attn_cl_merge + matvec, in y and in the f32 attention
+    row, for rows of 1 (attention wrote the row) to 8 partials; y also follows numpy."""
+    if not gpu.rt.built_sm90:
+        pytest.skip("thread-block clusters need kernels built for sm_90+")
+    from gguf.constants import GGMLQuantizationType as QT
+
+    from memra_engine.gpu.ops import attention_merge_launch
+    from memra_engine.gpu.quant_ops import matvec, matvec_amerge, q8_1_nbytes, q8_1_stride, upload_weight
+    from memra_engine.gpu.quant_ref import dequantize_weight, random_weight_bytes
+    from memra_engine.model.gguf_file import TensorInfo
+
+    rng = np.random.default_rng(hd + H)
+    n, rows, n_ctx = H * hd, 200 + hd // 64, 9000  # odd row count
+    data = random_weight_bytes(QT[qtype], rows, n, rng)
+    w = upload_weight(gpu.rt, gpu.pool, TensorInfo("w", (rows, n), QT[qtype], data))
+    wf = dequantize_weight(QT[qtype], data, rows, n).astype(np.float64)
+    q, kc, vc, _, _ = random_case(rng, 1, H, n_kv, hd, n_ctx)
+    kcd, vcd = gpu.put(kc), gpu.put(vc)
+    S = attn_splits(kv_bucket(n_ctx), hd, True)
+    slots = attn_slots(S, True)
+    seen = set()
+    for p in (100, 1499, 3999, 7999):  # partials: 1, 2, 4, 8 at hd64; 1, 3, 8, 8 at hd128/256
+        pos = np.array([p], np.int32)
+        ppos = gpu.put(pos)
+        parts = -(-attn_row_splits(p + 1, hd, True) // ATTN_CLUSTER)
+        ys, outs = [], []
+        for fused in (False, True):
+            opart, ml = gpu.empty(slots * n), gpu.empty(slots * H * 2)
+            out, xq, y = gpu.empty(n), gpu.empty(q8_1_nbytes(n, 1) // 4 + 1), gpu.empty(rows)
+            attention_launch(gpu.rt, gpu.put(q), n, kcd, vcd, 0, 0, opart, ml, ppos, 1, H, n_kv, hd, n_ctx, 0,
+                             1 / np.sqrt(hd), 0.0, out, xq, q8_1_stride(n), S, "f16", True, merge=False)
+            if fused:
+                matvec_amerge(gpu.rt, w, xq, y, opart, ml, ppos, H, hd, 0, out)
+            else:
+                attention_merge_launch(gpu.rt, opart, ml, ppos, 1, H, n_kv, hd, 0, out, xq, q8_1_stride(n), S, True)
+                matvec(gpu.rt, w, out, xq, y, 1)
+            ys.append(gpu.get(y, rows))
+            outs.append(gpu.get(out, n))
+        gpu.rt.check()
+        assert np.all(np.isfinite(ys[1])) and np.all(np.isfinite(outs[1])), (p, parts)
+        assert np.array_equal(ys[0], ys[1]) and np.array_equal(outs[0], outs[1]), (p, parts)
+        ref = attention_ref(q, kc, vc, pos, 1 / np.sqrt(hd), 0, 0.0)[0]
+        assert rel_err(outs[1], ref) < 1e-4
+        size = np.linalg.norm(np.sqrt((ref ** 2) @ (wf ** 2).T))  # test_matvec's S: |y| without cancellation
+        assert np.linalg.norm(ys[1] - wf @ ref) <= 2e-4 * size, (p, parts)
+        seen.add(parts)
+    assert seen == ({1, 2, 4, 8} if hd == 64 else {1, 3, 8}) and slots == 8
