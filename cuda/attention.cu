@@ -168,30 +168,6 @@ __device__ void attn_cluster_merge(const float (*o_blk)[HD], const float* m_blk,
 #endif
 }
 
-// A block's result for its heads (o unnormalized in o_s, m_s, l_s; thread i wrote o_s values
-// i, i + ATTN_THREADS, ... and thread h < g m_s[h], l_s[h]): a row of one split writes its output,
-// otherwise its split's partial goes to the cluster merge or to attn_merge.
-template <int HD, int G, bool CL>
-__device__ __forceinline__ void attn_block_out(const float (*o_s)[HD], const float* m_s, const float* l_s, int n_act,
-                                               int g, int h0, int t, int n_head, float* __restrict__ opart,
-                                               float* __restrict__ ml, float* __restrict__ out,
-                                               int8_t* __restrict__ xq, int xq_stride) {
-    const int tid = threadIdx.x;
-    if (n_act == 1) {
-        __syncthreads();
-        attn_write_out<HD, G>(o_s, l_s, g, h0, t, n_head, out, xq, xq_stride);
-        return;
-    }
-    if constexpr (CL) {
-        attn_cluster_merge<HD, G>(o_s, m_s, l_s, n_act, g, h0, t, n_head, gridDim.y / ATTN_CLUSTER, opart, ml,
-                                  out, xq, xq_stride);
-    } else {  // a partial for attn_merge
-        const size_t prow0 = ((size_t)t * gridDim.y + blockIdx.y) * n_head + h0;
-        for (int i = tid; i < g * HD; i += ATTN_THREADS) opart[prow0 * HD + i] = o_s[i / HD][i % HD];
-        if (tid < g) { ml[(prow0 + tid) * 2] = m_s[tid]; ml[(prow0 + tid) * 2 + 1] = l_s[tid]; }
-    }
-}
-
 // grid (n_kv * n_hgroups, n_splits >= any row's splits, T), block ATTN_THREADS; CL: n_splits a
 // multiple of ATTN_CLUSTER, clusters of ATTN_CLUSTER blocks along y.
 // q [T][q_ld] (heads of HD inside). Partials: opart [T][slots][n_head][HD], ml [T][slots][n_head][2],
@@ -383,184 +359,19 @@ __device__ void attn_rows(const float* __restrict__ q, int q_ld, const void* __r
         for (int w = 0; w < ATTN_WARPS; ++w) acc += o_s[w][hh][d];
         o_s[0][hh][d] = acc;
     }
-    attn_block_out<HD, G, CL>(o_s[0], m_s, l_s, n_act, g, h0, t, n_head, opart, ml, out, xq, xq_stride);
-}
-
-// Head dim 64 (f16 or q8_0 cache): the same split rule, chunk and output as attn_rows, but the
-// warps walk their keys independently: warp w takes keys 16w .. 16w + 15 of every 64-key chunk and
-// keeps its own online softmax (m per head, l per lane), so the key loop has no block barrier and
-// no shared-memory softmax (attn_rows' step: three barriers, ~1 us). Each key's score and exp
-// live in one lane pair:
-// - QK: lanes 2k, 2k + 1 take key k of the warp's 16, dims 0-31 and 32-63; one shuffle joins them.
-// - PV: lane = 8 * kq + seg holds dims 8 seg .. 8 seg + 7 of keys kq, kq + 4, kq + 8, kq + 12 (V in
-//   16-byte loads), p from the scoring lane by shuffle.
-// After the loop the key quarters, then the warps (in warp order, weights exp(m_w - M)) are summed.
-template <int G, bool Q8, bool CL>
-__device__ void attn_rows_hd64(const float* __restrict__ q, int q_ld, const void* __restrict__ kc,
-                               const void* __restrict__ vc, const half* __restrict__ kd, const half* __restrict__ vd,
-                               float* __restrict__ opart, float* __restrict__ ml, const int* __restrict__ pos,
-                               int n_head, int n_kv, int n_ctx, int window, float scale, float softcap,
-                               float* __restrict__ out, int8_t* __restrict__ xq, int xq_stride) {
-    constexpr int HD = 64, CHUNK = attn_chunk(HD), KW = CHUNK / ATTN_WARPS;  // keys per warp per step
-    static_assert(KW == 16, "a lane pair per key, 16 keys per warp");
-    // q_s rows padded: the two halves of a row (read by the two lanes of a pair) sit in different banks
-    __shared__ __align__(16) float q_s[G][HD + 4];
-    __shared__ __align__(16) float o_s[ATTN_WARPS][G][HD];
-    __shared__ float mw_s[ATTN_WARPS][G], lw_s[ATTN_WARPS][G], m_s[G], l_s[G];
-
-    const int group = n_head / n_kv;
-    const int n_hgroups = (group + G - 1) / G;
-    const int kvh = blockIdx.x / n_hgroups, hg = blockIdx.x % n_hgroups;
-    const int h0 = kvh * group + hg * G;
-    const int g = min(G, group - hg * G);
-    const int s = blockIdx.y, t = blockIdx.z;
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-
-    const int p = pos[t];  // before the PDL wait: see attn_rows
-    int start, split_len;
-    const int n_act = attn_splits_of_row(p, window, CHUNK, CL, start, split_len);
-    if (CL ? (s / ATTN_CLUSTER) * ATTN_CLUSTER >= n_act || (n_act == 1 && s > 0) : s >= n_act) return;
-    const bool active = s < n_act;
-    const int j0 = start + s * split_len, j1 = min(p + 1, j0 + split_len);
-    if (active) {
-        constexpr int ROW_BYTES = HD * (Q8 ? 1 : 2);
-        const size_t kv_row0 = (size_t)kvh * n_ctx + j0;
-        for (int r = tid; r < 2 * CHUNK && j0 + r < j1; r += ATTN_THREADS) {  // up to 2 chunks
-            const size_t off = (kv_row0 + r) * ROW_BYTES;
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(static_cast<const char*>(kc) + off));
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(static_cast<const char*>(vc) + off));
-        }
+    if (n_act == 1) {
+        __syncthreads();
+        attn_write_out<HD, G>(o_s[0], l_s, g, h0, t, n_head, out, xq, xq_stride);
+        return;
     }
-    pdl_entry();
-    for (int i = tid; i < G * HD; i += ATTN_THREADS) {
-        const int hh = i / HD, d = i % HD;
-        q_s[hh][d + (d >> 5) * 4] = hh < g ? q[(size_t)t * q_ld + (size_t)(h0 + hh) * HD + d] * scale : 0.0f;
+    if constexpr (CL) {
+        attn_cluster_merge<HD, G>(o_s[0], m_s, l_s, n_act, g, h0, t, n_head, gridDim.y / ATTN_CLUSTER, opart, ml,
+                                  out, xq, xq_stride);
+    } else {  // a partial for attn_merge
+        const size_t prow0 = ((size_t)t * gridDim.y + s) * n_head + h0;
+        for (int i = tid; i < g * HD; i += ATTN_THREADS) opart[prow0 * HD + i] = o_s[0][i / HD][i % HD];
+        if (tid < g) { ml[(prow0 + tid) * 2] = m_s[tid]; ml[(prow0 + tid) * 2 + 1] = l_s[tid]; }
     }
-    __syncthreads();
-
-    const int kh = lane & 1, kk = lane >> 1;   // QK: dims 32 kh .. 32 kh + 31 of key kk
-    const int seg = lane & 7, kq = lane >> 3;  // PV: dims 8 seg .. 8 seg + 7 of keys kq + 4 i
-    float m[G], l[G], o[G][8];
-#pragma unroll
-    for (int hh = 0; hh < G; ++hh) {
-        m[hh] = -INFINITY;
-        l[hh] = 0.0f;
-#pragma unroll
-        for (int e = 0; e < 8; ++e) o[hh][e] = 0.0f;
-    }
-    const size_t row0 = (size_t)kvh * n_ctx;
-    // this step's K/V rows and the next step's, loaded before this step's math (rows past the
-    // end read the last valid row; their weight is 0)
-    Kv8<Q8> kr[4], vr[4], kn[4], vn[4];
-    auto load = [&](int c0) {
-        const int kb = c0 + KW * warp;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            kn[i].load(kc, kd, row0 + min(kb + kk, j1 - 1), 4 * kh + i, HD);
-            vn[i].load(vc, vd, row0 + min(kb + kq + 4 * i, j1 - 1), seg, HD);
-        }
-    };
-    if (active) load(j0);
-    for (int c0 = j0; active && c0 < j1; c0 += CHUNK) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            kr[i] = kn[i];
-            vr[i] = vn[i];
-        }
-        if (c0 + CHUNK < j1) load(c0 + CHUNK);
-        const int kb = c0 + KW * warp;
-        if (kb >= j1) continue;  // warp-uniform: none of this warp's keys are in the split
-        float x[G];
-#pragma unroll
-        for (int hh = 0; hh < G; ++hh) x[hh] = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            float kf[8];
-            kr[i].get(kf);
-#pragma unroll
-            for (int hh = 0; hh < G; ++hh) {
-                const float* qr = &q_s[hh][36 * kh + 8 * i];
-                const float4 qa = *reinterpret_cast<const float4*>(qr);
-                const float4 qb = *reinterpret_cast<const float4*>(qr + 4);
-                x[hh] += (qa.x * kf[0] + qa.y * kf[1] + qa.z * kf[2] + qa.w * kf[3]) +
-                         (qb.x * kf[4] + qb.y * kf[5] + qb.z * kf[6] + qb.w * kf[7]);
-            }
-        }
-        const bool valid = kb + kk < j1;
-        float mx[G];
-#pragma unroll
-        for (int hh = 0; hh < G; ++hh) {
-            x[hh] += __shfl_xor_sync(0xffffffffu, x[hh], 1);
-            if (softcap > 0.0f) x[hh] = softcap * tanhf(x[hh] / softcap);
-            x[hh] = valid ? x[hh] : -INFINITY;
-            mx[hh] = x[hh];
-        }
-#pragma unroll
-        for (int off = 2; off < 32; off <<= 1)
-#pragma unroll
-            for (int hh = 0; hh < G; ++hh) mx[hh] = fmaxf(mx[hh], __shfl_xor_sync(0xffffffffu, mx[hh], off));
-        float pk[G];
-#pragma unroll
-        for (int hh = 0; hh < G; ++hh) {
-            const float m_new = fmaxf(m[hh], mx[hh]);  // finite: the warp's first key is valid
-            const float corr = expf(m[hh] - m_new);   // 0 at the warp's first step
-            m[hh] = m_new;
-            pk[hh] = expf(x[hh] - m_new);
-            l[hh] = l[hh] * corr + (kh == 0 ? pk[hh] : 0.0f);  // each key counted by one lane of its pair
-#pragma unroll
-            for (int e = 0; e < 8; ++e) o[hh][e] *= corr;
-        }
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            float vf[8];
-            vr[i].get(vf);
-#pragma unroll
-            for (int hh = 0; hh < G; ++hh) {
-                const float pv = __shfl_sync(0xffffffffu, pk[hh], 2 * (kq + 4 * i));
-#pragma unroll
-                for (int e = 0; e < 8; ++e) o[hh][e] += pv * vf[e];
-            }
-        }
-    }
-    // the warp's key quarters (lanes seg, seg + 8, seg + 16, seg + 24), then its l
-#pragma unroll
-    for (int hh = 0; hh < G; ++hh) {
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-            o[hh][e] += __shfl_xor_sync(0xffffffffu, o[hh][e], 8);
-            o[hh][e] += __shfl_xor_sync(0xffffffffu, o[hh][e], 16);
-        }
-        l[hh] = warp_sum(l[hh]);
-    }
-    if (lane < 8) {
-#pragma unroll
-        for (int hh = 0; hh < G; ++hh)
-#pragma unroll
-            for (int e = 0; e < 8; ++e) o_s[warp][hh][8 * seg + e] = o[hh][e];
-    }
-    if (lane == 0) {
-#pragma unroll
-        for (int hh = 0; hh < G; ++hh) { mw_s[warp][hh] = m[hh]; lw_s[warp][hh] = l[hh]; }
-    }
-    __syncthreads();
-    // the warps merged in warp order into o_s[0]; a warp without keys has m = -inf, weight 0
-    for (int i = tid; i < G * HD; i += ATTN_THREADS) {
-        const int hh = i / HD, d = i % HD;
-        float M = -INFINITY;
-#pragma unroll
-        for (int w = 0; w < ATTN_WARPS; ++w) M = fmaxf(M, mw_s[w][hh]);
-        float acc = 0.0f, lsum = 0.0f;
-#pragma unroll
-        for (int w = 0; w < ATTN_WARPS; ++w) {
-            const float c = mw_s[w][hh] == -INFINITY ? 0.0f : expf(mw_s[w][hh] - M);
-            acc += c * o_s[w][hh][d];
-            lsum += c * lw_s[w][hh];
-        }
-        o_s[0][hh][d] = acc;
-        if (d == 0) { m_s[hh] = M; l_s[hh] = lsum; }
-    }
-    __syncthreads();  // m_s, l_s come from other threads than attn_block_out's readers
-    attn_block_out<HD, G, CL>(o_s[0], m_s, l_s, n_act, g, h0, t, n_head, opart, ml, out, xq, xq_stride);
 }
 
 // Merge of the partials in slots 0 .. n_parts - 1 of row t (slot order) for heads h0 .. h0 + g,
@@ -589,9 +400,9 @@ __device__ void attn_merge_parts(const float* __restrict__ opart, const float* _
     }
     for (int h = warp; h < g; h += ATTN_WARPS) {
         const size_t r = ((size_t)t * n_slots + lane) * n_head + h0 + h;
-        float L;  // the cluster path's partials fit an 8-lane segment (the o matvec merges them that way too)
-        const float c = attn_merge_weight<MAXP <= 8 ? 8 : 32>(lane < n_parts ? ml[r * 2] : 0.0f,
-                                                             lane < n_parts ? ml[r * 2 + 1] : 0.0f, lane, n_parts, L);
+        float L;
+        const float c = attn_merge_weight(lane < n_parts ? ml[r * 2] : 0.0f, lane < n_parts ? ml[r * 2 + 1] : 0.0f,
+                                          n_parts, L);
         c_s[h][lane] = c;
         if (lane == 0) l_s[h] = L;
     }
@@ -655,12 +466,8 @@ __device__ void attn_merge_rows(const float* __restrict__ opart, const float* __
         const float* q, int q_ld, const void* kc, const void* vc, const half* kd, const half* vd, float* opart,  \
         float* ml, const int* pos, int n_head, int n_kv, int n_ctx, int window, float scale, float softcap,     \
         float* out, int8_t* xq, int xq_stride) {                                                                 \
-        if constexpr (HD == 64)                                                                                 \
-            attn_rows_hd64<G, Q8, CL>(q, q_ld, kc, vc, kd, vd, opart, ml, pos, n_head, n_kv, n_ctx, window,      \
-                                      scale, softcap, out, xq, xq_stride);                                       \
-        else                                                                                                     \
-            attn_rows<HD, G, Q8, CL>(q, q_ld, kc, vc, kd, vd, opart, ml, pos, n_head, n_kv, n_ctx, window,       \
-                                     scale, softcap, out, xq, xq_stride);                                        \
+        attn_rows<HD, G, Q8, CL>(q, q_ld, kc, vc, kd, vd, opart, ml, pos, n_head, n_kv, n_ctx, window,           \
+                                 scale, softcap, out, xq, xq_stride);                                            \
     }
 // memra-kernel: attn_hd64_g1_f16(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_hd64_g1_f16, 64, 1, false, false, )

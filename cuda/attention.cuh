@@ -35,23 +35,15 @@ __device__ __forceinline__ int attn_cl_parts(int p, int window, int hd) {
     return (n_act + ATTN_CLUSTER - 1) / ATTN_CLUSTER;
 }
 
-// One head's merge weights over W lanes (a whole warp, or an 8-lane segment of it: a row's partials
-// fit, up to 32 on the split path, ATTN_CLUSTER on the cluster path): lane k of the segment holds
-// partial k's (m, l). Returns c_k = exp(m_k - M) (0 for k >= n_parts); L = sum c_k l_k in every
-// lane of the segment. Every lane of the warp must call it (shuffles).
-template <int W>
-__device__ __forceinline__ float attn_merge_weight(float m, float l, int k, int n_parts, float& L) {
-    const bool in = k < n_parts;
-    m = in ? m : -INFINITY;
-    l = in ? l : 0.0f;
-    float M = m;
-#pragma unroll
-    for (int o = W / 2; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
-    const float c = in ? expf(m - M) : 0.0f;
-    float s = c * l;
-#pragma unroll
-    for (int o = W / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    L = s;
+// One head's merge weights, one warp: lane k < n_parts holds partial k's (m, l). Returns lane k's
+// weight c_k = exp(m_k - M) (0 past n_parts); L = sum c_k l_k in every lane.
+__device__ __forceinline__ float attn_merge_weight(float m, float l, int n_parts, float& L) {
+    const int lane = threadIdx.x & 31;
+    m = lane < n_parts ? m : -INFINITY;
+    l = lane < n_parts ? l : 0.0f;
+    const float M = warp_max(m);
+    const float c = lane < n_parts ? expf(m - M) : 0.0f;
+    L = warp_sum(c * l);
     return c;
 }
 

@@ -280,9 +280,11 @@ __device__ __forceinline__ void matvec_qkv_rope(const uint8_t* __restrict__ wq, 
 // Not inlined: the merge does not depend on the weight type, so every entry point calls one copy.
 __device__ __noinline__ const int8_t* attn_merge_q8_1(const int8_t* xq, int cols, int stride,
                                                       const float* __restrict__ opart, const float* __restrict__ ml,
-                                                      int n_parts, int n_head, int head_dim, float* __restrict__ out) {
+                                                      const int* __restrict__ pos, int n_head, int head_dim,
+                                                      int window, float* __restrict__ out) {
     extern __shared__ int4 xq_shared[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int n_parts = attn_cl_parts(pos[0], window, head_dim);
     if (n_parts == 1) return xq;
     int8_t* sq = reinterpret_cast<int8_t*>(xq_shared);
     float* c_s = reinterpret_cast<float*>(sq + stride);  // [n_head][ATTN_CLUSTER]
@@ -300,20 +302,13 @@ __device__ __noinline__ const int8_t* attn_merge_q8_1(const int8_t* xq, int cols
 #pragma unroll
             for (int k = 0; k < ATTN_CLUSTER; ++k) v[it][k] = opart[min(k, n_parts - 1) * slot + 32 * blk + lane];
         }
-        if (b0 == warp) {  // the weights: 8-lane segments, one per head, 16 heads per pass
-            constexpr int HP = MV_WARPS * 32 / ATTN_CLUSTER;
-            const int k = threadIdx.x % ATTN_CLUSTER;
-            for (int h0 = 0; h0 < n_head; h0 += HP) {
-                const int h = h0 + threadIdx.x / ATTN_CLUSTER;
-                const bool mine = h < n_head && k < n_parts;
-                const size_t r = (size_t)k * n_head + h;
+        if (b0 == warp) {
+            for (int h = warp; h < n_head; h += MV_WARPS) {
+                const size_t r = (size_t)min(lane, n_parts - 1) * n_head + h;
                 float L;
-                const float c = attn_merge_weight<ATTN_CLUSTER>(mine ? ml[2 * r] : 0.0f, mine ? ml[2 * r + 1] : 0.0f,
-                                                                h < n_head ? k : ATTN_CLUSTER, n_parts, L);
-                if (h < n_head) {
-                    c_s[h * ATTN_CLUSTER + k] = c;
-                    if (k == 0) l_s[h] = L;
-                }
+                const float c = attn_merge_weight(ml[2 * r], ml[2 * r + 1], n_parts, L);
+                if (lane < ATTN_CLUSTER) c_s[h * ATTN_CLUSTER + lane] = c;
+                if (lane == 0) l_s[h] = L;
             }
             __syncthreads();  // every warp passes here exactly once (b0 == warp is its first batch)
         }
@@ -378,9 +373,8 @@ __device__ __noinline__ const int8_t* attn_merge_q8_1(const int8_t* xq, int cols
         const uint8_t* wq, const uint8_t* wm, const int8_t* xq, float* y, int rows, int cols, int stride,      \
         const float* opart, const float* ml, const int* pos, int n_head, int head_dim, int window, float* out) { \
         matvec_prefetch_q<TYPE##_t, R>(wq, wm, rows, cols);                                                    \
-        const int n_parts = attn_cl_parts(pos[0], window, head_dim); /* final before the step */              \
         pdl_entry();                                                                                           \
-        const int8_t* x = attn_merge_q8_1(xq, cols, stride, opart, ml, n_parts, n_head, head_dim, out);        \
+        const int8_t* x = attn_merge_q8_1(xq, cols, stride, opart, ml, pos, n_head, head_dim, window, out);     \
         matvec_q<TYPE##_t, R, 1, U, false>(wq, wm, x, y, rows, cols, 1, stride);                               \
     }
 
