@@ -23,10 +23,14 @@
 // than the attention itself). Longer rows (up to 64 splits) write one partial per cluster, and
 // attn_cl_merge merges those (at most 8).
 #include <cooperative_groups.h>
-#include "attention.cuh"
+#include "common.cuh"
+#include "quants.cuh"
 
 #define ATTN_THREADS 128
 #define ATTN_WARPS (ATTN_THREADS / 32)
+#define ATTN_MAX_SPLITS 32     // split + merge-kernel path (attn_*)
+#define ATTN_CLUSTER 8         // blocks per cluster (the portable maximum)
+#define ATTN_MAX_SPLITS_CL 64  // cluster path (attn_cl_*): at most 8 clusters, so attn_cl_merge merges <= 8
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
 #define ATTN_CLUSTER_DIMS  // never launched before sm_90 (ops.attention_launch); compiled so every fatbin has it
@@ -51,7 +55,7 @@ extern "C" __global__ void kv_write_f16(const float* k, const float* v, half* kc
 
 template <int HD>
 struct AttnShape {
-    static constexpr int CHUNK = attn_chunk(HD);             // keys per block step (attention.py: chunk_for)
+    static constexpr int CHUNK = HD == 64 ? 64 : 32;         // keys per block step (attention.py: chunk_for)
     static constexpr int SEGS = HD / 8;                      // 8-value segments per K/V row
     static constexpr int ROWS_PER_PASS = ATTN_THREADS / SEGS;
     static constexpr int E = CHUNK / ROWS_PER_PASS;          // K (and V) rows per thread per step
@@ -87,6 +91,22 @@ template <> struct Kv8<true> {
         for (int i = 0; i < 8; ++i) f[i] = (float)q[i] * s;
     }
 };
+
+// A row's split rule: its n keys go to at most ATTN_MAX_SPLITS splits of chunk * 2^k keys, the
+// smallest that fits. The cluster path allows ATTN_MAX_SPLITS_CL, and rows past ATTN_CLUSTER
+// chunks get splits of at least 2 chunks: up to 16 chunks that keeps a row in one cluster (no
+// merge launch up to 1024 keys at hd64, 512 at hd256: gemma3's sliding window), and longer rows
+// get half as many clusters to merge. Depends on the row's position only (bit-identical rows
+// across grids).
+__device__ __forceinline__ int attn_splits_of_row(int p, int window, int chunk, bool cluster, int& start,
+                                                  int& split_len) {
+    start = window > 0 ? max(0, p + 1 - window) : 0;
+    const int n_keys = p + 1 - start;
+    const int max_splits = cluster ? ATTN_MAX_SPLITS_CL : ATTN_MAX_SPLITS;
+    split_len = cluster && n_keys > ATTN_CLUSTER * chunk ? 2 * chunk : chunk;
+    while ((n_keys + split_len - 1) / split_len > max_splits) split_len *= 2;
+    return (n_keys + split_len - 1) / split_len;
+}
 
 // out = o / l for heads h0 .. h0 + g of row t, and its q8_1 copy for the o matvec: g * HD is a
 // multiple of 32, so each warp's iteration is one whole q8_1 block of one head.
@@ -400,9 +420,11 @@ __device__ void attn_merge_parts(const float* __restrict__ opart, const float* _
     }
     for (int h = warp; h < g; h += ATTN_WARPS) {
         const size_t r = ((size_t)t * n_slots + lane) * n_head + h0 + h;
-        float L;
-        const float c = attn_merge_weight(lane < n_parts ? ml[r * 2] : 0.0f, lane < n_parts ? ml[r * 2 + 1] : 0.0f,
-                                          n_parts, L);
+        const float m = lane < n_parts ? ml[r * 2] : -INFINITY;
+        const float l = lane < n_parts ? ml[r * 2 + 1] : 0.0f;
+        const float M = warp_max(m);
+        const float c = lane < n_parts ? expf(m - M) : 0.0f;
+        const float L = warp_sum(c * l);
         c_s[h][lane] = c;
         if (lane == 0) l_s[h] = L;
     }
@@ -417,10 +439,7 @@ __device__ void attn_merge_parts(const float* __restrict__ opart, const float* _
 #pragma unroll
             for (int k = 0; k < MAXP; ++k) {
                 const float c = c_s[hh][(sp0 + k) & 31];
-                acc.x = attn_merge_add(acc.x, c, v[k].x);
-                acc.y = attn_merge_add(acc.y, c, v[k].y);
-                acc.z = attn_merge_add(acc.z, c, v[k].z);
-                acc.w = attn_merge_add(acc.w, c, v[k].w);
+                acc.x += c * v[k].x; acc.y += c * v[k].y; acc.z += c * v[k].z; acc.w += c * v[k].w;
             }
         }
         *reinterpret_cast<float4*>(&o_s[hh][d]) = acc;

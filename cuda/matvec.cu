@@ -13,7 +13,6 @@
 // q8_1 activation buffer, per token t at t*stride (stride = q8_1_stride(K), see quant_ops.py):
 //   int8 qs[Kq] | int8 qs2[Kq] | float4 ds[Kq/32] = (d1, sum, d2, 0)  (Kq = K rounded up to 32;
 //   two int8 terms, the second the first's rounding residual: quants.cuh, 3.).
-#include "attention.cuh"
 #include "common.cuh"
 #include "quants.cuh"
 #include "rope.cuh"
@@ -267,68 +266,6 @@ __device__ __forceinline__ void matvec_qkv_rope(const uint8_t* __restrict__ wq, 
     }
 }
 
-// ---- o matvec that merges attention's cluster partials (one-token decode) ----------------------
-// A decode row longer than one cluster leaves attention with up to ATTN_CLUSTER unnormalized
-// partials (o, m, l per head; attention.cu). Instead of attn_cl_merge's launch, every block of
-// the o matvec merges them into a shared q8_1 row (the merge kernel's arithmetic: weights from
-// attn_merge_weight, slot order with attn_merge_add, o / L, quantize_q8_1_at), then runs the
-// plain matvec over it, so y has the bits of merge + matvec (verify keeps the two launches).
-// Block 0 also writes the f32 row: the attention output is complete as after the merge launch.
-// A row of one cluster was written by attention: blocks read its q8_1 copy (xq) as matvec_q does.
-// opart [slots][n_head][head_dim], ml [slots][n_head][2] (T = 1). Dynamic shared memory:
-// stride bytes (the q8_1 row) + (ATTN_CLUSTER + 1) * n_head floats (weights, L).
-// Not inlined: the merge does not depend on the weight type, so every entry point calls one copy.
-__device__ __noinline__ const int8_t* attn_merge_q8_1(const int8_t* xq, int cols, int stride,
-                                                      const float* __restrict__ opart, const float* __restrict__ ml,
-                                                      const int* __restrict__ pos, int n_head, int head_dim,
-                                                      int window, float* __restrict__ out) {
-    extern __shared__ int4 xq_shared[];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int n_parts = attn_cl_parts(pos[0], window, head_dim);
-    if (n_parts == 1) return xq;
-    int8_t* sq = reinterpret_cast<int8_t*>(xq_shared);
-    float* c_s = reinterpret_cast<float*>(sq + stride);  // [n_head][ATTN_CLUSTER]
-    float* l_s = c_s + n_head * ATTN_CLUSTER;             // [n_head]
-    const int nblk = cols / 32;                           // head dims are multiples of 32
-    const size_t slot = (size_t)cols;                     // floats between partials
-    // A warp takes 32-value blocks warp, warp + MV_WARPS, ...; IT of them per batch. The first
-    // batch's partials are loaded before the weights are known: one round trip for K <= 1024.
-    constexpr int IT = 8;
-    float v[IT][ATTN_CLUSTER];
-    for (int b0 = warp; b0 < nblk || b0 == warp; b0 += IT * MV_WARPS) {
-#pragma unroll
-        for (int it = 0; it < IT; ++it) {
-            const int blk = min(b0 + it * MV_WARPS, nblk - 1);
-#pragma unroll
-            for (int k = 0; k < ATTN_CLUSTER; ++k) v[it][k] = opart[min(k, n_parts - 1) * slot + 32 * blk + lane];
-        }
-        if (b0 == warp) {
-            for (int h = warp; h < n_head; h += MV_WARPS) {
-                const size_t r = (size_t)min(lane, n_parts - 1) * n_head + h;
-                float L;
-                const float c = attn_merge_weight(ml[2 * r], ml[2 * r + 1], n_parts, L);
-                if (lane < ATTN_CLUSTER) c_s[h * ATTN_CLUSTER + lane] = c;
-                if (lane == 0) l_s[h] = L;
-            }
-            __syncthreads();  // every warp passes here exactly once (b0 == warp is its first batch)
-        }
-#pragma unroll
-        for (int it = 0; it < IT; ++it) {
-            const int blk = b0 + it * MV_WARPS;
-            if (blk >= nblk) continue;  // warp-uniform
-            const int col = 32 * blk + lane, h = col / head_dim;
-            float acc = 0.0f;
-#pragma unroll
-            for (int k = 0; k < ATTN_CLUSTER; ++k) acc = attn_merge_add(acc, c_s[h * ATTN_CLUSTER + k], v[it][k]);
-            const float val = acc / l_s[h];
-            if (blockIdx.x == 0) out[col] = val;
-            quantize_q8_1_at(val, sq, cols, col);
-        }
-    }
-    __syncthreads();
-    return sq;
-}
-
 // ---- entry points ----------------------------------------------------------------------------
 // matvec_<type>_r<R>u<U>_c<C>(wq, wm, xq, y, rows, cols, n_tokens, stride): grid ceil(rows / (4R)),
 // block 128; C is the most columns the launch handles (n_tokens <= C).
@@ -365,25 +302,11 @@ __device__ __noinline__ const int8_t* attn_merge_q8_1(const int8_t* xq, int cols
                                   kv_rows, head_dim, n_ctx, theta_base, pos_scale, neox);                          \
     }
 
-// matvec_<type>_amerge_r<R>u<U>(wq, wm, xq, y, rows, cols, stride, opart, ml, pos, n_head, head_dim,
-// window, out): attn_merge_q8_1, then matvec_q; grid ceil(rows / (4R)), block 128. Two variants
-// only (u1 for short rows, u2 for long): every variant gives the same bits (matvec_dots).
-#define MATVEC_QM(TYPE, R, U)                                                                                 \
-    extern "C" __global__ __launch_bounds__(MV_WARPS * 32) void matvec_##TYPE##_amerge_r##R##u##U(            \
-        const uint8_t* wq, const uint8_t* wm, const int8_t* xq, float* y, int rows, int cols, int stride,      \
-        const float* opart, const float* ml, const int* pos, int n_head, int head_dim, int window, float* out) { \
-        matvec_prefetch_q<TYPE##_t, R>(wq, wm, rows, cols);                                                    \
-        pdl_entry();                                                                                           \
-        const int8_t* x = attn_merge_q8_1(xq, cols, stride, opart, ml, pos, n_head, head_dim, window, out);     \
-        matvec_q<TYPE##_t, R, 1, U, false>(wq, wm, x, y, rows, cols, 1, stride);                               \
-    }
-
 #define MATVEC_Q_ALL(TYPE)                                                                              \
     MATVEC_Q(TYPE, 1, 1, 1) MATVEC_Q(TYPE, 1, 2, 1) MATVEC_Q(TYPE, 1, 4, 1) MATVEC_Q(TYPE, 2, 1, 1)     \
     MATVEC_Q(TYPE, 2, 2, 1) MATVEC_Q(TYPE, 4, 1, 1)                                                     \
     MATVEC_Q(TYPE, 1, 1, 2) MATVEC_Q(TYPE, 1, 1, 4) MATVEC_Q(TYPE, 1, 1, 8) MATVEC_Q(TYPE, 1, 1, 16)    \
-    MATVEC_QF(TYPE, 1, 1) MATVEC_QF(TYPE, 2, 1) MATVEC_QKV_ROPE(TYPE)                                 \
-    MATVEC_QM(TYPE, 1, 1) MATVEC_QM(TYPE, 1, 2)
+    MATVEC_QF(TYPE, 1, 1) MATVEC_QF(TYPE, 2, 1) MATVEC_QKV_ROPE(TYPE)
 
 MATVEC_Q_ALL(q4_0)
 MATVEC_Q_ALL(q4_1)
@@ -576,25 +499,3 @@ MATVEC_F_ALL(f32)
 // memra-kernel: matvec_f32_c4(PPPiii)
 // memra-kernel: matvec_f32_c8(PPPiii)
 // memra-kernel: matvec_f32_c16(PPPiii)
-// memra-kernel: matvec_q4_0_amerge_r1u1(PPPPiiiPPPiiiP)
-// memra-kernel: matvec_q4_0_amerge_r1u2(PPPPiiiPPPiiiP)
-// memra-kernel: matvec_q4_1_amerge_r1u1(PPPPiiiPPPiiiP)
-// memra-kernel: matvec_q4_1_amerge_r1u2(PPPPiiiPPPiiiP)
-// memra-kernel: matvec_q5_0_amerge_r1u1(PPPPiiiPPPiiiP)
-// memra-kernel: matvec_q5_0_amerge_r1u2(PPPPiiiPPPiiiP)
-// memra-kernel: matvec_q5_1_amerge_r1u1(PPPPiiiPPPiiiP)
-// memra-kernel: matvec_q5_1_amerge_r1u2(PPPPiiiPPPiiiP)
-// memra-kernel: matvec_q8_0_amerge_r1u1(PPPPiiiPPPiiiP)
-// memra-kernel: matvec_q8_0_amerge_r1u2(PPPPiiiPPPiiiP)
-// memra-kernel: matvec_q4_K_amerge_r1u1(PPPPiiiPPPiiiP)
-// memra-kernel: matvec_q4_K_amerge_r1u2(PPPPiiiPPPiiiP)
-// memra-kernel: matvec_q5_K_amerge_r1u1(PPPPiiiPPPiiiP)
-// memra-kernel: matvec_q5_K_amerge_r1u2(PPPPiiiPPPiiiP)
-// memra-kernel: matvec_q6_K_amerge_r1u1(PPPPiiiPPPiiiP)
-// memra-kernel: matvec_q6_K_amerge_r1u2(PPPPiiiPPPiiiP)
-// memra-kernel: matvec_q2_K_amerge_r1u1(PPPPiiiPPPiiiP)
-// memra-kernel: matvec_q2_K_amerge_r1u2(PPPPiiiPPPiiiP)
-// memra-kernel: matvec_q3_K_amerge_r1u1(PPPPiiiPPPiiiP)
-// memra-kernel: matvec_q3_K_amerge_r1u2(PPPPiiiPPPiiiP)
-// memra-kernel: matvec_iq4_xs_amerge_r1u1(PPPPiiiPPPiiiP)
-// memra-kernel: matvec_iq4_xs_amerge_r1u2(PPPPiiiPPPiiiP)

@@ -12,7 +12,7 @@ from memra_engine.cpu.backend import CpuBackend
 from memra_engine.gpu.backend import CudaBackend
 from memra_engine.model.gguf_file import open_gguf
 
-SWITCHES = ("fuse_add_norm", "fuse_rope_kv", "fuse_quant", "fuse_qkv_rope", "fuse_attn_merge")
+SWITCHES = ("fuse_add_norm", "fuse_rope_kv", "fuse_quant", "fuse_qkv_rope")
 
 
 def main() -> None:

@@ -15,8 +15,6 @@ consumer when the pattern matches (else they launch on their own before the next
   per-head `rms_norm` of q and of k before those ropes (qwen3, gemma3) are deferred and fused
   into it as well;
 - `rms_norm(b)`, `add(a, that)`, `rms_norm(sum)` (gemma3's sandwich norms) -> norm_add_rms_norm_f32.
-- a one-token `attention` whose rows may span several clusters, then `matmul` of its output ->
-  matvec_<type>_amerge (the o matvec merges the cluster partials; no attn_cl_merge launch).
 Attention writes a one-split row directly; rows with several splits go through attn_merge. RMSNorm, the gated
 activations and attention (or its merge) write their output as q8_1 too, for the matvec that
 reads it next; other one-token matmul inputs are quantized inside the matvec. Either way no
@@ -164,31 +162,19 @@ def attn_group_tile(group: int) -> int:
 
 def attention_launch(rt, q, q_ld, kc, vc, kd, vd, opart, ml, positions, T, n_head, n_kv, head_dim,
                      n_ctx, window, scale, softcap, out, xq, xq_stride, n_splits, kv_type="f16",
-                     cluster=False, merge=True) -> None:
+                     cluster=False) -> None:
     """attn_hd*_g*_* then attn_merge_hd*_g* (rows with several splits), or on sm_90+ attn_cl_*
     (clusters of 8 splits merge themselves) then attn_cl_merge_* (rows of several clusters):
-    decode, verify and prefill rows alike (see attention.cu). merge=False leaves the merge to the
-    caller (attention_merge_launch, or the o matvec: quant_ops.matvec_amerge)."""
+    decode, verify and prefill rows alike (see attention.cu)."""
     G = attn_group_tile(n_head // n_kv)
     grid = (n_kv * -(-(n_head // n_kv) // G), n_splits, T)
     kind = "attn_cl" if cluster else "attn"
     rt.launch(f"{kind}_hd{head_dim}_g{G}_{kv_type}", grid, 128,
               (q, q_ld, kc, vc, kd, vd, opart, ml, positions, n_head, n_kv, n_ctx, int(window),
                np.float32(scale), np.float32(softcap), out, xq, xq_stride))
-    if merge:
-        attention_merge_launch(rt, opart, ml, positions, T, n_head, n_kv, head_dim, window, out, xq, xq_stride,
-                               n_splits, cluster)
-
-
-def attention_merge_launch(rt, opart, ml, positions, T, n_head, n_kv, head_dim, window, out, xq, xq_stride,
-                           n_splits, cluster=False) -> None:
-    """attn_merge_* / attn_cl_merge_* for a grid of n_splits splits: none when rows have one slot."""
     slots = attn_slots(n_splits, cluster)
     if slots > 1:
-        G = attn_group_tile(n_head // n_kv)
-        grid_x = n_kv * -(-(n_head // n_kv) // G)
-        kind = "attn_cl" if cluster else "attn"
-        rt.launch(f"{kind}_merge_hd{head_dim}_g{G}", (grid_x, head_dim // ATTN_MERGE_DIMS, T), 128,
+        rt.launch(f"{kind}_merge_hd{head_dim}_g{G}", (grid[0], head_dim // ATTN_MERGE_DIMS, T), 128,
                   (opart, ml, positions, n_head, n_kv, slots, int(window), out, xq, xq_stride))
 
 
@@ -202,14 +188,11 @@ class GpuOps:
         self.n_splits = 1  # attention grid.y of this forward (attn_splits; set per forward by begin)
         self._xq: dict[tuple[int, int], int] = {}
         # Fusion switches (all on; the A/B script scripts/profile_decode.py turns them off one by one).
-        self.fuse_add_norm = self.fuse_rope_kv = self.fuse_quant = self.fuse_qkv_rope = self.fuse_attn_merge = True
+        self.fuse_add_norm = self.fuse_rope_kv = self.fuse_quant = self.fuse_qkv_rope = True
         # a one-token q|k|v matmul attention() may run as matvec_qkv_rope: (x, w, y, bias, out),
         # out = y + bias (or y); launched as it is by flush() when anything else comes first
         self._pending_mm: tuple | None = None
         self._pending_embed: tuple | None = None  # (table, tokens, y, scale)
-        # a one-token attention's cluster merge, which the o matmul takes when it comes next:
-        # (y, attention_merge_launch's arguments)
-        self._pending_merge: tuple | None = None
         self._pending_add: tuple[DArray, DArray, DArray] | None = None  # (sum, a, b)
         self._pending_pre: tuple | None = None  # the pending add's b is this deferred norm's output
         self._pending_norm2d: tuple | None = None  # a row norm: (x, w, eps, y, xq, xq_stride)
@@ -222,7 +205,6 @@ class GpuOps:
         self.arena.reset()
         self._xq.clear()
         self._pending_add = self._pending_pre = self._pending_norm2d = self._pending_mm = self._pending_embed = None
-        self._pending_merge = None
         self._pending_norm.clear()
         self._pending_rope.clear()
         self.n_splits = n_splits
@@ -235,7 +217,6 @@ class GpuOps:
     # ---- the ops Protocol ------------------------------------------------------------------
     def flush(self) -> None:
         """Launch whatever is deferred (the backend calls this at the end of a forward)."""
-        self._flush_merge()
         self._flush_embed()
         self._flush_mm()
         self._flush_add()
@@ -267,15 +248,6 @@ class GpuOps:
                             self._positions_ptr, self.history_ptr), shared=shared)
 
     def matmul(self, x: DArray, w) -> DArray:
-        pm = self._pending_merge
-        if (pm is not None and pm[0].ptr == x.ptr and pm[0].shape == x.shape and isinstance(w, GpuWeight)
-                and not w.layout.is_float and w.cols == x.width):
-            self._pending_merge = None  # the o matvec merges the attention partials itself
-            self.flush()
-            y = self.new((1, w.rows))
-            _, (opart, ml, positions, _, n_head, _, head_dim, window, out, xq, _, _, _) = pm
-            quant_ops.matvec_amerge(self.rt, w, xq, y.ptr, opart, ml, positions, n_head, head_dim, window, out)
-            return y
         self.flush()
         x = self._contiguous(x)
         T = x.rows
@@ -345,12 +317,6 @@ class GpuOps:
 
     def heads(self, x: DArray, n_head: int) -> DArray:
         return DArray(x.ptr, (x.rows, n_head, x.width // n_head), x.ld)
-
-    def _flush_merge(self) -> None:
-        if self._pending_merge is not None:
-            _, args = self._pending_merge
-            self._pending_merge = None
-            attention_merge_launch(self.rt, *args)
 
     def _flush_mm(self) -> None:
         if self._pending_mm is not None:
@@ -442,14 +408,9 @@ class GpuOps:
         y = self.new((T, n_head * hd))
         xq, stride = self._quantized_output(y)  # the o matvec reads it (no quantize launch)
         kd, vd = self.kv.layer_scale_ptrs(layer)
-        # one decode token whose rows may span clusters: the o matmul may merge (see matmul)
-        defer = self.fuse_attn_merge and self.cluster and T == 1 and slots > 1 and xq != 0
         attention_launch(self.rt, q.ptr, q.ld, kc, vc, kd, vd, opart.ptr, ml.ptr, positions.ptr,
                          T, n_head, n_kv, hd, self.kv.n_ctx, window, scale, softcap, y.ptr, xq, stride, S,
-                         self.kv.kv_type, self.cluster, merge=not defer)
-        if defer:
-            self._pending_merge = (y, (opart.ptr, ml.ptr, positions.ptr, T, n_head, n_kv, hd, window, y.ptr, xq,
-                                       stride, S, self.cluster))
+                         self.kv.kv_type, self.cluster)
         return y
 
     def _write_kv(self, layer: int, q: DArray, k: DArray, v: DArray, positions: DArray) -> None:

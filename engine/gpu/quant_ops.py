@@ -21,7 +21,6 @@ from memra_engine.errors import ModelFormatError, UnsupportedModelError
 MATVEC_WARPS = 4          # MV_WARPS in matvec.cu
 MATVEC_MAX_COLUMNS = 16   # widest batched matvec; more tokens go in chunks of 16
 PLANE_ALIGN = 256
-AMERGE_SLOTS = 8  # matvec_amerge: partials per row it merges (attention.cu's ATTN_CLUSTER)
 SHARED_OPT_IN = 48 * 1024  # dynamic shared memory past this needs a per-function opt-in
 
 # ggml type -> (kernel suffix, q plane byte ranges of the block, meta plane parts).
@@ -248,23 +247,6 @@ def matvec_qkv_rope(rt, w: GpuWeight, xq_ptr: int, bias_ptr: int, q_out: int, kc
                np.float32(theta_base), np.float32(pos_scale), int(bool(neox))))
 
 
-def matvec_amerge(rt, w: GpuWeight, xq_ptr: int, y_ptr: int, opart: int, ml: int, pos_ptr: int, n_head: int,
-                  head_dim: int, window: int, out: int) -> None:
-    """One decode token's o projection that first merges attention's cluster partials (opart,
-    ml: attention.cu's layout, T = 1) into its q8_1 input, or reads xq where attention wrote the
-    row itself (matvec.cu, attn_merge_q8_1); out gets the merged f32 row. Same bits as
-    attn_cl_merge + matvec."""
-    _, u = matvec_variant(w)
-    name = f"matvec_{w.layout.kernel_type}_amerge_r1u{min(u, 2)}"
-    stride = q8_1_stride(w.cols)
-    shared = stride + 4 * (AMERGE_SLOTS + 1) * n_head
-    if shared > SHARED_OPT_IN:
-        rt.set_max_dynamic_shared(name, shared)
-    rt.launch(name, -(-w.rows // MATVEC_WARPS), 32 * MATVEC_WARPS,
-              (w.q_ptr, w.meta_ptr, int(xq_ptr), int(y_ptr), w.rows, w.cols, stride, int(opart), int(ml),
-               int(pos_ptr), n_head, head_dim, int(window), int(out)), shared=shared)
-
-
 # ---- GEMM (prefill) ----------------------------------------------------------------------------
 # kernel prefix -> (tokens per tile, rows per tile, threads, dynamic shared bytes); see gemm.cu
 GEMM_TILES = {"gemm": (64, 64, 128, 34816), "gemm2": (128, 128, 256, 69632)}
@@ -298,7 +280,6 @@ def kernel_names() -> list[str]:
         names += [f"matvec_{name}_r1u1_c{c}" for c in (2, 4, 8, 16)]
         names += [f"matvec_{name}_fused_r{r}u{u}" for r, u in FUSED_VARIANTS]
         names.append(f"matvec_{name}_qkv_rope")
-        names += [f"matvec_{name}_amerge_r1u{u}" for u in (1, 2)]
         names += [f"{prefix}_{name}" for prefix in GEMM_TILES]
     for name, _ in FLOAT_TYPES.values():
         names += [f"matvec_{name}_c{c}" for c in (1, 2, 4, 8, 16)]
