@@ -32,7 +32,7 @@
 #define ATTN_WARPS (ATTN_THREADS / 32)
 #define ATTN_MAX_SPLITS 32     // split + merge-kernel path (attn_*)
 #define ATTN_CLUSTER 8         // blocks per cluster (the portable maximum)
-#define ATTN_MAX_SPLITS_CL 64  // cluster path (attn_cl_*): at most 8 clusters, so the last block merges <= 8
+#define ATTN_MAX_SPLITS_CL 64  // cluster path (attn_cl_*): at most 8 clusters, so attn_cl_merge merges <= 8
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
 #define ATTN_CLUSTER_DIMS  // never launched before sm_90 (ops.attention_launch); compiled so every fatbin has it
@@ -130,7 +130,7 @@ __device__ __forceinline__ void attn_write_out(const float (*o)[HD], const float
 // Cluster path epilogue, called by every block of a cluster whose row has several splits: the
 // cluster's splits (o, m, l in each block's shared memory) merged in split order through
 // distributed shared memory. A row of one cluster writes its output (and q8_1 copy) here; a longer
-// row writes the cluster's partial to slot blockIdx.y / ATTN_CLUSTER for the row's last block. The
+// row writes the cluster's partial to slot blockIdx.y / ATTN_CLUSTER for attn_cl_merge. The
 // output's 32-value blocks are spread over the cluster's blocks and warps.
 template <int HD, int G>
 __device__ void attn_cluster_merge(const float (*o_blk)[HD], const float* m_blk, const float* l_blk, int n_act,
