@@ -21,9 +21,7 @@
 // form a thread-block cluster that merges its splits through distributed shared memory, so a row
 // of up to 8 splits needs no second launch (that launch cost 2.6 / 5.5 us at hd64 / hd256, more
 // than the attention itself). Longer rows (up to 64 splits) write one partial per cluster, and
-// the row's last block to finish merges those (at most 8): each block takes a ticket from
-// tickets[t][blockIdx.x] (zero before the launch; the last block sets it back to zero), which
-// saves the merge launch (1.9 us per layer at 4096 keys on the H200).
+// attn_cl_merge merges those (at most 8).
 #include <cooperative_groups.h>
 #include "common.cuh"
 #include "quants.cuh"
@@ -190,70 +188,6 @@ __device__ void attn_cluster_merge(const float (*o_blk)[HD], const float* m_blk,
 #endif
 }
 
-// Merge of the partials in slots 0 .. n_parts - 1 of row t (slot order) for heads h0 .. h0 + g,
-// dims d0 .. d0 + ATTN_MERGE_DIMS (one block per slice: more blocks, one float4 per thread).
-// Each thread issues its first MAXP slots' loads before the weights are known (indices clamped,
-// so no branch keeps them apart; slots past n_parts get weight 0): one memory wait, not two.
-// Weights: warp w takes heads w, w + ATTN_WARPS, ..., one lane per slot.
-#define ATTN_MERGE_DIMS 64
-template <int HD, int G, int MAXP>
-__device__ void attn_merge_parts(const float* __restrict__ opart, const float* __restrict__ ml, int n_parts,
-                                 int n_slots, int g, int h0, int d0, int t, int n_head, float* __restrict__ out,
-                                 int8_t* __restrict__ xq, int xq_stride) {
-    static_assert(ATTN_MAX_SPLITS <= 32 && ATTN_MAX_SPLITS_CL / ATTN_CLUSTER <= 32, "one lane per slot");
-    static_assert(G * ATTN_MERGE_DIMS / 4 <= ATTN_THREADS, "one float4 per thread");
-    __shared__ __align__(16) float o_s[G][ATTN_MERGE_DIMS];
-    __shared__ float c_s[G][32], l_s[G];
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int hh = (4 * tid) / ATTN_MERGE_DIMS, d = (4 * tid) % ATTN_MERGE_DIMS;
-    const bool mine = tid < g * ATTN_MERGE_DIMS / 4;
-    const size_t slot_stride = (size_t)n_head * HD / 4;
-    const float4* src = reinterpret_cast<const float4*>(opart + ((size_t)t * n_slots * n_head + h0 + hh) * HD + d0 + d);
-    float4 v[MAXP];
-    if (mine) {
-#pragma unroll
-        for (int k = 0; k < MAXP; ++k) v[k] = src[(size_t)min(k, n_parts - 1) * slot_stride];
-    }
-    for (int h = warp; h < g; h += ATTN_WARPS) {
-        const size_t r = ((size_t)t * n_slots + lane) * n_head + h0 + h;
-        const float m = lane < n_parts ? ml[r * 2] : -INFINITY;
-        const float l = lane < n_parts ? ml[r * 2 + 1] : 0.0f;
-        const float M = warp_max(m);
-        const float c = lane < n_parts ? expf(m - M) : 0.0f;
-        const float L = warp_sum(c * l);
-        c_s[h][lane] = c;
-        if (lane == 0) l_s[h] = L;
-    }
-    __syncthreads();
-    if (mine) {
-        float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        for (int sp0 = 0; sp0 < n_parts; sp0 += MAXP) {
-            if (sp0 > 0) {
-#pragma unroll
-                for (int k = 0; k < MAXP; ++k) v[k] = src[(size_t)min(sp0 + k, n_parts - 1) * slot_stride];
-            }
-#pragma unroll
-            for (int k = 0; k < MAXP; ++k) {
-                const float c = c_s[hh][(sp0 + k) & 31];
-                acc.x += c * v[k].x; acc.y += c * v[k].y; acc.z += c * v[k].z; acc.w += c * v[k].w;
-            }
-        }
-        *reinterpret_cast<float4*>(&o_s[hh][d]) = acc;
-    }
-    __syncthreads();
-    // o / l, and its q8_1 copy: each warp iteration is one whole 32-value q8_1 block of one head
-    for (int i = tid; i < g * ATTN_MERGE_DIMS; i += ATTN_THREADS) {
-        const int h = i / ATTN_MERGE_DIMS, dd = i % ATTN_MERGE_DIMS;
-        const float val = o_s[h][dd] / l_s[h];
-        const int col = (h0 + h) * HD + d0 + dd;
-        out[(size_t)t * n_head * HD + col] = val;
-        if (xq) {
-            int8_t* xrow = xq + (size_t)t * xq_stride;
-            quantize_q8_1_at(val, xrow, n_head * HD, col);
-        }
-    }
-}
-
 // grid (n_kv * n_hgroups, n_splits >= any row's splits, T), block ATTN_THREADS; CL: n_splits a
 // multiple of ATTN_CLUSTER, clusters of ATTN_CLUSTER blocks along y.
 // q [T][q_ld] (heads of HD inside). Partials: opart [T][slots][n_head][HD], ml [T][slots][n_head][2],
@@ -265,8 +199,7 @@ __device__ void attn_rows(const float* __restrict__ q, int q_ld, const void* __r
                           const void* __restrict__ vc, const half* __restrict__ kd, const half* __restrict__ vd,
                           float* __restrict__ opart, float* __restrict__ ml, const int* __restrict__ pos,
                           int n_head, int n_kv, int n_ctx, int window, float scale,
-                          float softcap, float* __restrict__ out, int8_t* __restrict__ xq, int xq_stride,
-                          int* __restrict__ tickets) {
+                          float softcap, float* __restrict__ out, int8_t* __restrict__ xq, int xq_stride) {
     using S = AttnShape<HD>;
     __shared__ __align__(16) float q_s[G][HD];
     __shared__ float p_s[G][S::CHUNK];
@@ -452,31 +385,8 @@ __device__ void attn_rows(const float* __restrict__ q, int q_ld, const void* __r
         return;
     }
     if constexpr (CL) {
-        const int n_slots = gridDim.y / ATTN_CLUSTER;
-        attn_cluster_merge<HD, G>(o_s[0], m_s, l_s, n_act, g, h0, t, n_head, n_slots, opart, ml, out, xq, xq_stride);
-        if (n_act > ATTN_CLUSTER) {
-            // A row of several clusters: the last of its blocks to finish merges the clusters'
-            // partials (attn_merge_parts, what attn_cl_merge did as a second launch). Each block
-            // fences its writes before taking a ticket, so the last one sees every partial.
-            __shared__ bool last_s;
-            __threadfence();
-            __syncthreads();
-            if (tid == 0) {
-                int* ticket = tickets + (size_t)t * gridDim.x + blockIdx.x;
-                const int n_parts = (n_act + ATTN_CLUSTER - 1) / ATTN_CLUSTER;
-                last_s = atomicAdd(ticket, 1) == n_parts * ATTN_CLUSTER - 1;
-                if (last_s) *ticket = 0;  // every block of the row has its ticket: reset for the next launch
-            }
-            __syncthreads();
-            if (!last_s) return;
-            __threadfence();
-            for (int d0 = 0; d0 < HD; d0 += ATTN_MERGE_DIMS) {
-                if (d0 > 0) __syncthreads();  // the previous slice's readers of attn_merge_parts' shared memory
-                attn_merge_parts<HD, G, ATTN_MAX_SPLITS_CL / ATTN_CLUSTER>(
-                    opart, ml, (n_act + ATTN_CLUSTER - 1) / ATTN_CLUSTER, n_slots, g, h0, d0, t, n_head, out, xq,
-                    xq_stride);
-            }
-        }
+        attn_cluster_merge<HD, G>(o_s[0], m_s, l_s, n_act, g, h0, t, n_head, gridDim.y / ATTN_CLUSTER, opart, ml,
+                                  out, xq, xq_stride);
     } else {  // a partial for attn_merge
         const size_t prow0 = ((size_t)t * gridDim.y + s) * n_head + h0;
         for (int i = tid; i < g * HD; i += ATTN_THREADS) opart[prow0 * HD + i] = o_s[0][i / HD][i % HD];
@@ -484,10 +394,74 @@ __device__ void attn_rows(const float* __restrict__ q, int q_ld, const void* __r
     }
 }
 
-// Split path: merge the rows with several splits (others: attention wrote them). grid (n_kv *
-// n_hgroups, HD / ATTN_MERGE_DIMS, T), block ATTN_THREADS; one partial per split (c_s holds 32, 16
-// loads in flight). The cluster path merges in the attention kernel itself.
-template <int HD, int G>
+// Merge of the partials in slots 0 .. n_parts - 1 of row t (slot order) for heads h0 .. h0 + g,
+// dims d0 .. d0 + ATTN_MERGE_DIMS (one block per slice: more blocks, one float4 per thread).
+// Each thread issues its first MAXP slots' loads before the weights are known (indices clamped,
+// so no branch keeps them apart; slots past n_parts get weight 0): one memory wait, not two.
+// Weights: warp w takes heads w, w + ATTN_WARPS, ..., one lane per slot.
+#define ATTN_MERGE_DIMS 64
+template <int HD, int G, int MAXP>
+__device__ void attn_merge_parts(const float* __restrict__ opart, const float* __restrict__ ml, int n_parts,
+                                 int n_slots, int g, int h0, int d0, int t, int n_head, float* __restrict__ out,
+                                 int8_t* __restrict__ xq, int xq_stride) {
+    static_assert(ATTN_MAX_SPLITS <= 32 && ATTN_MAX_SPLITS_CL / ATTN_CLUSTER <= 32, "one lane per slot");
+    static_assert(G * ATTN_MERGE_DIMS / 4 <= ATTN_THREADS, "one float4 per thread");
+    __shared__ __align__(16) float o_s[G][ATTN_MERGE_DIMS];
+    __shared__ float c_s[G][32], l_s[G];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int hh = (4 * tid) / ATTN_MERGE_DIMS, d = (4 * tid) % ATTN_MERGE_DIMS;
+    const bool mine = tid < g * ATTN_MERGE_DIMS / 4;
+    const size_t slot_stride = (size_t)n_head * HD / 4;
+    const float4* src = reinterpret_cast<const float4*>(opart + ((size_t)t * n_slots * n_head + h0 + hh) * HD + d0 + d);
+    float4 v[MAXP];
+    if (mine) {
+#pragma unroll
+        for (int k = 0; k < MAXP; ++k) v[k] = src[(size_t)min(k, n_parts - 1) * slot_stride];
+    }
+    for (int h = warp; h < g; h += ATTN_WARPS) {
+        const size_t r = ((size_t)t * n_slots + lane) * n_head + h0 + h;
+        const float m = lane < n_parts ? ml[r * 2] : -INFINITY;
+        const float l = lane < n_parts ? ml[r * 2 + 1] : 0.0f;
+        const float M = warp_max(m);
+        const float c = lane < n_parts ? expf(m - M) : 0.0f;
+        const float L = warp_sum(c * l);
+        c_s[h][lane] = c;
+        if (lane == 0) l_s[h] = L;
+    }
+    __syncthreads();
+    if (mine) {
+        float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (int sp0 = 0; sp0 < n_parts; sp0 += MAXP) {
+            if (sp0 > 0) {
+#pragma unroll
+                for (int k = 0; k < MAXP; ++k) v[k] = src[(size_t)min(sp0 + k, n_parts - 1) * slot_stride];
+            }
+#pragma unroll
+            for (int k = 0; k < MAXP; ++k) {
+                const float c = c_s[hh][(sp0 + k) & 31];
+                acc.x += c * v[k].x; acc.y += c * v[k].y; acc.z += c * v[k].z; acc.w += c * v[k].w;
+            }
+        }
+        *reinterpret_cast<float4*>(&o_s[hh][d]) = acc;
+    }
+    __syncthreads();
+    // o / l, and its q8_1 copy: each warp iteration is one whole 32-value q8_1 block of one head
+    for (int i = tid; i < g * ATTN_MERGE_DIMS; i += ATTN_THREADS) {
+        const int h = i / ATTN_MERGE_DIMS, dd = i % ATTN_MERGE_DIMS;
+        const float val = o_s[h][dd] / l_s[h];
+        const int col = (h0 + h) * HD + d0 + dd;
+        out[(size_t)t * n_head * HD + col] = val;
+        if (xq) {
+            int8_t* xrow = xq + (size_t)t * xq_stride;
+            quantize_q8_1_at(val, xrow, n_head * HD, col);
+        }
+    }
+}
+
+// Merge the rows with several partials (others: attention wrote them). grid (n_kv * n_hgroups,
+// HD / ATTN_MERGE_DIMS, T), block ATTN_THREADS. Split path: one partial per split (c_s holds 32,
+// 16 loads in flight); cluster path: one per cluster (at most 8, all in flight at once).
+template <int HD, int G, bool CL>
 __device__ void attn_merge_rows(const float* __restrict__ opart, const float* __restrict__ ml,
                                 const int* __restrict__ pos, int n_head, int n_kv, int n_slots, int window,
                                 float* __restrict__ out, int8_t* __restrict__ xq, int xq_stride) {
@@ -498,145 +472,170 @@ __device__ void attn_merge_rows(const float* __restrict__ opart, const float* __
     const int g = min(G, group - hg * G);
     const int t = blockIdx.z;
     int start, split_len;
-    const int n_parts = attn_splits_of_row(pos[t], window, AttnShape<HD>::CHUNK, false, start, split_len);
+    const int n_act = attn_splits_of_row(pos[t], window, AttnShape<HD>::CHUNK, CL, start, split_len);
+    const int n_parts = CL ? (n_act + ATTN_CLUSTER - 1) / ATTN_CLUSTER : n_act;
     if (n_parts == 1) return;  // attention wrote this row
     pdl_entry();  // only the partials wait for the attention kernel (the position was final before the step)
-    attn_merge_parts<HD, G, 16>(opart, ml, n_parts, n_slots, g, h0, blockIdx.y * ATTN_MERGE_DIMS, t, n_head, out, xq,
-                                xq_stride);
+    attn_merge_parts<HD, G, CL ? ATTN_MAX_SPLITS_CL / ATTN_CLUSTER : 16>(
+        opart, ml, n_parts, n_slots, g, h0, blockIdx.y * ATTN_MERGE_DIMS, t, n_head, out, xq, xq_stride);
 }
 
 #define ATTN_KERNEL(NAME, HD, G, Q8, CL, ATTR)                                                                  \
     extern "C" __global__ void __launch_bounds__(ATTN_THREADS) ATTR NAME(                                        \
         const float* q, int q_ld, const void* kc, const void* vc, const half* kd, const half* vd, float* opart,  \
         float* ml, const int* pos, int n_head, int n_kv, int n_ctx, int window, float scale, float softcap,     \
-        float* out, int8_t* xq, int xq_stride, int* tickets) {                                                   \
+        float* out, int8_t* xq, int xq_stride) {                                                                 \
         attn_rows<HD, G, Q8, CL>(q, q_ld, kc, vc, kd, vd, opart, ml, pos, n_head, n_kv, n_ctx, window,           \
-                                 scale, softcap, out, xq, xq_stride, tickets);                                   \
+                                 scale, softcap, out, xq, xq_stride);                                            \
     }
-// memra-kernel: attn_hd64_g1_f16(PiPPPPPPPiiiiffPPiP)
+// memra-kernel: attn_hd64_g1_f16(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_hd64_g1_f16, 64, 1, false, false, )
-// memra-kernel: attn_hd64_g2_f16(PiPPPPPPPiiiiffPPiP)
+// memra-kernel: attn_hd64_g2_f16(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_hd64_g2_f16, 64, 2, false, false, )
-// memra-kernel: attn_hd64_g4_f16(PiPPPPPPPiiiiffPPiP)
+// memra-kernel: attn_hd64_g4_f16(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_hd64_g4_f16, 64, 4, false, false, )
-// memra-kernel: attn_hd64_g8_f16(PiPPPPPPPiiiiffPPiP)
+// memra-kernel: attn_hd64_g8_f16(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_hd64_g8_f16, 64, 8, false, false, )
-// memra-kernel: attn_hd128_g1_f16(PiPPPPPPPiiiiffPPiP)
+// memra-kernel: attn_hd128_g1_f16(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_hd128_g1_f16, 128, 1, false, false, )
-// memra-kernel: attn_hd128_g2_f16(PiPPPPPPPiiiiffPPiP)
+// memra-kernel: attn_hd128_g2_f16(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_hd128_g2_f16, 128, 2, false, false, )
-// memra-kernel: attn_hd128_g4_f16(PiPPPPPPPiiiiffPPiP)
+// memra-kernel: attn_hd128_g4_f16(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_hd128_g4_f16, 128, 4, false, false, )
-// memra-kernel: attn_hd128_g8_f16(PiPPPPPPPiiiiffPPiP)
+// memra-kernel: attn_hd128_g8_f16(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_hd128_g8_f16, 128, 8, false, false, )
-// memra-kernel: attn_hd256_g1_f16(PiPPPPPPPiiiiffPPiP)
+// memra-kernel: attn_hd256_g1_f16(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_hd256_g1_f16, 256, 1, false, false, )
-// memra-kernel: attn_hd256_g2_f16(PiPPPPPPPiiiiffPPiP)
+// memra-kernel: attn_hd256_g2_f16(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_hd256_g2_f16, 256, 2, false, false, )
-// memra-kernel: attn_hd256_g4_f16(PiPPPPPPPiiiiffPPiP)
+// memra-kernel: attn_hd256_g4_f16(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_hd256_g4_f16, 256, 4, false, false, )
-// memra-kernel: attn_hd256_g8_f16(PiPPPPPPPiiiiffPPiP)
+// memra-kernel: attn_hd256_g8_f16(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_hd256_g8_f16, 256, 8, false, false, )
-// memra-kernel: attn_hd64_g1_q8_0(PiPPPPPPPiiiiffPPiP)
+// memra-kernel: attn_hd64_g1_q8_0(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_hd64_g1_q8_0, 64, 1, true, false, )
-// memra-kernel: attn_hd64_g2_q8_0(PiPPPPPPPiiiiffPPiP)
+// memra-kernel: attn_hd64_g2_q8_0(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_hd64_g2_q8_0, 64, 2, true, false, )
-// memra-kernel: attn_hd64_g4_q8_0(PiPPPPPPPiiiiffPPiP)
+// memra-kernel: attn_hd64_g4_q8_0(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_hd64_g4_q8_0, 64, 4, true, false, )
-// memra-kernel: attn_hd64_g8_q8_0(PiPPPPPPPiiiiffPPiP)
+// memra-kernel: attn_hd64_g8_q8_0(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_hd64_g8_q8_0, 64, 8, true, false, )
-// memra-kernel: attn_hd128_g1_q8_0(PiPPPPPPPiiiiffPPiP)
+// memra-kernel: attn_hd128_g1_q8_0(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_hd128_g1_q8_0, 128, 1, true, false, )
-// memra-kernel: attn_hd128_g2_q8_0(PiPPPPPPPiiiiffPPiP)
+// memra-kernel: attn_hd128_g2_q8_0(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_hd128_g2_q8_0, 128, 2, true, false, )
-// memra-kernel: attn_hd128_g4_q8_0(PiPPPPPPPiiiiffPPiP)
+// memra-kernel: attn_hd128_g4_q8_0(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_hd128_g4_q8_0, 128, 4, true, false, )
-// memra-kernel: attn_hd128_g8_q8_0(PiPPPPPPPiiiiffPPiP)
+// memra-kernel: attn_hd128_g8_q8_0(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_hd128_g8_q8_0, 128, 8, true, false, )
-// memra-kernel: attn_hd256_g1_q8_0(PiPPPPPPPiiiiffPPiP)
+// memra-kernel: attn_hd256_g1_q8_0(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_hd256_g1_q8_0, 256, 1, true, false, )
-// memra-kernel: attn_hd256_g2_q8_0(PiPPPPPPPiiiiffPPiP)
+// memra-kernel: attn_hd256_g2_q8_0(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_hd256_g2_q8_0, 256, 2, true, false, )
-// memra-kernel: attn_hd256_g4_q8_0(PiPPPPPPPiiiiffPPiP)
+// memra-kernel: attn_hd256_g4_q8_0(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_hd256_g4_q8_0, 256, 4, true, false, )
-// memra-kernel: attn_hd256_g8_q8_0(PiPPPPPPPiiiiffPPiP)
+// memra-kernel: attn_hd256_g8_q8_0(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_hd256_g8_q8_0, 256, 8, true, false, )
-// memra-kernel: attn_cl_hd64_g1_f16(PiPPPPPPPiiiiffPPiP)
+// memra-kernel: attn_cl_hd64_g1_f16(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_cl_hd64_g1_f16, 64, 1, false, true, ATTN_CLUSTER_DIMS)
-// memra-kernel: attn_cl_hd64_g2_f16(PiPPPPPPPiiiiffPPiP)
+// memra-kernel: attn_cl_hd64_g2_f16(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_cl_hd64_g2_f16, 64, 2, false, true, ATTN_CLUSTER_DIMS)
-// memra-kernel: attn_cl_hd64_g4_f16(PiPPPPPPPiiiiffPPiP)
+// memra-kernel: attn_cl_hd64_g4_f16(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_cl_hd64_g4_f16, 64, 4, false, true, ATTN_CLUSTER_DIMS)
-// memra-kernel: attn_cl_hd64_g8_f16(PiPPPPPPPiiiiffPPiP)
+// memra-kernel: attn_cl_hd64_g8_f16(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_cl_hd64_g8_f16, 64, 8, false, true, ATTN_CLUSTER_DIMS)
-// memra-kernel: attn_cl_hd128_g1_f16(PiPPPPPPPiiiiffPPiP)
+// memra-kernel: attn_cl_hd128_g1_f16(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_cl_hd128_g1_f16, 128, 1, false, true, ATTN_CLUSTER_DIMS)
-// memra-kernel: attn_cl_hd128_g2_f16(PiPPPPPPPiiiiffPPiP)
+// memra-kernel: attn_cl_hd128_g2_f16(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_cl_hd128_g2_f16, 128, 2, false, true, ATTN_CLUSTER_DIMS)
-// memra-kernel: attn_cl_hd128_g4_f16(PiPPPPPPPiiiiffPPiP)
+// memra-kernel: attn_cl_hd128_g4_f16(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_cl_hd128_g4_f16, 128, 4, false, true, ATTN_CLUSTER_DIMS)
-// memra-kernel: attn_cl_hd128_g8_f16(PiPPPPPPPiiiiffPPiP)
+// memra-kernel: attn_cl_hd128_g8_f16(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_cl_hd128_g8_f16, 128, 8, false, true, ATTN_CLUSTER_DIMS)
-// memra-kernel: attn_cl_hd256_g1_f16(PiPPPPPPPiiiiffPPiP)
+// memra-kernel: attn_cl_hd256_g1_f16(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_cl_hd256_g1_f16, 256, 1, false, true, ATTN_CLUSTER_DIMS)
-// memra-kernel: attn_cl_hd256_g2_f16(PiPPPPPPPiiiiffPPiP)
+// memra-kernel: attn_cl_hd256_g2_f16(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_cl_hd256_g2_f16, 256, 2, false, true, ATTN_CLUSTER_DIMS)
-// memra-kernel: attn_cl_hd256_g4_f16(PiPPPPPPPiiiiffPPiP)
+// memra-kernel: attn_cl_hd256_g4_f16(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_cl_hd256_g4_f16, 256, 4, false, true, ATTN_CLUSTER_DIMS)
-// memra-kernel: attn_cl_hd256_g8_f16(PiPPPPPPPiiiiffPPiP)
+// memra-kernel: attn_cl_hd256_g8_f16(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_cl_hd256_g8_f16, 256, 8, false, true, ATTN_CLUSTER_DIMS)
-// memra-kernel: attn_cl_hd64_g1_q8_0(PiPPPPPPPiiiiffPPiP)
+// memra-kernel: attn_cl_hd64_g1_q8_0(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_cl_hd64_g1_q8_0, 64, 1, true, true, ATTN_CLUSTER_DIMS)
-// memra-kernel: attn_cl_hd64_g2_q8_0(PiPPPPPPPiiiiffPPiP)
+// memra-kernel: attn_cl_hd64_g2_q8_0(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_cl_hd64_g2_q8_0, 64, 2, true, true, ATTN_CLUSTER_DIMS)
-// memra-kernel: attn_cl_hd64_g4_q8_0(PiPPPPPPPiiiiffPPiP)
+// memra-kernel: attn_cl_hd64_g4_q8_0(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_cl_hd64_g4_q8_0, 64, 4, true, true, ATTN_CLUSTER_DIMS)
-// memra-kernel: attn_cl_hd64_g8_q8_0(PiPPPPPPPiiiiffPPiP)
+// memra-kernel: attn_cl_hd64_g8_q8_0(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_cl_hd64_g8_q8_0, 64, 8, true, true, ATTN_CLUSTER_DIMS)
-// memra-kernel: attn_cl_hd128_g1_q8_0(PiPPPPPPPiiiiffPPiP)
+// memra-kernel: attn_cl_hd128_g1_q8_0(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_cl_hd128_g1_q8_0, 128, 1, true, true, ATTN_CLUSTER_DIMS)
-// memra-kernel: attn_cl_hd128_g2_q8_0(PiPPPPPPPiiiiffPPiP)
+// memra-kernel: attn_cl_hd128_g2_q8_0(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_cl_hd128_g2_q8_0, 128, 2, true, true, ATTN_CLUSTER_DIMS)
-// memra-kernel: attn_cl_hd128_g4_q8_0(PiPPPPPPPiiiiffPPiP)
+// memra-kernel: attn_cl_hd128_g4_q8_0(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_cl_hd128_g4_q8_0, 128, 4, true, true, ATTN_CLUSTER_DIMS)
-// memra-kernel: attn_cl_hd128_g8_q8_0(PiPPPPPPPiiiiffPPiP)
+// memra-kernel: attn_cl_hd128_g8_q8_0(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_cl_hd128_g8_q8_0, 128, 8, true, true, ATTN_CLUSTER_DIMS)
-// memra-kernel: attn_cl_hd256_g1_q8_0(PiPPPPPPPiiiiffPPiP)
+// memra-kernel: attn_cl_hd256_g1_q8_0(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_cl_hd256_g1_q8_0, 256, 1, true, true, ATTN_CLUSTER_DIMS)
-// memra-kernel: attn_cl_hd256_g2_q8_0(PiPPPPPPPiiiiffPPiP)
+// memra-kernel: attn_cl_hd256_g2_q8_0(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_cl_hd256_g2_q8_0, 256, 2, true, true, ATTN_CLUSTER_DIMS)
-// memra-kernel: attn_cl_hd256_g4_q8_0(PiPPPPPPPiiiiffPPiP)
+// memra-kernel: attn_cl_hd256_g4_q8_0(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_cl_hd256_g4_q8_0, 256, 4, true, true, ATTN_CLUSTER_DIMS)
-// memra-kernel: attn_cl_hd256_g8_q8_0(PiPPPPPPPiiiiffPPiP)
+// memra-kernel: attn_cl_hd256_g8_q8_0(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_cl_hd256_g8_q8_0, 256, 8, true, true, ATTN_CLUSTER_DIMS)
 
-#define ATTN_MERGE(NAME, HD, G)                                                                                  \
+#define ATTN_MERGE(NAME, HD, G, CL)                                                                              \
     extern "C" __global__ void __launch_bounds__(ATTN_THREADS) NAME(                                             \
         const float* opart, const float* ml, const int* pos, int n_head, int n_kv, int n_slots, int window,      \
         float* out, int8_t* xq, int xq_stride) {                                                                 \
-        attn_merge_rows<HD, G>(opart, ml, pos, n_head, n_kv, n_slots, window, out, xq, xq_stride);               \
+        attn_merge_rows<HD, G, CL>(opart, ml, pos, n_head, n_kv, n_slots, window, out, xq, xq_stride);           \
     }
 // memra-kernel: attn_merge_hd64_g1(PPPiiiiPPi)
-ATTN_MERGE(attn_merge_hd64_g1, 64, 1)
+ATTN_MERGE(attn_merge_hd64_g1, 64, 1, false)
 // memra-kernel: attn_merge_hd64_g2(PPPiiiiPPi)
-ATTN_MERGE(attn_merge_hd64_g2, 64, 2)
+ATTN_MERGE(attn_merge_hd64_g2, 64, 2, false)
 // memra-kernel: attn_merge_hd64_g4(PPPiiiiPPi)
-ATTN_MERGE(attn_merge_hd64_g4, 64, 4)
+ATTN_MERGE(attn_merge_hd64_g4, 64, 4, false)
 // memra-kernel: attn_merge_hd64_g8(PPPiiiiPPi)
-ATTN_MERGE(attn_merge_hd64_g8, 64, 8)
+ATTN_MERGE(attn_merge_hd64_g8, 64, 8, false)
 // memra-kernel: attn_merge_hd128_g1(PPPiiiiPPi)
-ATTN_MERGE(attn_merge_hd128_g1, 128, 1)
+ATTN_MERGE(attn_merge_hd128_g1, 128, 1, false)
 // memra-kernel: attn_merge_hd128_g2(PPPiiiiPPi)
-ATTN_MERGE(attn_merge_hd128_g2, 128, 2)
+ATTN_MERGE(attn_merge_hd128_g2, 128, 2, false)
 // memra-kernel: attn_merge_hd128_g4(PPPiiiiPPi)
-ATTN_MERGE(attn_merge_hd128_g4, 128, 4)
+ATTN_MERGE(attn_merge_hd128_g4, 128, 4, false)
 // memra-kernel: attn_merge_hd128_g8(PPPiiiiPPi)
-ATTN_MERGE(attn_merge_hd128_g8, 128, 8)
+ATTN_MERGE(attn_merge_hd128_g8, 128, 8, false)
 // memra-kernel: attn_merge_hd256_g1(PPPiiiiPPi)
-ATTN_MERGE(attn_merge_hd256_g1, 256, 1)
+ATTN_MERGE(attn_merge_hd256_g1, 256, 1, false)
 // memra-kernel: attn_merge_hd256_g2(PPPiiiiPPi)
-ATTN_MERGE(attn_merge_hd256_g2, 256, 2)
+ATTN_MERGE(attn_merge_hd256_g2, 256, 2, false)
 // memra-kernel: attn_merge_hd256_g4(PPPiiiiPPi)
-ATTN_MERGE(attn_merge_hd256_g4, 256, 4)
+ATTN_MERGE(attn_merge_hd256_g4, 256, 4, false)
 // memra-kernel: attn_merge_hd256_g8(PPPiiiiPPi)
-ATTN_MERGE(attn_merge_hd256_g8, 256, 8)
+ATTN_MERGE(attn_merge_hd256_g8, 256, 8, false)
+// memra-kernel: attn_cl_merge_hd64_g1(PPPiiiiPPi)
+ATTN_MERGE(attn_cl_merge_hd64_g1, 64, 1, true)
+// memra-kernel: attn_cl_merge_hd64_g2(PPPiiiiPPi)
+ATTN_MERGE(attn_cl_merge_hd64_g2, 64, 2, true)
+// memra-kernel: attn_cl_merge_hd64_g4(PPPiiiiPPi)
+ATTN_MERGE(attn_cl_merge_hd64_g4, 64, 4, true)
+// memra-kernel: attn_cl_merge_hd64_g8(PPPiiiiPPi)
+ATTN_MERGE(attn_cl_merge_hd64_g8, 64, 8, true)
+// memra-kernel: attn_cl_merge_hd128_g1(PPPiiiiPPi)
+ATTN_MERGE(attn_cl_merge_hd128_g1, 128, 1, true)
+// memra-kernel: attn_cl_merge_hd128_g2(PPPiiiiPPi)
+ATTN_MERGE(attn_cl_merge_hd128_g2, 128, 2, true)
+// memra-kernel: attn_cl_merge_hd128_g4(PPPiiiiPPi)
+ATTN_MERGE(attn_cl_merge_hd128_g4, 128, 4, true)
+// memra-kernel: attn_cl_merge_hd128_g8(PPPiiiiPPi)
+ATTN_MERGE(attn_cl_merge_hd128_g8, 128, 8, true)
+// memra-kernel: attn_cl_merge_hd256_g1(PPPiiiiPPi)
+ATTN_MERGE(attn_cl_merge_hd256_g1, 256, 1, true)
+// memra-kernel: attn_cl_merge_hd256_g2(PPPiiiiPPi)
+ATTN_MERGE(attn_cl_merge_hd256_g2, 256, 2, true)
+// memra-kernel: attn_cl_merge_hd256_g4(PPPiiiiPPi)
+ATTN_MERGE(attn_cl_merge_hd256_g4, 256, 4, true)
+// memra-kernel: attn_cl_merge_hd256_g8(PPPiiiiPPi)
+ATTN_MERGE(attn_cl_merge_hd256_g8, 256, 8, true)

@@ -61,7 +61,6 @@ def run(rt) -> None:
         vc = put(rng.standard_normal((n_kv, n_ctx, hd)).astype(np.float16))
         q = put(rng.standard_normal(H * hd).astype(np.float32))
         out = put(np.zeros(H * hd, np.float32))
-        tickets = put(np.zeros(H, np.int32))  # one row: attn_ticket_count <= H
         for cluster in paths:
             row = []
             for n in KEYS:
@@ -72,7 +71,7 @@ def run(rt) -> None:
                 pos = put(np.array([n - 1], np.int32))
                 row.append(time_launches(rt, lambda: attention_launch(
                     rt, q, H * hd, kc, vc, 0, 0, opart, ml, pos, 1, H, n_kv, hd, n_ctx, 0, 0.125, 0.0, out,
-                    0, 0, S, "f16", cluster, tickets)))
+                    0, 0, S, "f16", cluster)))
             label = f"{name} {'cluster' if cluster else 'split'}"
             print(f"{label:28s}" + "".join(f"{x:9.2f}" for x in row) + "   µs")
 

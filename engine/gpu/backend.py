@@ -28,7 +28,7 @@ from memra_engine.events import VramStats
 from memra_engine.gpu.graph import CudaGraph
 from memra_engine.gpu.kv_cache import GpuKvCache
 from memra_engine.gpu.memory import MIB, OOM_HINT, OOM_HINT_Q8_0, VramPool
-from memra_engine.gpu.ops import Arena, DArray, GpuOps, attn_splits, attn_ticket_count, kv_bucket
+from memra_engine.gpu.ops import Arena, DArray, GpuOps, attn_splits, kv_bucket
 from memra_engine.gpu.runtime import GpuRuntime
 from memra_engine.gpu.sampler import OUT_DTYPE, GpuSampler
 from memra_engine.gpu.weights import GpuWeights
@@ -75,8 +75,7 @@ class CudaBackend:
             "weights": weights.nbytes(),
             "kv": GpuKvCache.bytes_needed(cfg.n_layer, cfg.n_kv_head, self.n_ctx, cfg.head_dim, self.kv_type),
             "scratch": self._scratch_bytes(g),
-            "graph": GpuSampler.nbytes(cfg.vocab_size) + 4 * (self.n_ctx + 2 * PREFILL_CHUNK) + 16 * 256
-                     + 4 * PREFILL_CHUNK * attn_ticket_count(cfg.n_head, cfg.n_kv_head),
+            "graph": GpuSampler.nbytes(cfg.vocab_size) + 4 * (self.n_ctx + 2 * PREFILL_CHUNK) + 16 * 256,
         }
         self.pool = VramPool(regions, budget=vram_budget, oom_hint=OOM_HINT_Q8_0 if self.kv_type == "q8_0" else OOM_HINT)
         if progress:
@@ -90,9 +89,6 @@ class CudaBackend:
         self.tokens_ptr = alloc(4 * PREFILL_CHUNK, "tokens")
         self.positions_ptr = alloc(4 * PREFILL_CHUNK, "positions")
         self.step_ptr = alloc(8, "step")  # decode graph inputs: int32 token, int32 position
-        n_tickets = PREFILL_CHUNK * attn_ticket_count(cfg.n_head, cfg.n_kv_head)
-        self.ops.tickets_ptr = alloc(4 * n_tickets, "attention_tickets")
-        rt.memset_u32(self.ops.tickets_ptr, 0, n_tickets)  # attention leaves them zero after every launch
         self.sampler = GpuSampler(rt, self.pool, cfg.vocab_size)
         self.step_host = rt.pinned(2, np.int32)
         self.out_host = rt.pinned(1, OUT_DTYPE)

@@ -15,8 +15,7 @@ consumer when the pattern matches (else they launch on their own before the next
   per-head `rms_norm` of q and of k before those ropes (qwen3, gemma3) are deferred and fused
   into it as well;
 - `rms_norm(b)`, `add(a, that)`, `rms_norm(sum)` (gemma3's sandwich norms) -> norm_add_rms_norm_f32.
-Attention writes a one-split row directly; rows with several splits go through attn_merge (on the
-cluster path, rows of several clusters are merged by their last block). RMSNorm, the gated
+Attention writes a one-split row directly; rows with several splits go through attn_merge. RMSNorm, the gated
 activations and attention (or its merge) write their output as q8_1 too, for the matvec that
 reads it next; other one-token matmul inputs are quantized inside the matvec. Either way no
 quantize_q8_1 launch in decode.
@@ -163,27 +162,20 @@ def attn_group_tile(group: int) -> int:
 
 def attention_launch(rt, q, q_ld, kc, vc, kd, vd, opart, ml, positions, T, n_head, n_kv, head_dim,
                      n_ctx, window, scale, softcap, out, xq, xq_stride, n_splits, kv_type="f16",
-                     cluster=False, tickets=0) -> None:
+                     cluster=False) -> None:
     """attn_hd*_g*_* then attn_merge_hd*_g* (rows with several splits), or on sm_90+ attn_cl_*
-    alone: clusters of 8 splits merge themselves, and a row of several clusters is merged by its
-    last block to finish, which needs `tickets`: T * attn_ticket_count zeroed ints (the kernel
-    leaves them zero). Decode, verify and prefill rows alike (see attention.cu)."""
+    (clusters of 8 splits merge themselves) then attn_cl_merge_* (rows of several clusters):
+    decode, verify and prefill rows alike (see attention.cu)."""
     G = attn_group_tile(n_head // n_kv)
     grid = (n_kv * -(-(n_head // n_kv) // G), n_splits, T)
-    slots = attn_slots(n_splits, cluster)
-    assert tickets or not cluster or slots == 1, "rows of several clusters need the tickets buffer"
     kind = "attn_cl" if cluster else "attn"
     rt.launch(f"{kind}_hd{head_dim}_g{G}_{kv_type}", grid, 128,
               (q, q_ld, kc, vc, kd, vd, opart, ml, positions, n_head, n_kv, n_ctx, int(window),
-               np.float32(scale), np.float32(softcap), out, xq, xq_stride, int(tickets)))
-    if slots > 1 and not cluster:
-        rt.launch(f"attn_merge_hd{head_dim}_g{G}", (grid[0], head_dim // ATTN_MERGE_DIMS, T), 128,
+               np.float32(scale), np.float32(softcap), out, xq, xq_stride))
+    slots = attn_slots(n_splits, cluster)
+    if slots > 1:
+        rt.launch(f"{kind}_merge_hd{head_dim}_g{G}", (grid[0], head_dim // ATTN_MERGE_DIMS, T), 128,
                   (opart, ml, positions, n_head, n_kv, slots, int(window), out, xq, xq_stride))
-
-
-def attn_ticket_count(n_head: int, n_kv: int) -> int:
-    """Tickets per token row: one per attention block column (grid.x)."""
-    return n_kv * -(-(n_head // n_kv) // attn_group_tile(n_head // n_kv))
 
 
 class GpuOps:
@@ -191,8 +183,6 @@ class GpuOps:
         """kv: engine.gpu.kv_cache.GpuKvCache (pointers per layer). rt None with dry=True.
         cluster: attention on the cluster path (GpuRuntime.cluster_attention)."""
         self.rt = _DryRuntime() if dry else rt
-        if dry:
-            self.tickets_ptr = 1  # launches are only counted (or checked: tests/test_gpu_ops_launches.py)
         self.cfg, self.kv, self.arena, self.dry, self.cluster = cfg, kv, arena, dry, cluster
         self.history_ptr = 0  # device token history the embed kernel records into (0: none)
         self.n_splits = 1  # attention grid.y of this forward (attn_splits; set per forward by begin)
@@ -420,7 +410,7 @@ class GpuOps:
         kd, vd = self.kv.layer_scale_ptrs(layer)
         attention_launch(self.rt, q.ptr, q.ld, kc, vc, kd, vd, opart.ptr, ml.ptr, positions.ptr,
                          T, n_head, n_kv, hd, self.kv.n_ctx, window, scale, softcap, y.ptr, xq, stride, S,
-                         self.kv.kv_type, self.cluster, self.tickets_ptr)
+                         self.kv.kv_type, self.cluster)
         return y
 
     def _write_kv(self, layer: int, q: DArray, k: DArray, v: DArray, positions: DArray) -> None:
@@ -470,7 +460,6 @@ class GpuOps:
 
     # ---- helpers ---------------------------------------------------------------------------
     _positions_ptr = 0  # set by the backend: positions of this forward (the embed kernel records history)
-    tickets_ptr = 0  # set by the backend: attention's zeroed ticket counters (attention_launch), 1 in a dry run
 
     def _qkv_fusable(self, w) -> bool:
         """Whether w looks like a layer's stacked q|k|v weight that matvec_qkv_rope can take."""

@@ -7,8 +7,7 @@ several head groups) and 7, sliding window, softcap, decode and causal prefill r
 enough that a split walks several chunks, that a row's result does not depend on the grid's split
 count (graph buckets) or its batch bit for bit. Every test runs on both paths: splits merged by
 attn_merge, and (sm_90+) splits merged inside clusters of 8, with rows of one split, of one
-partly filled cluster, and of several clusters (merged by the row's last block, whose ticket
-counters must be left at zero).
+partly filled cluster, and of several clusters (attn_cl_merge).
 """
 from __future__ import annotations
 
@@ -17,7 +16,7 @@ import pytest
 from gpu_util import rel_err
 
 from memra_engine.gpu.ops import (ATTN_CLUSTER, ATTN_MAX_SPLITS, ATTN_MAX_SPLITS_CL, attention_launch,
-                                  attn_row_splits, attn_slots, attn_splits, attn_ticket_count, kv_bucket)
+                                  attn_row_splits, attn_slots, attn_splits, kv_bucket)
 
 pytestmark = pytest.mark.gpu
 f32 = np.float32
@@ -56,11 +55,8 @@ def launch_attention(gpu, q, kc, vc, ppos, pos, T, H, n_kv, hd, n_ctx, window=0,
     slots = attn_slots(S, cluster)
     opart, ml = gpu.empty(T * slots * H * hd), gpu.empty(T * slots * H * 2)
     out = gpu.empty(T * H * hd)
-    tickets = gpu.put(np.zeros(T * attn_ticket_count(H, n_kv), np.int32))
     attention_launch(gpu.rt, gpu.put(q), H * hd, kc, vc, kd, vd, opart, ml, ppos, T, H, n_kv, hd, n_ctx,
-                     window, 1 / np.sqrt(hd), softcap, out, xq, xq_stride, S, kv_type, cluster, tickets)
-    # rows of several clusters took tickets; the last block of each set its counter back to zero
-    assert not gpu.get(tickets, T * attn_ticket_count(H, n_kv), np.int32).any()
+                     window, 1 / np.sqrt(hd), softcap, out, xq, xq_stride, S, kv_type, cluster)
     return gpu.get(out, (T, H * hd))
 
 
