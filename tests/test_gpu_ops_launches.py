@@ -178,3 +178,43 @@ def test_gemma3_embedding_scale_rides_on_the_embed_launch(model_paths, T):
     scale_f32 launch (the GPU backend tests compare the logits with the CPU reference)."""
     launches = run_forward(model_paths["tiny-gemma3"], T)
     assert launches[0].startswith("embed_") and "scale_f32" not in launches
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-gemma3"])
+def test_attention_prefetches_the_next_layers_cache(model_paths, name):
+    """Each attention launch names the next layer's K/V caches for its L2 prefetch (the last layer
+    none); gemma3's sliding-window layers read other rows than its global ones, so none there."""
+
+    class Pool:
+        def __init__(self):
+            self.next = 1 << 32
+
+        def alloc(self, region, nbytes, label=""):
+            self.next += 1 << 30
+            return type("Buf", (), {"ptr": self.next})()
+
+    class ArgsRuntime(RecordingRuntime):
+        def __init__(self):
+            super().__init__()
+            self.args = []
+
+        def launch(self, name, grid, block, args, shared=0):
+            super().launch(name, grid, block, args, shared)
+            self.args.append((name, args))
+
+    g = open_gguf(model_paths[name])
+    cfg = config_from_gguf(g)
+    weights = GpuWeights(g, cfg).upload(None, None, dry=True)
+    kv = GpuKvCache(Pool(), cfg.n_layer, cfg.n_kv_head, 300, cfg.head_dim, "f16")
+    ops = GpuOps(None, cfg, kv, Arena(0, 1 << 40), dry=True)
+    ops.rt = rt = ArgsRuntime()
+    ops.begin(attn_splits(kv_bucket(300), cfg.head_dim), history_ptr=4096)
+    ids = DArray(1 << 20, (1,), 1)
+    arch_module(cfg.arch).forward(ops, weights, cfg, ids, ids, last_only=True)
+    ops.flush()
+    nexts = [tuple(args[-2:]) for n, args in rt.args if n.startswith("attn_hd")]
+    assert len(nexts) == cfg.n_layer
+    if name == "tiny-gemma3":
+        assert all(nx == (0, 0) for nx in nexts)
+    else:
+        assert nexts == [kv.layer_ptrs(i + 1) for i in range(cfg.n_layer - 1)] + [(0, 0)]
