@@ -188,7 +188,6 @@ __device__ void attn_cluster_merge(const float (*o_blk)[HD], const float* m_blk,
 #endif
 }
 
-// kc_next, vc_next: the next layer's caches (same layout), prefetched into L2; 0: none.
 // grid (n_kv * n_hgroups, n_splits >= any row's splits, T), block ATTN_THREADS; CL: n_splits a
 // multiple of ATTN_CLUSTER, clusters of ATTN_CLUSTER blocks along y.
 // q [T][q_ld] (heads of HD inside). Partials: opart [T][slots][n_head][HD], ml [T][slots][n_head][2],
@@ -200,8 +199,7 @@ __device__ void attn_rows(const float* __restrict__ q, int q_ld, const void* __r
                           const void* __restrict__ vc, const half* __restrict__ kd, const half* __restrict__ vd,
                           float* __restrict__ opart, float* __restrict__ ml, const int* __restrict__ pos,
                           int n_head, int n_kv, int n_ctx, int window, float scale,
-                          float softcap, float* __restrict__ out, int8_t* __restrict__ xq, int xq_stride,
-                          const void* __restrict__ kc_next, const void* __restrict__ vc_next) {
+                          float softcap, float* __restrict__ out, int8_t* __restrict__ xq, int xq_stride) {
     using S = AttnShape<HD>;
     __shared__ __align__(16) float q_s[G][HD];
     __shared__ float p_s[G][S::CHUNK];
@@ -238,16 +236,6 @@ __device__ void attn_rows(const float* __restrict__ q, int q_ld, const void* __r
             const size_t off = (kv_row0 + r) * ROW_BYTES + (i % LINES) * 128;
             asm volatile("prefetch.global.L2 [%0];" ::"l"(static_cast<const char*>(kc) + off));
             asm volatile("prefetch.global.L2 [%0];" ::"l"(static_cast<const char*>(vc) + off));
-        }
-        // The next layer's rows of this split, a layer ahead of their use: long rows are DRAM
-        // bound (4096 keys at hd64: 3 MB a layer), and the kernels between two attentions leave
-        // the bandwidth idle. L2 is coherent, so rows written later (the newest) stay right.
-        if (kc_next) {
-            for (int i = tid; i < (j1 - j0) * LINES; i += ATTN_THREADS) {
-                const size_t off = (kv_row0 + i / LINES) * ROW_BYTES + (i % LINES) * 128;
-                asm volatile("prefetch.global.L2 [%0];" ::"l"(static_cast<const char*>(kc_next) + off));
-                asm volatile("prefetch.global.L2 [%0];" ::"l"(static_cast<const char*>(vc_next) + off));
-            }
         }
     }
     pdl_entry();
@@ -496,105 +484,105 @@ __device__ void attn_merge_rows(const float* __restrict__ opart, const float* __
     extern "C" __global__ void __launch_bounds__(ATTN_THREADS) ATTR NAME(                                        \
         const float* q, int q_ld, const void* kc, const void* vc, const half* kd, const half* vd, float* opart,  \
         float* ml, const int* pos, int n_head, int n_kv, int n_ctx, int window, float scale, float softcap,     \
-        float* out, int8_t* xq, int xq_stride, const void* kc_next, const void* vc_next) {                       \
+        float* out, int8_t* xq, int xq_stride) {                                                                 \
         attn_rows<HD, G, Q8, CL>(q, q_ld, kc, vc, kd, vd, opart, ml, pos, n_head, n_kv, n_ctx, window,           \
-                                 scale, softcap, out, xq, xq_stride, kc_next, vc_next);                          \
+                                 scale, softcap, out, xq, xq_stride);                                            \
     }
-// memra-kernel: attn_hd64_g1_f16(PiPPPPPPPiiiiffPPiPP)
+// memra-kernel: attn_hd64_g1_f16(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_hd64_g1_f16, 64, 1, false, false, )
-// memra-kernel: attn_hd64_g2_f16(PiPPPPPPPiiiiffPPiPP)
+// memra-kernel: attn_hd64_g2_f16(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_hd64_g2_f16, 64, 2, false, false, )
-// memra-kernel: attn_hd64_g4_f16(PiPPPPPPPiiiiffPPiPP)
+// memra-kernel: attn_hd64_g4_f16(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_hd64_g4_f16, 64, 4, false, false, )
-// memra-kernel: attn_hd64_g8_f16(PiPPPPPPPiiiiffPPiPP)
+// memra-kernel: attn_hd64_g8_f16(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_hd64_g8_f16, 64, 8, false, false, )
-// memra-kernel: attn_hd128_g1_f16(PiPPPPPPPiiiiffPPiPP)
+// memra-kernel: attn_hd128_g1_f16(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_hd128_g1_f16, 128, 1, false, false, )
-// memra-kernel: attn_hd128_g2_f16(PiPPPPPPPiiiiffPPiPP)
+// memra-kernel: attn_hd128_g2_f16(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_hd128_g2_f16, 128, 2, false, false, )
-// memra-kernel: attn_hd128_g4_f16(PiPPPPPPPiiiiffPPiPP)
+// memra-kernel: attn_hd128_g4_f16(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_hd128_g4_f16, 128, 4, false, false, )
-// memra-kernel: attn_hd128_g8_f16(PiPPPPPPPiiiiffPPiPP)
+// memra-kernel: attn_hd128_g8_f16(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_hd128_g8_f16, 128, 8, false, false, )
-// memra-kernel: attn_hd256_g1_f16(PiPPPPPPPiiiiffPPiPP)
+// memra-kernel: attn_hd256_g1_f16(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_hd256_g1_f16, 256, 1, false, false, )
-// memra-kernel: attn_hd256_g2_f16(PiPPPPPPPiiiiffPPiPP)
+// memra-kernel: attn_hd256_g2_f16(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_hd256_g2_f16, 256, 2, false, false, )
-// memra-kernel: attn_hd256_g4_f16(PiPPPPPPPiiiiffPPiPP)
+// memra-kernel: attn_hd256_g4_f16(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_hd256_g4_f16, 256, 4, false, false, )
-// memra-kernel: attn_hd256_g8_f16(PiPPPPPPPiiiiffPPiPP)
+// memra-kernel: attn_hd256_g8_f16(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_hd256_g8_f16, 256, 8, false, false, )
-// memra-kernel: attn_hd64_g1_q8_0(PiPPPPPPPiiiiffPPiPP)
+// memra-kernel: attn_hd64_g1_q8_0(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_hd64_g1_q8_0, 64, 1, true, false, )
-// memra-kernel: attn_hd64_g2_q8_0(PiPPPPPPPiiiiffPPiPP)
+// memra-kernel: attn_hd64_g2_q8_0(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_hd64_g2_q8_0, 64, 2, true, false, )
-// memra-kernel: attn_hd64_g4_q8_0(PiPPPPPPPiiiiffPPiPP)
+// memra-kernel: attn_hd64_g4_q8_0(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_hd64_g4_q8_0, 64, 4, true, false, )
-// memra-kernel: attn_hd64_g8_q8_0(PiPPPPPPPiiiiffPPiPP)
+// memra-kernel: attn_hd64_g8_q8_0(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_hd64_g8_q8_0, 64, 8, true, false, )
-// memra-kernel: attn_hd128_g1_q8_0(PiPPPPPPPiiiiffPPiPP)
+// memra-kernel: attn_hd128_g1_q8_0(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_hd128_g1_q8_0, 128, 1, true, false, )
-// memra-kernel: attn_hd128_g2_q8_0(PiPPPPPPPiiiiffPPiPP)
+// memra-kernel: attn_hd128_g2_q8_0(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_hd128_g2_q8_0, 128, 2, true, false, )
-// memra-kernel: attn_hd128_g4_q8_0(PiPPPPPPPiiiiffPPiPP)
+// memra-kernel: attn_hd128_g4_q8_0(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_hd128_g4_q8_0, 128, 4, true, false, )
-// memra-kernel: attn_hd128_g8_q8_0(PiPPPPPPPiiiiffPPiPP)
+// memra-kernel: attn_hd128_g8_q8_0(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_hd128_g8_q8_0, 128, 8, true, false, )
-// memra-kernel: attn_hd256_g1_q8_0(PiPPPPPPPiiiiffPPiPP)
+// memra-kernel: attn_hd256_g1_q8_0(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_hd256_g1_q8_0, 256, 1, true, false, )
-// memra-kernel: attn_hd256_g2_q8_0(PiPPPPPPPiiiiffPPiPP)
+// memra-kernel: attn_hd256_g2_q8_0(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_hd256_g2_q8_0, 256, 2, true, false, )
-// memra-kernel: attn_hd256_g4_q8_0(PiPPPPPPPiiiiffPPiPP)
+// memra-kernel: attn_hd256_g4_q8_0(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_hd256_g4_q8_0, 256, 4, true, false, )
-// memra-kernel: attn_hd256_g8_q8_0(PiPPPPPPPiiiiffPPiPP)
+// memra-kernel: attn_hd256_g8_q8_0(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_hd256_g8_q8_0, 256, 8, true, false, )
-// memra-kernel: attn_cl_hd64_g1_f16(PiPPPPPPPiiiiffPPiPP)
+// memra-kernel: attn_cl_hd64_g1_f16(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_cl_hd64_g1_f16, 64, 1, false, true, ATTN_CLUSTER_DIMS)
-// memra-kernel: attn_cl_hd64_g2_f16(PiPPPPPPPiiiiffPPiPP)
+// memra-kernel: attn_cl_hd64_g2_f16(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_cl_hd64_g2_f16, 64, 2, false, true, ATTN_CLUSTER_DIMS)
-// memra-kernel: attn_cl_hd64_g4_f16(PiPPPPPPPiiiiffPPiPP)
+// memra-kernel: attn_cl_hd64_g4_f16(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_cl_hd64_g4_f16, 64, 4, false, true, ATTN_CLUSTER_DIMS)
-// memra-kernel: attn_cl_hd64_g8_f16(PiPPPPPPPiiiiffPPiPP)
+// memra-kernel: attn_cl_hd64_g8_f16(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_cl_hd64_g8_f16, 64, 8, false, true, ATTN_CLUSTER_DIMS)
-// memra-kernel: attn_cl_hd128_g1_f16(PiPPPPPPPiiiiffPPiPP)
+// memra-kernel: attn_cl_hd128_g1_f16(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_cl_hd128_g1_f16, 128, 1, false, true, ATTN_CLUSTER_DIMS)
-// memra-kernel: attn_cl_hd128_g2_f16(PiPPPPPPPiiiiffPPiPP)
+// memra-kernel: attn_cl_hd128_g2_f16(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_cl_hd128_g2_f16, 128, 2, false, true, ATTN_CLUSTER_DIMS)
-// memra-kernel: attn_cl_hd128_g4_f16(PiPPPPPPPiiiiffPPiPP)
+// memra-kernel: attn_cl_hd128_g4_f16(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_cl_hd128_g4_f16, 128, 4, false, true, ATTN_CLUSTER_DIMS)
-// memra-kernel: attn_cl_hd128_g8_f16(PiPPPPPPPiiiiffPPiPP)
+// memra-kernel: attn_cl_hd128_g8_f16(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_cl_hd128_g8_f16, 128, 8, false, true, ATTN_CLUSTER_DIMS)
-// memra-kernel: attn_cl_hd256_g1_f16(PiPPPPPPPiiiiffPPiPP)
+// memra-kernel: attn_cl_hd256_g1_f16(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_cl_hd256_g1_f16, 256, 1, false, true, ATTN_CLUSTER_DIMS)
-// memra-kernel: attn_cl_hd256_g2_f16(PiPPPPPPPiiiiffPPiPP)
+// memra-kernel: attn_cl_hd256_g2_f16(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_cl_hd256_g2_f16, 256, 2, false, true, ATTN_CLUSTER_DIMS)
-// memra-kernel: attn_cl_hd256_g4_f16(PiPPPPPPPiiiiffPPiPP)
+// memra-kernel: attn_cl_hd256_g4_f16(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_cl_hd256_g4_f16, 256, 4, false, true, ATTN_CLUSTER_DIMS)
-// memra-kernel: attn_cl_hd256_g8_f16(PiPPPPPPPiiiiffPPiPP)
+// memra-kernel: attn_cl_hd256_g8_f16(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_cl_hd256_g8_f16, 256, 8, false, true, ATTN_CLUSTER_DIMS)
-// memra-kernel: attn_cl_hd64_g1_q8_0(PiPPPPPPPiiiiffPPiPP)
+// memra-kernel: attn_cl_hd64_g1_q8_0(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_cl_hd64_g1_q8_0, 64, 1, true, true, ATTN_CLUSTER_DIMS)
-// memra-kernel: attn_cl_hd64_g2_q8_0(PiPPPPPPPiiiiffPPiPP)
+// memra-kernel: attn_cl_hd64_g2_q8_0(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_cl_hd64_g2_q8_0, 64, 2, true, true, ATTN_CLUSTER_DIMS)
-// memra-kernel: attn_cl_hd64_g4_q8_0(PiPPPPPPPiiiiffPPiPP)
+// memra-kernel: attn_cl_hd64_g4_q8_0(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_cl_hd64_g4_q8_0, 64, 4, true, true, ATTN_CLUSTER_DIMS)
-// memra-kernel: attn_cl_hd64_g8_q8_0(PiPPPPPPPiiiiffPPiPP)
+// memra-kernel: attn_cl_hd64_g8_q8_0(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_cl_hd64_g8_q8_0, 64, 8, true, true, ATTN_CLUSTER_DIMS)
-// memra-kernel: attn_cl_hd128_g1_q8_0(PiPPPPPPPiiiiffPPiPP)
+// memra-kernel: attn_cl_hd128_g1_q8_0(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_cl_hd128_g1_q8_0, 128, 1, true, true, ATTN_CLUSTER_DIMS)
-// memra-kernel: attn_cl_hd128_g2_q8_0(PiPPPPPPPiiiiffPPiPP)
+// memra-kernel: attn_cl_hd128_g2_q8_0(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_cl_hd128_g2_q8_0, 128, 2, true, true, ATTN_CLUSTER_DIMS)
-// memra-kernel: attn_cl_hd128_g4_q8_0(PiPPPPPPPiiiiffPPiPP)
+// memra-kernel: attn_cl_hd128_g4_q8_0(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_cl_hd128_g4_q8_0, 128, 4, true, true, ATTN_CLUSTER_DIMS)
-// memra-kernel: attn_cl_hd128_g8_q8_0(PiPPPPPPPiiiiffPPiPP)
+// memra-kernel: attn_cl_hd128_g8_q8_0(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_cl_hd128_g8_q8_0, 128, 8, true, true, ATTN_CLUSTER_DIMS)
-// memra-kernel: attn_cl_hd256_g1_q8_0(PiPPPPPPPiiiiffPPiPP)
+// memra-kernel: attn_cl_hd256_g1_q8_0(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_cl_hd256_g1_q8_0, 256, 1, true, true, ATTN_CLUSTER_DIMS)
-// memra-kernel: attn_cl_hd256_g2_q8_0(PiPPPPPPPiiiiffPPiPP)
+// memra-kernel: attn_cl_hd256_g2_q8_0(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_cl_hd256_g2_q8_0, 256, 2, true, true, ATTN_CLUSTER_DIMS)
-// memra-kernel: attn_cl_hd256_g4_q8_0(PiPPPPPPPiiiiffPPiPP)
+// memra-kernel: attn_cl_hd256_g4_q8_0(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_cl_hd256_g4_q8_0, 256, 4, true, true, ATTN_CLUSTER_DIMS)
-// memra-kernel: attn_cl_hd256_g8_q8_0(PiPPPPPPPiiiiffPPiPP)
+// memra-kernel: attn_cl_hd256_g8_q8_0(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_cl_hd256_g8_q8_0, 256, 8, true, true, ATTN_CLUSTER_DIMS)
 
 #define ATTN_MERGE(NAME, HD, G, CL)                                                                              \

@@ -66,7 +66,7 @@ def main() -> None:
     ctxs = args.ctx or [128]
     backend = CudaBackend(open_gguf(args.model), n_ctx=max(ctxs) + 300)
     for name in args.off:
-        if not name.startswith(("fuse_", "prefetch_")) or not hasattr(backend.ops, name):
+        if not name.startswith("fuse_") or not hasattr(backend.ops, name):
             raise SystemExit(f"profile_decode: no fusion switch {name!r}")
         setattr(backend.ops, name, False)
     if args.off:

@@ -162,17 +162,16 @@ def attn_group_tile(group: int) -> int:
 
 def attention_launch(rt, q, q_ld, kc, vc, kd, vd, opart, ml, positions, T, n_head, n_kv, head_dim,
                      n_ctx, window, scale, softcap, out, xq, xq_stride, n_splits, kv_type="f16",
-                     cluster=False, next_kv=(0, 0)) -> None:
+                     cluster=False) -> None:
     """attn_hd*_g*_* then attn_merge_hd*_g* (rows with several splits), or on sm_90+ attn_cl_*
     (clusters of 8 splits merge themselves) then attn_cl_merge_* (rows of several clusters):
-    decode, verify and prefill rows alike (see attention.cu). next_kv: the next layer's (K, V)
-    caches, which the kernel prefetches into L2 for the same rows."""
+    decode, verify and prefill rows alike (see attention.cu)."""
     G = attn_group_tile(n_head // n_kv)
     grid = (n_kv * -(-(n_head // n_kv) // G), n_splits, T)
     kind = "attn_cl" if cluster else "attn"
     rt.launch(f"{kind}_hd{head_dim}_g{G}_{kv_type}", grid, 128,
               (q, q_ld, kc, vc, kd, vd, opart, ml, positions, n_head, n_kv, n_ctx, int(window),
-               np.float32(scale), np.float32(softcap), out, xq, xq_stride, int(next_kv[0]), int(next_kv[1])))
+               np.float32(scale), np.float32(softcap), out, xq, xq_stride))
     slots = attn_slots(n_splits, cluster)
     if slots > 1:
         rt.launch(f"{kind}_merge_hd{head_dim}_g{G}", (grid[0], head_dim // ATTN_MERGE_DIMS, T), 128,
@@ -190,7 +189,6 @@ class GpuOps:
         self._xq: dict[tuple[int, int], int] = {}
         # Fusion switches (all on; the A/B script scripts/profile_decode.py turns them off one by one).
         self.fuse_add_norm = self.fuse_rope_kv = self.fuse_quant = self.fuse_qkv_rope = True
-        self.prefetch_next_kv = True  # attention prefetches the next layer's rows (see _next_kv)
         # a one-token q|k|v matmul attention() may run as matvec_qkv_rope: (x, w, y, bias, out),
         # out = y + bias (or y); launched as it is by flush() when anything else comes first
         self._pending_mm: tuple | None = None
@@ -412,15 +410,8 @@ class GpuOps:
         kd, vd = self.kv.layer_scale_ptrs(layer)
         attention_launch(self.rt, q.ptr, q.ld, kc, vc, kd, vd, opart.ptr, ml.ptr, positions.ptr,
                          T, n_head, n_kv, hd, self.kv.n_ctx, window, scale, softcap, y.ptr, xq, stride, S,
-                         self.kv.kv_type, self.cluster, self._next_kv(layer))
+                         self.kv.kv_type, self.cluster)
         return y
-
-    def _next_kv(self, layer: int) -> tuple[int, int]:
-        """The next layer's caches for attention to prefetch: it reads the same rows unless a
-        sliding window makes layers differ (gemma3), where it would fetch rows never read."""
-        if not self.prefetch_next_kv or layer + 1 >= len(self.kv.k) or getattr(self.cfg, "sliding_window", 0):
-            return 0, 0
-        return self.kv.layer_ptrs(layer + 1)
 
     def _write_kv(self, layer: int, q: DArray, k: DArray, v: DArray, positions: DArray) -> None:
         """Rope q and k if pending and write k, v into the cache, in as few launches as the pending
