@@ -1,8 +1,12 @@
 """Decode attention alone: µs per launch inside a graph, by head dim and key count.
 
 Each figure is the median of 5 batches of 50 back-to-back launches of one captured graph (so the
-launch gap is included, as in the decode graph); attention and its merge launch count as one. A one-element add_f32 is the floor: what any
-kernel costs in this graph. Both attention paths (split + merge kernel; clusters, sm_90+).
+launch gap is included, as in the decode graph); attention and its merge launch count as one. A
+one-element add_f32 is the floor: what any kernel costs in this graph. Both attention paths
+(split + merge kernel; clusters, sm_90+). Then, on the SmolLM2 shape, the cluster path taken
+apart: the attention kernel without its merge launch, with one layer's cache (L2-resident after
+the first launch) and with 30 layers' caches in turn (90 MB at 4096 keys: read from HBM, as in
+the decode graph).
 Run on the GPU machine: python scripts/bench_attention.py
 """
 from __future__ import annotations
@@ -16,7 +20,8 @@ from memra_engine.gpu.ops import attention_launch, attn_slots, attn_splits, kv_b
 from memra_engine.gpu.runtime import GpuRuntime
 
 SHAPES = {"smollm2 hd64 9/3": (9, 3, 64), "gemma3 hd256 4/1": (4, 1, 256), "qwen3 hd128 16/8": (16, 8, 128)}
-KEYS = (1, 33, 129, 513, 4097)
+KEYS = (1, 33, 129, 513, 1025, 2049, 4097)
+N_LAYERS = 30  # the cold rows: SmolLM2's layer count
 REPS = 50
 
 
@@ -42,7 +47,7 @@ def main() -> None:
 
 
 def run(rt) -> None:
-    pool = VramPool({"scratch": 256 << 20})
+    pool = VramPool({"scratch": 512 << 20})
     rng = np.random.default_rng(0)
 
     def put(a: np.ndarray) -> int:
@@ -74,6 +79,34 @@ def run(rt) -> None:
                     0, 0, S, "f16", cluster)))
             label = f"{name} {'cluster' if cluster else 'split'}"
             print(f"{label:28s}" + "".join(f"{x:9.2f}" for x in row) + "   µs")
+    if rt.cluster_attention:
+        taken_apart(rt, put, rng, n_ctx, q_shape=SHAPES["smollm2 hd64 9/3"])
+
+
+def taken_apart(rt, put, rng, n_ctx, q_shape) -> None:
+    H, n_kv, hd = q_shape
+    caches = [(put(rng.standard_normal((n_kv, n_ctx, hd)).astype(np.float16)),
+               put(rng.standard_normal((n_kv, n_ctx, hd)).astype(np.float16))) for _ in range(N_LAYERS)]
+    q = put(rng.standard_normal(H * hd).astype(np.float32))
+    out = put(np.zeros(H * hd, np.float32))
+    rows = {"attention+merge, hot": (True, 1), "attention+merge, cold": (True, N_LAYERS),
+            "attention only, hot": (False, 1), "attention only, cold": (False, N_LAYERS)}
+    for label, (merge, n_caches) in rows.items():
+        row = []
+        for n in KEYS:
+            S = attn_splits(kv_bucket(n), hd, True)
+            opart = put(np.zeros(attn_slots(S, True) * H * hd, np.float32))
+            ml = put(np.zeros(attn_slots(S, True) * H * 2, np.float32))
+            pos = put(np.array([n - 1], np.int32))
+            turn = iter(range(10**9))
+
+            def body():
+                kc, vc = caches[next(turn) % n_caches]
+                attention_launch(rt, q, H * hd, kc, vc, 0, 0, opart, ml, pos, 1, H, n_kv, hd, n_ctx, 0, 0.125, 0.0,
+                                 out, 0, 0, S, "f16", True, merge=merge)
+
+            row.append(time_launches(rt, body))
+        print(f"{'hd64 cl ' + label:28s}" + "".join(f"{x:9.2f}" for x in row) + "   µs")
 
 
 if __name__ == "__main__":

@@ -162,10 +162,11 @@ def attn_group_tile(group: int) -> int:
 
 def attention_launch(rt, q, q_ld, kc, vc, kd, vd, opart, ml, positions, T, n_head, n_kv, head_dim,
                      n_ctx, window, scale, softcap, out, xq, xq_stride, n_splits, kv_type="f16",
-                     cluster=False) -> None:
+                     cluster=False, merge=True) -> None:
     """attn_hd*_g*_* then attn_merge_hd*_g* (rows with several splits), or on sm_90+ attn_cl_*
     (clusters of 8 splits merge themselves) then attn_cl_merge_* (rows of several clusters):
-    decode, verify and prefill rows alike (see attention.cu)."""
+    decode, verify and prefill rows alike (see attention.cu). merge=False: the attention kernel
+    alone (scripts/bench_attention.py times the two apart)."""
     G = attn_group_tile(n_head // n_kv)
     grid = (n_kv * -(-(n_head // n_kv) // G), n_splits, T)
     kind = "attn_cl" if cluster else "attn"
@@ -173,7 +174,7 @@ def attention_launch(rt, q, q_ld, kc, vc, kd, vd, opart, ml, positions, T, n_hea
               (q, q_ld, kc, vc, kd, vd, opart, ml, positions, n_head, n_kv, n_ctx, int(window),
                np.float32(scale), np.float32(softcap), out, xq, xq_stride))
     slots = attn_slots(n_splits, cluster)
-    if slots > 1:
+    if slots > 1 and merge:
         rt.launch(f"{kind}_merge_hd{head_dim}_g{G}", (grid[0], head_dim // ATTN_MERGE_DIMS, T), 128,
                   (opart, ml, positions, n_head, n_kv, slots, int(window), out, xq, xq_stride))
 
