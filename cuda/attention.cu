@@ -55,7 +55,7 @@ extern "C" __global__ void kv_write_f16(const float* k, const float* v, half* kc
 
 template <int HD>
 struct AttnShape {
-    static constexpr int CHUNK = HD == 64 ? 128 : 32;        // keys per block step (ops.attn_chunk)
+    static constexpr int CHUNK = HD == 64 ? 64 : 32;         // keys per block step (attention.py: chunk_for)
     static constexpr int SEGS = HD / 8;                      // 8-value segments per K/V row
     static constexpr int ROWS_PER_PASS = ATTN_THREADS / SEGS;
     static constexpr int E = CHUNK / ROWS_PER_PASS;          // K (and V) rows per thread per step
@@ -94,17 +94,16 @@ template <> struct Kv8<true> {
 
 // A row's split rule: its n keys go to at most ATTN_MAX_SPLITS splits of chunk * 2^k keys, the
 // smallest that fits. The cluster path allows ATTN_MAX_SPLITS_CL, and rows past ATTN_CLUSTER
-// chunks get splits of min(2 chunks, 128 keys): up to 16 chunks of 32 keys that keeps a row in
-// one cluster (no merge launch up to 512 keys at hd256: gemma3's sliding window), and longer rows
-// get half as many clusters to merge; hd64's 128-key chunks stay one step per block (a further
-// step costs ~1 us, more than the merge of twice the clusters). Depends on the row's position
-// only (bit-identical rows across grids).
+// chunks get splits of at least 2 chunks: up to 16 chunks that keeps a row in one cluster (no
+// merge launch up to 1024 keys at hd64, 512 at hd256: gemma3's sliding window), and longer rows
+// get half as many clusters to merge. Depends on the row's position only (bit-identical rows
+// across grids).
 __device__ __forceinline__ int attn_splits_of_row(int p, int window, int chunk, bool cluster, int& start,
                                                   int& split_len) {
     start = window > 0 ? max(0, p + 1 - window) : 0;
     const int n_keys = p + 1 - start;
     const int max_splits = cluster ? ATTN_MAX_SPLITS_CL : ATTN_MAX_SPLITS;
-    split_len = cluster && n_keys > ATTN_CLUSTER * chunk ? min(2 * chunk, 128) : chunk;
+    split_len = cluster && n_keys > ATTN_CLUSTER * chunk ? 2 * chunk : chunk;
     while ((n_keys + split_len - 1) / split_len > max_splits) split_len *= 2;
     return (n_keys + split_len - 1) / split_len;
 }

@@ -126,30 +126,25 @@ def kv_bucket(n_keys: int) -> int:
 
 def attn_chunk(head_dim: int) -> int:
     """Keys per block step in attention.cu (AttnShape::CHUNK)."""
-    return 128 if head_dim == 64 else 32
-
-
-def _cl_long_split(chunk: int) -> int:
-    """Cluster path: the shortest split of a row past one cluster of chunks (attention.cu)."""
-    return min(2 * chunk, 128)
+    return 64 if head_dim == 64 else 32
 
 
 def attn_splits(bucket: int, head_dim: int, cluster: bool = False) -> int:
     """grid.y: the most splits any row of up to `bucket` keys uses (attention.cu's split rule),
     rounded up to whole clusters on the cluster path."""
-    chunk = attn_chunk(head_dim)
     if not cluster:
-        return min(ATTN_MAX_SPLITS, -(-bucket // chunk))
-    if bucket <= ATTN_CLUSTER * _cl_long_split(chunk):  # rows this short stay in one cluster (attention.cu)
+        return min(ATTN_MAX_SPLITS, -(-bucket // attn_chunk(head_dim)))
+    chunks = -(-bucket // attn_chunk(head_dim))
+    if chunks <= 2 * ATTN_CLUSTER:  # rows this short stay in one cluster (attention.cu)
         return ATTN_CLUSTER
-    return -(-min(ATTN_MAX_SPLITS_CL, -(-bucket // _cl_long_split(chunk))) // ATTN_CLUSTER) * ATTN_CLUSTER
+    return -(-min(ATTN_MAX_SPLITS_CL, -(-chunks // 2)) // ATTN_CLUSTER) * ATTN_CLUSTER  # splits of >= 2 chunks
 
 
 def attn_row_splits(n_keys: int, head_dim: int, cluster: bool = False) -> int:
     """A row's split count (attention.cu's attn_splits_of_row): at most ATTN_MAX_SPLITS (_CL) splits
-    of chunk * 2^k keys; on the cluster path rows past ATTN_CLUSTER chunks get longer splits."""
+    of chunk * 2^k keys; on the cluster path rows past ATTN_CLUSTER chunks get splits of >= 2 chunks."""
     chunk = attn_chunk(head_dim)
-    split_len = _cl_long_split(chunk) if cluster and n_keys > ATTN_CLUSTER * chunk else chunk
+    split_len = 2 * chunk if cluster and n_keys > ATTN_CLUSTER * chunk else chunk
     while -(-n_keys // split_len) > (ATTN_MAX_SPLITS_CL if cluster else ATTN_MAX_SPLITS):
         split_len *= 2
     return -(-n_keys // split_len)
