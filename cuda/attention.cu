@@ -55,13 +55,9 @@ extern "C" __global__ void kv_write_f16(const float* k, const float* v, half* kc
 
 template <int HD>
 struct AttnShape {
-    static constexpr int CHUNK = HD == 64 ? 64 : 32;         // keys per block step (ops.attn_chunk)
-    // hd64: 256 threads, so each thread takes 2 rows of a step, not 4 (a block's time grows with
-    // the rows per thread: ops.attn_threads)
-    static constexpr int THREADS = HD == 64 ? 256 : ATTN_THREADS;
-    static constexpr int WARPS = THREADS / 32;
+    static constexpr int CHUNK = HD == 64 ? 64 : 32;         // keys per block step (attention.py: chunk_for)
     static constexpr int SEGS = HD / 8;                      // 8-value segments per K/V row
-    static constexpr int ROWS_PER_PASS = THREADS / SEGS;
+    static constexpr int ROWS_PER_PASS = ATTN_THREADS / SEGS;
     static constexpr int E = CHUNK / ROWS_PER_PASS;          // K (and V) rows per thread per step
     static constexpr int RW = SEGS < 32 ? SEGS : 32;         // lanes of a warp that share a row
     static_assert(E >= 1 && CHUNK % ROWS_PER_PASS == 0, "chunk must cover whole passes");
@@ -117,7 +113,7 @@ __device__ __forceinline__ int attn_splits_of_row(int p, int window, int chunk, 
 template <int HD, int G>
 __device__ __forceinline__ void attn_write_out(const float (*o)[HD], const float* l, int g, int h0, int t, int n_head,
                                                float* out, int8_t* xq, int xq_stride) {
-    for (int i = threadIdx.x; i < g * HD; i += AttnShape<HD>::THREADS) {
+    for (int i = threadIdx.x; i < g * HD; i += ATTN_THREADS) {
         const int hh = i / HD, d = i % HD;
         const float val = o[hh][d] / l[hh];
         const int col = (h0 + hh) * HD + d;
@@ -147,7 +143,7 @@ __device__ void attn_cluster_merge(const float (*o_blk)[HD], const float* m_blk,
     const int c = blockIdx.y / ATTN_CLUSTER, rank = blockIdx.y % ATTN_CLUSTER;
     const int n_in = min(ATTN_CLUSTER, n_act - c * ATTN_CLUSTER);  // splits of this cluster with keys
     cluster.sync();  // every split's o, m, l written
-    for (int hh = warp; hh < g; hh += AttnShape<HD>::WARPS) {
+    for (int hh = warp; hh < g; hh += ATTN_WARPS) {
         float m = -INFINITY, l = 0.0f;
         if (lane < n_in) {
             m = cluster.map_shared_rank(m_blk, lane)[hh];
@@ -161,7 +157,7 @@ __device__ void attn_cluster_merge(const float (*o_blk)[HD], const float* m_blk,
     }
     __syncthreads();
     const float* o0 = &o_blk[0][0];
-    for (int b = rank + ATTN_CLUSTER * warp; b < g * HD / 32; b += ATTN_CLUSTER * AttnShape<HD>::WARPS) {
+    for (int b = rank + ATTN_CLUSTER * warp; b < g * HD / 32; b += ATTN_CLUSTER * ATTN_WARPS) {
         const int idx = 32 * b + lane, hh = idx / HD;
         float v[ATTN_CLUSTER];
 #pragma unroll
@@ -192,7 +188,7 @@ __device__ void attn_cluster_merge(const float (*o_blk)[HD], const float* m_blk,
 #endif
 }
 
-// grid (n_kv * n_hgroups, n_splits >= any row's splits, T), block AttnShape<HD>::THREADS; CL: n_splits a
+// grid (n_kv * n_hgroups, n_splits >= any row's splits, T), block ATTN_THREADS; CL: n_splits a
 // multiple of ATTN_CLUSTER, clusters of ATTN_CLUSTER blocks along y.
 // q [T][q_ld] (heads of HD inside). Partials: opart [T][slots][n_head][HD], ml [T][slots][n_head][2],
 // slots = n_splits (split path) or n_splits / ATTN_CLUSTER (cluster path: one per cluster).
@@ -208,7 +204,7 @@ __device__ void attn_rows(const float* __restrict__ q, int q_ld, const void* __r
     __shared__ __align__(16) float q_s[G][HD];
     __shared__ float p_s[G][S::CHUNK];
     __shared__ float m_s[G], l_s[G], corr_s[G];
-    __shared__ __align__(16) float o_s[S::WARPS][G][HD];
+    __shared__ __align__(16) float o_s[ATTN_WARPS][G][HD];
 
     const int group = n_head / n_kv;
     const int n_hgroups = (group + G - 1) / G;
@@ -234,7 +230,7 @@ __device__ void attn_rows(const float* __restrict__ q, int q_ld, const void* __r
     if (active) {
         constexpr int ROW_BYTES = HD * (Q8 ? 1 : 2), LINES = ROW_BYTES >= 128 ? ROW_BYTES / 128 : 1;
         const size_t kv_row0 = (size_t)kvh * n_ctx + j0;
-        for (int i = tid; i < 2 * S::CHUNK * LINES; i += S::THREADS) {  // up to 2 chunks
+        for (int i = tid; i < 2 * S::CHUNK * LINES; i += ATTN_THREADS) {  // up to 2 chunks
             const int r = i / LINES;
             if (j0 + r >= j1) break;
             const size_t off = (kv_row0 + r) * ROW_BYTES + (i % LINES) * 128;
@@ -243,7 +239,7 @@ __device__ void attn_rows(const float* __restrict__ q, int q_ld, const void* __r
         }
     }
     pdl_entry();
-    for (int i = tid; i < G * HD; i += S::THREADS) {
+    for (int i = tid; i < G * HD; i += ATTN_THREADS) {
         const int hh = i / HD, d = i % HD;
         q_s[hh][d] = hh < g ? q[(size_t)t * q_ld + (size_t)(h0 + hh) * HD + d] * scale : 0.0f;
     }
@@ -317,8 +313,8 @@ __device__ void attn_rows(const float* __restrict__ q, int q_ld, const void* __r
             }
         }
         __syncthreads();
-        // online softmax over the step's keys: warp w takes heads w, w + S::WARPS, ...
-        for (int hh = warp; hh < g; hh += S::WARPS) {
+        // online softmax over the step's keys: warp w takes heads w, w + ATTN_WARPS, ...
+        for (int hh = warp; hh < g; hh += ATTN_WARPS) {
             float x[(S::CHUNK + 31) / 32];
             float mx = -INFINITY;
 #pragma unroll
@@ -376,11 +372,11 @@ __device__ void attn_rows(const float* __restrict__ q, int q_ld, const void* __r
     __syncthreads();
 
     // the block's output for its heads, summed over warps in warp order, into o_s[0]
-    for (int i = tid; i < G * HD; i += S::THREADS) {
+    for (int i = tid; i < G * HD; i += ATTN_THREADS) {
         const int hh = i / HD, d = i % HD;
         float acc = 0.0f;
 #pragma unroll
-        for (int w = 0; w < S::WARPS; ++w) acc += o_s[w][hh][d];
+        for (int w = 0; w < ATTN_WARPS; ++w) acc += o_s[w][hh][d];
         o_s[0][hh][d] = acc;
     }
     if (n_act == 1) {
@@ -393,7 +389,7 @@ __device__ void attn_rows(const float* __restrict__ q, int q_ld, const void* __r
                                   out, xq, xq_stride);
     } else {  // a partial for attn_merge
         const size_t prow0 = ((size_t)t * gridDim.y + s) * n_head + h0;
-        for (int i = tid; i < g * HD; i += S::THREADS) opart[prow0 * HD + i] = o_s[0][i / HD][i % HD];
+        for (int i = tid; i < g * HD; i += ATTN_THREADS) opart[prow0 * HD + i] = o_s[0][i / HD][i % HD];
         if (tid < g) { ml[(prow0 + tid) * 2] = m_s[tid]; ml[(prow0 + tid) * 2 + 1] = l_s[tid]; }
     }
 }
@@ -485,7 +481,7 @@ __device__ void attn_merge_rows(const float* __restrict__ opart, const float* __
 }
 
 #define ATTN_KERNEL(NAME, HD, G, Q8, CL, ATTR)                                                                  \
-    extern "C" __global__ void __launch_bounds__(AttnShape<HD>::THREADS) ATTR NAME(                              \
+    extern "C" __global__ void __launch_bounds__(ATTN_THREADS) ATTR NAME(                                        \
         const float* q, int q_ld, const void* kc, const void* vc, const half* kd, const half* vd, float* opart,  \
         float* ml, const int* pos, int n_head, int n_kv, int n_ctx, int window, float scale, float softcap,     \
         float* out, int8_t* xq, int xq_stride) {                                                                 \

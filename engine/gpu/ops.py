@@ -129,12 +129,6 @@ def attn_chunk(head_dim: int) -> int:
     return 64 if head_dim == 64 else 32
 
 
-def attn_threads(head_dim: int) -> int:
-    """Threads per attention block (AttnShape::THREADS): hd64 blocks take 256, so each thread
-    holds 2 of a step's 64 K/V rows, not 4."""
-    return 256 if head_dim == 64 else 128
-
-
 def attn_splits(bucket: int, head_dim: int, cluster: bool = False) -> int:
     """grid.y: the most splits any row of up to `bucket` keys uses (attention.cu's split rule),
     rounded up to whole clusters on the cluster path."""
@@ -176,7 +170,7 @@ def attention_launch(rt, q, q_ld, kc, vc, kd, vd, opart, ml, positions, T, n_hea
     G = attn_group_tile(n_head // n_kv)
     grid = (n_kv * -(-(n_head // n_kv) // G), n_splits, T)
     kind = "attn_cl" if cluster else "attn"
-    rt.launch(f"{kind}_hd{head_dim}_g{G}_{kv_type}", grid, attn_threads(head_dim),
+    rt.launch(f"{kind}_hd{head_dim}_g{G}_{kv_type}", grid, 128,
               (q, q_ld, kc, vc, kd, vd, opart, ml, positions, n_head, n_kv, n_ctx, int(window),
                np.float32(scale), np.float32(softcap), out, xq, xq_stride))
     slots = attn_slots(n_splits, cluster)
