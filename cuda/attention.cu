@@ -188,6 +188,30 @@ __device__ void attn_cluster_merge(const float (*o_blk)[HD], const float* m_blk,
 #endif
 }
 
+// A block's result for its heads (o unnormalized in o_s, m_s, l_s; thread i wrote o_s values
+// i, i + ATTN_THREADS, ... and thread h < g m_s[h], l_s[h]): a row of one split writes its output,
+// otherwise its split's partial goes to the cluster merge or to attn_merge.
+template <int HD, int G, bool CL>
+__device__ __forceinline__ void attn_block_out(const float (*o_s)[HD], const float* m_s, const float* l_s, int n_act,
+                                               int g, int h0, int t, int n_head, float* __restrict__ opart,
+                                               float* __restrict__ ml, float* __restrict__ out,
+                                               int8_t* __restrict__ xq, int xq_stride) {
+    const int tid = threadIdx.x;
+    if (n_act == 1) {
+        __syncthreads();
+        attn_write_out<HD, G>(o_s, l_s, g, h0, t, n_head, out, xq, xq_stride);
+        return;
+    }
+    if constexpr (CL) {
+        attn_cluster_merge<HD, G>(o_s, m_s, l_s, n_act, g, h0, t, n_head, gridDim.y / ATTN_CLUSTER, opart, ml,
+                                  out, xq, xq_stride);
+    } else {  // a partial for attn_merge
+        const size_t prow0 = ((size_t)t * gridDim.y + blockIdx.y) * n_head + h0;
+        for (int i = tid; i < g * HD; i += ATTN_THREADS) opart[prow0 * HD + i] = o_s[i / HD][i % HD];
+        if (tid < g) { ml[(prow0 + tid) * 2] = m_s[tid]; ml[(prow0 + tid) * 2 + 1] = l_s[tid]; }
+    }
+}
+
 // grid (n_kv * n_hgroups, n_splits >= any row's splits, T), block ATTN_THREADS; CL: n_splits a
 // multiple of ATTN_CLUSTER, clusters of ATTN_CLUSTER blocks along y.
 // q [T][q_ld] (heads of HD inside). Partials: opart [T][slots][n_head][HD], ml [T][slots][n_head][2],
@@ -379,19 +403,194 @@ __device__ void attn_rows(const float* __restrict__ q, int q_ld, const void* __r
         for (int w = 0; w < ATTN_WARPS; ++w) acc += o_s[w][hh][d];
         o_s[0][hh][d] = acc;
     }
-    if (n_act == 1) {
-        __syncthreads();
-        attn_write_out<HD, G>(o_s[0], l_s, g, h0, t, n_head, out, xq, xq_stride);
-        return;
+    attn_block_out<HD, G, CL>(o_s[0], m_s, l_s, n_act, g, h0, t, n_head, opart, ml, out, xq, xq_stride);
+}
+
+// ---- hd64 with an f16 cache: QK and PV on tensor cores ---------------------------------------
+// attn_rows' issue time grows with the keys x heads a block computes in scalar FMAs (a 64-key
+// step ~1 us however its rows are spread over threads, docs/gpu-notes.md round 6); mma.sync
+// m16n8k16 (f16 in, f32 accumulate) does QK and PV in a tenth of the instructions. Same split rule,
+// chunk, prologue and output as attn_rows; inside a 64-key step each warp takes 16 keys (two 8-key
+// n-tiles) with its own online softmax, and the warps merge once at the end.
+// The MMA's 16 rows are the block's heads (G <= 8 used, rows 8-15 zero), so lane (r = lane / 4,
+// c = lane % 4) holds head r's scores of keys 2c, 2c + 1 of each n-tile, and QK's accumulators are
+// PV's A operand as they stand (FlashAttention-2's register reuse). Loads need no shuffles:
+// - QK's k dimension walks the 64 dims in a per-lane order: lane c reads dims 16c .. 16c + 15 of
+//   its key (32 bytes) and k-step j takes their words 2j, 2j + 1; q takes the same order.
+// - PV's output dims are permuted: tile jd, column n is dim 8n + jd, so lane r reads dims
+//   8r .. 8r + 7 of a V row (16 bytes) and picks half jd.
+// Precision: q and p go in as f16 hi + lo halves (two MMAs each; |x - hi - lo| <= 2^-22 |x|), so
+// the products keep float32 accuracy; K and V are f16 values already.
+__device__ __forceinline__ void mma_16816(float (&d)[4], uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));  // A rows 8-15: zero
+}
+
+// (x, y) as f16x2 hi and the f16x2 of what hi leaves out.
+__device__ __forceinline__ void split_f16x2(float x, float y, uint32_t& hi, uint32_t& lo) {
+    const half2 h = __floats2half2_rn(x, y);
+    const float2 hf = __half22float2(h);
+    const half2 l = __floats2half2_rn(x - hf.x, y - hf.y);
+    hi = *reinterpret_cast<const uint32_t*>(&h);
+    lo = *reinterpret_cast<const uint32_t*>(&l);
+}
+
+__device__ __forceinline__ uint32_t word_of(const int4& v, int w) {
+    return (uint32_t)(w == 0 ? v.x : w == 1 ? v.y : w == 2 ? v.z : v.w);
+}
+
+template <int G, bool CL>
+__device__ void attn_rows_mma64(const float* __restrict__ q, int q_ld, const half* __restrict__ kc,
+                                const half* __restrict__ vc, float* __restrict__ opart, float* __restrict__ ml,
+                                const int* __restrict__ pos, int n_head, int n_kv, int n_ctx, int window,
+                                float scale, float softcap, float* __restrict__ out, int8_t* __restrict__ xq,
+                                int xq_stride) {
+    constexpr int HD = 64, CHUNK = AttnShape<HD>::CHUNK, KW = CHUNK / ATTN_WARPS;  // keys per warp per step
+    static_assert(KW == 16 && G <= 8, "two 8-key n-tiles per warp; heads in MMA rows 0-7");
+    __shared__ __align__(16) float o_s[ATTN_WARPS][G][HD];
+    __shared__ float mw_s[ATTN_WARPS][G], lw_s[ATTN_WARPS][G], m_s[G], l_s[G];
+
+    const int group = n_head / n_kv;
+    const int n_hgroups = (group + G - 1) / G;
+    const int kvh = blockIdx.x / n_hgroups, hg = blockIdx.x % n_hgroups;
+    const int h0 = kvh * group + hg * G;
+    const int g = min(G, group - hg * G);
+    const int s = blockIdx.y, t = blockIdx.z;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+
+    const int p = pos[t];  // before the PDL wait, with the L2 prefetch: as in attn_rows
+    int start, split_len;
+    const int n_act = attn_splits_of_row(p, window, CHUNK, CL, start, split_len);
+    if (CL ? (s / ATTN_CLUSTER) * ATTN_CLUSTER >= n_act || (n_act == 1 && s > 0) : s >= n_act) return;
+    const bool active = s < n_act;
+    const int j0 = start + s * split_len, j1 = min(p + 1, j0 + split_len);
+    const size_t row0 = (size_t)kvh * n_ctx;
+    if (active) {
+        for (int r = tid; r < 2 * CHUNK && j0 + r < j1; r += ATTN_THREADS) {  // up to 2 chunks, 128-byte rows
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(kc + (row0 + j0 + r) * HD));
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(vc + (row0 + j0 + r) * HD));
+        }
     }
-    if constexpr (CL) {
-        attn_cluster_merge<HD, G>(o_s[0], m_s, l_s, n_act, g, h0, t, n_head, gridDim.y / ATTN_CLUSTER, opart, ml,
-                                  out, xq, xq_stride);
-    } else {  // a partial for attn_merge
-        const size_t prow0 = ((size_t)t * gridDim.y + s) * n_head + h0;
-        for (int i = tid; i < g * HD; i += ATTN_THREADS) opart[prow0 * HD + i] = o_s[0][i / HD][i % HD];
-        if (tid < g) { ml[(prow0 + tid) * 2] = m_s[tid]; ml[(prow0 + tid) * 2 + 1] = l_s[tid]; }
+    pdl_entry();
+
+    const int r = lane >> 2, c = lane & 3;  // MMA row (head) / n-tile key / V dims, and column pair
+    uint32_t qh[8], ql[8];                  // head r's dims 16c .. 16c + 15 (scaled) as hi / lo pairs
+    {
+        const float4* qr = reinterpret_cast<const float4*>(q + (size_t)t * q_ld + (size_t)(h0 + r) * HD + 16 * c);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const float4 v = r < g ? qr[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            split_f16x2(v.x * scale, v.y * scale, qh[2 * i], ql[2 * i]);
+            split_f16x2(v.z * scale, v.w * scale, qh[2 * i + 1], ql[2 * i + 1]);
+        }
     }
+    float o[8][4];  // output tile jd: head r (and padding rows), dims 8 (2c) + jd, 8 (2c + 1) + jd
+#pragma unroll
+    for (int jd = 0; jd < 8; ++jd) o[jd][0] = o[jd][1] = o[jd][2] = o[jd][3] = 0.0f;
+    float m = -INFINITY, l = 0.0f;  // head r over this warp's keys (l: this lane's keys)
+
+    // K: n-tile u's key r, dims 16c .. 16c + 15; V: keys 2c, 2c + 1, 2c + 8, 2c + 9, dims 8r .. 8r + 7.
+    // Rows past the end read the last valid row (weight 0). The next step's rows load before this
+    // step's math.
+    int4 kr[2][2], vr[4], kn[2][2], vn[4];
+    auto load = [&](int c0) {
+        const int kb = c0 + KW * warp;
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+            const int4* src = reinterpret_cast<const int4*>(kc + (row0 + min(kb + 8 * u + r, j1 - 1)) * HD + 16 * c);
+            kn[u][0] = src[0];
+            kn[u][1] = src[1];
+        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int key = 2 * c + (i & 1) + 8 * (i >> 1);
+            vn[i] = *reinterpret_cast<const int4*>(vc + (row0 + min(kb + key, j1 - 1)) * HD + 8 * r);
+        }
+    };
+    if (active) load(j0);
+    for (int c0 = j0; active && c0 < j1; c0 += CHUNK) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            kr[i >> 1][i & 1] = kn[i >> 1][i & 1];
+            vr[i] = vn[i];
+        }
+        if (c0 + CHUNK < j1) load(c0 + CHUNK);
+        const int kb = c0 + KW * warp;
+        if (kb >= j1) continue;  // warp-uniform: none of this warp's keys are in the split
+        float sc[2][4];
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+            sc[u][0] = sc[u][1] = sc[u][2] = sc[u][3] = 0.0f;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const uint32_t b0 = word_of(kr[u][j >> 1], 2 * (j & 1)), b1 = word_of(kr[u][j >> 1], 2 * (j & 1) + 1);
+                mma_16816(sc[u], qh[2 * j], qh[2 * j + 1], b0, b1);
+                mma_16816(sc[u], ql[2 * j], ql[2 * j + 1], b0, b1);
+            }
+        }
+        // head r's scores of keys 2c, 2c + 1 (n-tile 0) and 8 + 2c, 9 + 2c (n-tile 1)
+        float x[4] = {sc[0][0], sc[0][1], sc[1][0], sc[1][1]};
+        float mx = -INFINITY;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            if (softcap > 0.0f) x[i] = softcap * tanhf(x[i] / softcap);
+            x[i] = kb + 2 * c + (i & 1) + 8 * (i >> 1) < j1 ? x[i] : -INFINITY;
+            mx = fmaxf(mx, x[i]);
+        }
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(m, mx);  // finite: the warp's first key is valid
+        const float corr = expf(m - m_new);  // 0 at the warp's first step
+        m = m_new;
+        float pk[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) pk[i] = expf(x[i] - m_new);
+        l = l * corr + ((pk[0] + pk[1]) + (pk[2] + pk[3]));
+        uint32_t ph0, pl0, ph2, pl2;  // P as PV's A operand: keys 2c, 2c + 1 | 8 + 2c, 9 + 2c
+        split_f16x2(pk[0], pk[1], ph0, pl0);
+        split_f16x2(pk[2], pk[3], ph2, pl2);
+#pragma unroll
+        for (int jd = 0; jd < 8; ++jd) {
+            o[jd][0] *= corr;
+            o[jd][1] *= corr;
+            const uint32_t sel = (jd & 1) ? 0x7632u : 0x5410u;  // half jd of each key's 8 dims
+            const uint32_t b0 = __byte_perm(word_of(vr[0], jd >> 1), word_of(vr[1], jd >> 1), sel);
+            const uint32_t b1 = __byte_perm(word_of(vr[2], jd >> 1), word_of(vr[3], jd >> 1), sel);
+            mma_16816(o[jd], ph0, ph2, b0, b1);
+            mma_16816(o[jd], pl0, pl2, b0, b1);
+        }
+    }
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    if (r < G) {
+#pragma unroll
+        for (int jd = 0; jd < 8; ++jd) {
+            o_s[warp][r][8 * (2 * c) + jd] = o[jd][0];
+            o_s[warp][r][8 * (2 * c + 1) + jd] = o[jd][1];
+        }
+        if (c == 0) { mw_s[warp][r] = m; lw_s[warp][r] = l; }
+    }
+    __syncthreads();
+    // the warps merged in warp order into o_s[0]; a warp without keys has m = -inf, weight 0
+    for (int i = tid; i < G * HD; i += ATTN_THREADS) {
+        const int hh = i / HD, d = i % HD;
+        float M = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < ATTN_WARPS; ++w) M = fmaxf(M, mw_s[w][hh]);
+        float acc = 0.0f, lsum = 0.0f;
+#pragma unroll
+        for (int w = 0; w < ATTN_WARPS; ++w) {
+            const float cw = mw_s[w][hh] == -INFINITY ? 0.0f : expf(mw_s[w][hh] - M);
+            acc += cw * o_s[w][hh][d];
+            lsum += cw * lw_s[w][hh];
+        }
+        o_s[0][hh][d] = acc;
+        if (d == 0) { m_s[hh] = M; l_s[hh] = lsum; }
+    }
+    __syncthreads();  // m_s, l_s: written by other threads than attn_block_out's readers
+    attn_block_out<HD, G, CL>(o_s[0], m_s, l_s, n_act, g, h0, t, n_head, opart, ml, out, xq, xq_stride);
 }
 
 // Merge of the partials in slots 0 .. n_parts - 1 of row t (slot order) for heads h0 .. h0 + g,
@@ -485,8 +684,12 @@ __device__ void attn_merge_rows(const float* __restrict__ opart, const float* __
         const float* q, int q_ld, const void* kc, const void* vc, const half* kd, const half* vd, float* opart,  \
         float* ml, const int* pos, int n_head, int n_kv, int n_ctx, int window, float scale, float softcap,     \
         float* out, int8_t* xq, int xq_stride) {                                                                 \
-        attn_rows<HD, G, Q8, CL>(q, q_ld, kc, vc, kd, vd, opart, ml, pos, n_head, n_kv, n_ctx, window,           \
-                                 scale, softcap, out, xq, xq_stride);                                            \
+        if constexpr (HD == 64 && !Q8)                                                                          \
+            attn_rows_mma64<G, CL>(q, q_ld, static_cast<const half*>(kc), static_cast<const half*>(vc), opart,  \
+                                   ml, pos, n_head, n_kv, n_ctx, window, scale, softcap, out, xq, xq_stride);    \
+        else                                                                                                     \
+            attn_rows<HD, G, Q8, CL>(q, q_ld, kc, vc, kd, vd, opart, ml, pos, n_head, n_kv, n_ctx, window,       \
+                                     scale, softcap, out, xq, xq_stride);                                        \
     }
 // memra-kernel: attn_hd64_g1_f16(PiPPPPPPPiiiiffPPi)
 ATTN_KERNEL(attn_hd64_g1_f16, 64, 1, false, false, )
