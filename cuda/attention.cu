@@ -410,7 +410,7 @@ __device__ void attn_rows(const float* __restrict__ q, int q_ld, const void* __r
 // attn_rows' issue time grows with the keys x heads a block computes in scalar FMAs (a 64-key
 // step ~1 us however its rows are spread over threads, docs/gpu-notes.md round 6); mma.sync
 // m16n8k16 (f16 in, f32 accumulate) does QK and PV in a tenth of the instructions. Same split rule,
-// chunk, prologue and output as attn_rows; of each 64-key chunk each warp takes 16 keys (two 8-key
+// chunk, prologue and output as attn_rows; inside a 64-key step each warp takes 16 keys (two 8-key
 // n-tiles) with its own online softmax, and the warps merge once at the end.
 // The MMA's 16 rows are the block's heads (G <= 8 used, rows 8-15 zero), so lane (r = lane / 4,
 // c = lane % 4) holds head r's scores of keys 2c, 2c + 1 of each n-tile, and QK's accumulators are
@@ -494,67 +494,49 @@ __device__ void attn_rows_mma64(const float* __restrict__ q, int q_ld, const hal
     // K: n-tile u's key r, dims 16c .. 16c + 15; V: keys 2c, 2c + 1, 2c + 8, 2c + 9, dims 8r .. 8r + 7.
     // Rows past the end read the last valid row (weight 0). The next step's rows load before this
     // step's math.
-    // A loop trip takes two chunks (halves hf = 0, 1; warp w: keys 16w .. 16w + 15 of each), so a
-    // split of 128 keys (rows past 512) is one trip: one softmax update and one memory wait. A
-    // split of one chunk leaves the second half empty and skips its MMAs.
-    constexpr int STEP = 2 * CHUNK;
-    int4 kr[2][2][2], vr[2][4], kn[2][2][2], vn[2][4];
+    int4 kr[2][2], vr[4], kn[2][2], vn[4];
     auto load = [&](int c0) {
+        const int kb = c0 + KW * warp;
 #pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-            const int kb = c0 + CHUNK * hf + KW * warp;
+        for (int u = 0; u < 2; ++u) {
+            const int4* src = reinterpret_cast<const int4*>(kc + (row0 + min(kb + 8 * u + r, j1 - 1)) * HD + 16 * c);
+            kn[u][0] = src[0];
+            kn[u][1] = src[1];
+        }
 #pragma unroll
-            for (int u = 0; u < 2; ++u) {
-                const int4* src =
-                    reinterpret_cast<const int4*>(kc + (row0 + min(kb + 8 * u + r, j1 - 1)) * HD + 16 * c);
-                kn[hf][u][0] = src[0];
-                kn[hf][u][1] = src[1];
-            }
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const int key = 2 * c + (i & 1) + 8 * (i >> 1);
-                vn[hf][i] = *reinterpret_cast<const int4*>(vc + (row0 + min(kb + key, j1 - 1)) * HD + 8 * r);
-            }
+        for (int i = 0; i < 4; ++i) {
+            const int key = 2 * c + (i & 1) + 8 * (i >> 1);
+            vn[i] = *reinterpret_cast<const int4*>(vc + (row0 + min(kb + key, j1 - 1)) * HD + 8 * r);
         }
     };
     if (active) load(j0);
-    for (int c0 = j0; active && c0 < j1; c0 += STEP) {
+    for (int c0 = j0; active && c0 < j1; c0 += CHUNK) {
 #pragma unroll
-        for (int hf = 0; hf < 2; ++hf)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                kr[hf][i >> 1][i & 1] = kn[hf][i >> 1][i & 1];
-                vr[hf][i] = vn[hf][i];
-            }
-        if (c0 + STEP < j1) load(c0 + STEP);
+        for (int i = 0; i < 4; ++i) {
+            kr[i >> 1][i & 1] = kn[i >> 1][i & 1];
+            vr[i] = vn[i];
+        }
+        if (c0 + CHUNK < j1) load(c0 + CHUNK);
         const int kb = c0 + KW * warp;
         if (kb >= j1) continue;  // warp-uniform: none of this warp's keys are in the split
-        const bool two = kb + CHUNK < j1;  // warp-uniform: the second half has keys of this warp
-        float sc[2][2][4];
+        float sc[2][4];
 #pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
+        for (int u = 0; u < 2; ++u) {
+            sc[u][0] = sc[u][1] = sc[u][2] = sc[u][3] = 0.0f;
 #pragma unroll
-            for (int u = 0; u < 2; ++u) {
-                sc[hf][u][0] = sc[hf][u][1] = sc[hf][u][2] = sc[hf][u][3] = 0.0f;
-                if (hf == 1 && !two) continue;
-#pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    const uint32_t b0 = word_of(kr[hf][u][j >> 1], 2 * (j & 1));
-                    const uint32_t b1 = word_of(kr[hf][u][j >> 1], 2 * (j & 1) + 1);
-                    mma_16816(sc[hf][u], qh[2 * j], qh[2 * j + 1], b0, b1);
-                    mma_16816(sc[hf][u], ql[2 * j], ql[2 * j + 1], b0, b1);
-                }
+            for (int j = 0; j < 4; ++j) {
+                const uint32_t b0 = word_of(kr[u][j >> 1], 2 * (j & 1)), b1 = word_of(kr[u][j >> 1], 2 * (j & 1) + 1);
+                mma_16816(sc[u], qh[2 * j], qh[2 * j + 1], b0, b1);
+                mma_16816(sc[u], ql[2 * j], ql[2 * j + 1], b0, b1);
             }
         }
-        // head r's scores, half hf: keys 2c, 2c + 1 (n-tile 0) and 8 + 2c, 9 + 2c (n-tile 1)
-        float x[8];
+        // head r's scores of keys 2c, 2c + 1 (n-tile 0) and 8 + 2c, 9 + 2c (n-tile 1)
+        float x[4] = {sc[0][0], sc[0][1], sc[1][0], sc[1][1]};
         float mx = -INFINITY;
 #pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            const int hf = i >> 2, u = (i >> 1) & 1, e = i & 1;
-            x[i] = sc[hf][u][e];
+        for (int i = 0; i < 4; ++i) {
             if (softcap > 0.0f) x[i] = softcap * tanhf(x[i] / softcap);
-            x[i] = kb + CHUNK * hf + 8 * u + 2 * c + e < j1 ? x[i] : -INFINITY;
+            x[i] = kb + 2 * c + (i & 1) + 8 * (i >> 1) < j1 ? x[i] : -INFINITY;
             mx = fmaxf(mx, x[i]);
         }
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
@@ -562,29 +544,22 @@ __device__ void attn_rows_mma64(const float* __restrict__ q, int q_ld, const hal
         const float m_new = fmaxf(m, mx);  // finite: the warp's first key is valid
         const float corr = expf(m - m_new);  // 0 at the warp's first step
         m = m_new;
-        float pk[8];
+        float pk[4];
 #pragma unroll
-        for (int i = 0; i < 8; ++i) pk[i] = expf(x[i] - m_new);
-        l = l * corr + (((pk[0] + pk[1]) + (pk[2] + pk[3])) + ((pk[4] + pk[5]) + (pk[6] + pk[7])));
+        for (int i = 0; i < 4; ++i) pk[i] = expf(x[i] - m_new);
+        l = l * corr + ((pk[0] + pk[1]) + (pk[2] + pk[3]));
+        uint32_t ph0, pl0, ph2, pl2;  // P as PV's A operand: keys 2c, 2c + 1 | 8 + 2c, 9 + 2c
+        split_f16x2(pk[0], pk[1], ph0, pl0);
+        split_f16x2(pk[2], pk[3], ph2, pl2);
 #pragma unroll
         for (int jd = 0; jd < 8; ++jd) {
             o[jd][0] *= corr;
             o[jd][1] *= corr;
-        }
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-            if (hf == 1 && !two) continue;
-            uint32_t ph0, pl0, ph2, pl2;  // P as PV's A operand: keys 2c, 2c + 1 | 8 + 2c, 9 + 2c
-            split_f16x2(pk[4 * hf], pk[4 * hf + 1], ph0, pl0);
-            split_f16x2(pk[4 * hf + 2], pk[4 * hf + 3], ph2, pl2);
-#pragma unroll
-            for (int jd = 0; jd < 8; ++jd) {
-                const uint32_t sel = (jd & 1) ? 0x7632u : 0x5410u;  // half jd of each key's 8 dims
-                const uint32_t b0 = __byte_perm(word_of(vr[hf][0], jd >> 1), word_of(vr[hf][1], jd >> 1), sel);
-                const uint32_t b1 = __byte_perm(word_of(vr[hf][2], jd >> 1), word_of(vr[hf][3], jd >> 1), sel);
-                mma_16816(o[jd], ph0, ph2, b0, b1);
-                mma_16816(o[jd], pl0, pl2, b0, b1);
-            }
+            const uint32_t sel = (jd & 1) ? 0x7632u : 0x5410u;  // half jd of each key's 8 dims
+            const uint32_t b0 = __byte_perm(word_of(vr[0], jd >> 1), word_of(vr[1], jd >> 1), sel);
+            const uint32_t b1 = __byte_perm(word_of(vr[2], jd >> 1), word_of(vr[3], jd >> 1), sel);
+            mma_16816(o[jd], ph0, ph2, b0, b1);
+            mma_16816(o[jd], pl0, pl2, b0, b1);
         }
     }
     l += __shfl_xor_sync(0xffffffffu, l, 1);
