@@ -13,6 +13,9 @@
 // has (graph buckets) and whether it is decoded alone or verified in a batch. Short contexts get
 // several blocks (a 128-key decode row: 2-4), not one SM doing every key.
 //
+// Head dim 64 with an f16 cache runs attn_rows_mma64 (QK and PV on tensor cores); the other head
+// dims and q8_0 caches run attn_rows. Same split rule, same output either way.
+//
 // Merge: a row with one split writes its output directly. Otherwise each split writes an
 // unnormalized partial (o, m, l) and attn_merge, launched right after (PDL overlaps its launch),
 // merges the splits in split order.
@@ -55,7 +58,7 @@ extern "C" __global__ void kv_write_f16(const float* k, const float* v, half* kc
 
 template <int HD>
 struct AttnShape {
-    static constexpr int CHUNK = HD == 64 ? 64 : 32;         // keys per block step (attention.py: chunk_for)
+    static constexpr int CHUNK = HD == 64 ? 64 : 32;         // keys per block step (ops.attn_chunk)
     static constexpr int SEGS = HD / 8;                      // 8-value segments per K/V row
     static constexpr int ROWS_PER_PASS = ATTN_THREADS / SEGS;
     static constexpr int E = CHUNK / ROWS_PER_PASS;          // K (and V) rows per thread per step
