@@ -5,7 +5,7 @@ into a graph of their own and replayed; the median replay time is that kernel's 
 step. The full graph is timed the same way, so the table also shows the launch-gap overhead
 (full graph minus the sum of the parts).
 
-    python scripts/profile_decode.py MODEL.gguf [--ctx 128] [--ctx 4096] [--off fuse_attn_merge ...]
+    python scripts/profile_decode.py MODEL.gguf [--ctx 128] [--ctx 4096] [--off fuse_qkv_rope ...]
 
 --off turns one of GpuOps' fusion switches off (an A/B in the same device call).
 """
@@ -65,13 +65,13 @@ def main() -> None:
     args = p.parse_args()
     ctxs = args.ctx or [128]
     backend = CudaBackend(open_gguf(args.model), n_ctx=max(ctxs) + 300)
-    for name in args.off:
-        if not name.startswith("fuse_") or not hasattr(backend.ops, name):
-            raise SystemExit(f"profile_decode: no fusion switch {name!r}")
-        setattr(backend.ops, name, False)
-    if args.off:
-        print("off:", ", ".join(args.off))
     try:
+        for name in args.off:
+            if not name.startswith("fuse_") or not hasattr(backend.ops, name):
+                raise SystemExit(f"profile_decode: no fusion switch {name!r}")
+            setattr(backend.ops, name, False)
+        if args.off:
+            print("off:", ", ".join(args.off))
         for ctx in ctxs:
             profile(backend, ctx)
     finally:
