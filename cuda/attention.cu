@@ -20,11 +20,12 @@
 // unnormalized partial (o, m, l) and attn_merge, launched right after (PDL overlaps its launch),
 // merges the splits in split order.
 //
-// Cluster variant (attn_cl_*, sm_90+): grid.y is a multiple of 8 and every 8 consecutive splits
-// form a thread-block cluster that merges its splits through distributed shared memory, so a row
-// of up to 8 splits needs no second launch (that launch cost 2.6 / 5.5 us at hd64 / hd256, more
-// than the attention itself). Longer rows (up to 64 splits) write one partial per cluster, and
-// attn_cl_merge merges those (at most 8).
+// Cluster variant (attn_cl_*, sm_90+): grid.y is a multiple of the cluster size CS and every CS
+// consecutive splits form a thread-block cluster that merges its splits through distributed shared
+// memory, so a row of up to CS splits needs no second launch (that launch cost 2.6 / 5.5 us at
+// hd64 / hd256, more than the attention itself). CS is 16 for attn_rows_mma64 (a non-portable
+// size: the runtime opts in) and 8 otherwise (attn_plan below). Rows too long for one cluster
+// (up to 64 splits) write one partial per cluster, and attn_cl_merge merges those.
 #include <cooperative_groups.h>
 #include "common.cuh"
 #include "quants.cuh"
@@ -32,14 +33,24 @@
 #define ATTN_THREADS 128
 #define ATTN_WARPS (ATTN_THREADS / 32)
 #define ATTN_MAX_SPLITS 32     // split + merge-kernel path (attn_*)
-#define ATTN_CLUSTER 8         // blocks per cluster (the portable maximum)
-#define ATTN_MAX_SPLITS_CL 64  // cluster path (attn_cl_*): at most 8 clusters, so attn_cl_merge merges <= 8
+#define ATTN_MAX_SPLITS_CL 64  // cluster path (attn_cl_*): so attn_cl_merge merges at most 8 partials
+
+// Which kernel a (head dim, cache type) runs, in blocks of how many threads, in clusters of how many
+// blocks, and how many chunks a split of a one-cluster row may walk (ops.attn_plan mirrors this).
+// attn_rows_mma64 takes 128 keys per loop trip (8 warps of 16): clusters of 16 keep rows of up to
+// 128 chunks (8192 keys) in one cluster at <= 4 trips a split, which costs less than a second
+// launch. attn_rows takes one chunk per step: clusters of 8, splits of <= 2 chunks, as measured.
+__host__ __device__ constexpr bool attn_mma(int hd, bool q8) { return hd == 64 && !q8; }
+__host__ __device__ constexpr int attn_threads(int hd, bool q8) { return attn_mma(hd, q8) ? 256 : ATTN_THREADS; }
+__host__ __device__ constexpr int attn_cluster(int hd, bool q8) { return attn_mma(hd, q8) ? 16 : 8; }
+__host__ __device__ constexpr int attn_cl_chunks(int hd, bool q8) { return attn_mma(hd, q8) ? 8 : 2; }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-#define ATTN_CLUSTER_DIMS  // never launched before sm_90 (ops.attention_launch); compiled so every fatbin has it
+#define ATTN_DIMS_true(HD, Q8)  // never launched before sm_90 (ops.attention_launch); compiled so every fatbin has it
 #else
-#define ATTN_CLUSTER_DIMS __cluster_dims__(1, ATTN_CLUSTER, 1)
+#define ATTN_DIMS_true(HD, Q8) __cluster_dims__(1, attn_cluster(HD, Q8), 1)
 #endif
+#define ATTN_DIMS_false(HD, Q8)
 
 // k, v [T][*] with rows k_ld / v_ld floats apart, heads of HD inside a row.
 // grid (T, n_kv); block 128.
@@ -95,20 +106,26 @@ template <> struct Kv8<true> {
     }
 };
 
-// A row's split rule: its n keys go to at most ATTN_MAX_SPLITS splits of chunk * 2^k keys, the
-// smallest that fits. The cluster path allows ATTN_MAX_SPLITS_CL, and rows past ATTN_CLUSTER
-// chunks get splits of at least 2 chunks: up to 16 chunks that keeps a row in one cluster (no
-// merge launch up to 1024 keys at hd64, 512 at hd256: gemma3's sliding window), and longer rows
-// get half as many clusters to merge. Depends on the row's position only (bit-identical rows
-// across grids).
-__device__ __forceinline__ int attn_splits_of_row(int p, int window, int chunk, bool cluster, int& start,
-                                                  int& split_len) {
+// A row's split rule. Split path: its n keys go to at most ATTN_MAX_SPLITS splits of chunk * 2^k
+// keys, the smallest that fits. Cluster path (cs blocks a cluster): the row's chunks spread evenly
+// over one cluster while a split walks at most cl_chunks of them (hd256: gemma3's 512-key sliding
+// window in one cluster; hd64: up to 8192 keys); longer rows get splits of cl_chunks (or more, so
+// that at most ATTN_MAX_SPLITS_CL) over several clusters. Depends on the row's position only
+// (bit-identical rows across grids).
+__device__ __forceinline__ int attn_splits_of_row(int p, int window, int chunk, bool cluster, int cs, int cl_chunks,
+                                                  int& start, int& split_len) {
     start = window > 0 ? max(0, p + 1 - window) : 0;
     const int n_keys = p + 1 - start;
-    const int max_splits = cluster ? ATTN_MAX_SPLITS_CL : ATTN_MAX_SPLITS;
-    split_len = cluster && n_keys > ATTN_CLUSTER * chunk ? 2 * chunk : chunk;
-    while ((n_keys + split_len - 1) / split_len > max_splits) split_len *= 2;
-    return (n_keys + split_len - 1) / split_len;
+    if (!cluster) {
+        split_len = chunk;
+        while ((n_keys + split_len - 1) / split_len > ATTN_MAX_SPLITS) split_len *= 2;
+        return (n_keys + split_len - 1) / split_len;
+    }
+    const int chunks = (n_keys + chunk - 1) / chunk;
+    int per = (chunks + cs - 1) / cs;
+    if (per > cl_chunks) per = max(cl_chunks, (chunks + ATTN_MAX_SPLITS_CL - 1) / ATTN_MAX_SPLITS_CL);
+    split_len = per * chunk;
+    return (chunks + per - 1) / per;
 }
 
 // out = o / l for heads h0 .. h0 + g of row t, and its q8_1 copy for the o matvec: g * HD is a
@@ -116,7 +133,7 @@ __device__ __forceinline__ int attn_splits_of_row(int p, int window, int chunk, 
 template <int HD, int G>
 __device__ __forceinline__ void attn_write_out(const float (*o)[HD], const float* l, int g, int h0, int t, int n_head,
                                                float* out, int8_t* xq, int xq_stride) {
-    for (int i = threadIdx.x; i < g * HD; i += ATTN_THREADS) {
+    for (int i = threadIdx.x; i < g * HD; i += blockDim.x) {
         const int hh = i / HD, d = i % HD;
         const float val = o[hh][d] / l[hh];
         const int col = (h0 + hh) * HD + d;
@@ -131,9 +148,9 @@ __device__ __forceinline__ void attn_write_out(const float (*o)[HD], const float
 // Cluster path epilogue, called by every block of a cluster whose row has several splits: the
 // cluster's splits (o, m, l in each block's shared memory) merged in split order through
 // distributed shared memory. A row of one cluster writes its output (and q8_1 copy) here; a longer
-// row writes the cluster's partial to slot blockIdx.y / ATTN_CLUSTER for attn_cl_merge. The
-// output's 32-value blocks are spread over the cluster's blocks and warps.
-template <int HD, int G>
+// row writes the cluster's partial to slot blockIdx.y / CS for attn_cl_merge. The output's 32-value
+// blocks are spread over the cluster's CS blocks and their warps.
+template <int HD, int G, int CS>
 __device__ void attn_cluster_merge(const float (*o_blk)[HD], const float* m_blk, const float* l_blk, int n_act,
                                    int g, int h0, int t, int n_head, int n_slots, float* __restrict__ opart,
                                    float* __restrict__ ml, float* __restrict__ out, int8_t* __restrict__ xq,
@@ -141,12 +158,13 @@ __device__ void attn_cluster_merge(const float (*o_blk)[HD], const float* m_blk,
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     namespace cg = cooperative_groups;
     cg::cluster_group cluster = cg::this_cluster();
-    __shared__ float c_s[G][ATTN_CLUSTER], m_out[G], l_out[G];
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int c = blockIdx.y / ATTN_CLUSTER, rank = blockIdx.y % ATTN_CLUSTER;
-    const int n_in = min(ATTN_CLUSTER, n_act - c * ATTN_CLUSTER);  // splits of this cluster with keys
+    static_assert(CS <= 32, "one lane per split");
+    __shared__ float c_s[G][CS], m_out[G], l_out[G];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, n_warps = blockDim.x >> 5;
+    const int c = blockIdx.y / CS, rank = blockIdx.y % CS;
+    const int n_in = min(CS, n_act - c * CS);  // splits of this cluster with keys
     cluster.sync();  // every split's o, m, l written
-    for (int hh = warp; hh < g; hh += ATTN_WARPS) {
+    for (int hh = warp; hh < g; hh += n_warps) {
         float m = -INFINITY, l = 0.0f;
         if (lane < n_in) {
             m = cluster.map_shared_rank(m_blk, lane)[hh];
@@ -155,20 +173,20 @@ __device__ void attn_cluster_merge(const float (*o_blk)[HD], const float* m_blk,
         const float M = warp_max(m);
         const float cw = lane < n_in ? expf(m - M) : 0.0f;
         const float L = warp_sum(cw * l);
-        if (lane < ATTN_CLUSTER) c_s[hh][lane] = cw;
+        if (lane < CS) c_s[hh][lane] = cw;
         if (lane == 0) { m_out[hh] = M; l_out[hh] = L; }
     }
     __syncthreads();
     const float* o0 = &o_blk[0][0];
-    for (int b = rank + ATTN_CLUSTER * warp; b < g * HD / 32; b += ATTN_CLUSTER * ATTN_WARPS) {
+    for (int b = rank + CS * warp; b < g * HD / 32; b += CS * n_warps) {
         const int idx = 32 * b + lane, hh = idx / HD;
-        float v[ATTN_CLUSTER];
+        float v[CS];
 #pragma unroll
-        for (int k = 0; k < ATTN_CLUSTER; ++k) v[k] = k < n_in ? cluster.map_shared_rank(o0, k)[idx] : 0.0f;
+        for (int k = 0; k < CS; ++k) v[k] = k < n_in ? cluster.map_shared_rank(o0, k)[idx] : 0.0f;
         float acc = 0.0f;
 #pragma unroll
-        for (int k = 0; k < ATTN_CLUSTER; ++k) acc += c_s[hh][k] * v[k];
-        if (n_act <= ATTN_CLUSTER) {  // the row's output; b is warp-uniform: one q8_1 block per warp
+        for (int k = 0; k < CS; ++k) acc += c_s[hh][k] * v[k];
+        if (n_act <= CS) {  // the row's output; b is warp-uniform: one q8_1 block per warp
             const float val = acc / l_out[hh];
             const int col = h0 * HD + idx;
             out[(size_t)t * n_head * HD + col] = val;
@@ -180,7 +198,7 @@ __device__ void attn_cluster_merge(const float (*o_blk)[HD], const float* m_blk,
             opart[(((size_t)t * n_slots + c) * n_head + h0) * HD + idx] = acc;
         }
     }
-    if (n_act > ATTN_CLUSTER && rank == 0 && tid < g) {
+    if (n_act > CS && rank == 0 && tid < g) {
         const size_t r = ((size_t)t * n_slots + c) * n_head + h0 + tid;
         ml[r * 2] = m_out[tid];
         ml[r * 2 + 1] = l_out[tid];
@@ -192,9 +210,9 @@ __device__ void attn_cluster_merge(const float (*o_blk)[HD], const float* m_blk,
 }
 
 // A block's result for its heads (o unnormalized in o_s, m_s, l_s; thread i wrote o_s values
-// i, i + ATTN_THREADS, ... and thread h < g m_s[h], l_s[h]): a row of one split writes its output,
-// otherwise its split's partial goes to the cluster merge or to attn_merge.
-template <int HD, int G, bool CL>
+// i, i + blockDim.x, ... and thread h < g m_s[h], l_s[h]): a row of one split writes its output,
+// otherwise its split's partial goes to the cluster merge (clusters of CS) or to attn_merge.
+template <int HD, int G, bool CL, int CS>
 __device__ __forceinline__ void attn_block_out(const float (*o_s)[HD], const float* m_s, const float* l_s, int n_act,
                                                int g, int h0, int t, int n_head, float* __restrict__ opart,
                                                float* __restrict__ ml, float* __restrict__ out,
@@ -206,19 +224,19 @@ __device__ __forceinline__ void attn_block_out(const float (*o_s)[HD], const flo
         return;
     }
     if constexpr (CL) {
-        attn_cluster_merge<HD, G>(o_s, m_s, l_s, n_act, g, h0, t, n_head, gridDim.y / ATTN_CLUSTER, opart, ml,
-                                  out, xq, xq_stride);
+        attn_cluster_merge<HD, G, CS>(o_s, m_s, l_s, n_act, g, h0, t, n_head, gridDim.y / CS, opart, ml, out, xq,
+                                      xq_stride);
     } else {  // a partial for attn_merge
         const size_t prow0 = ((size_t)t * gridDim.y + blockIdx.y) * n_head + h0;
-        for (int i = tid; i < g * HD; i += ATTN_THREADS) opart[prow0 * HD + i] = o_s[i / HD][i % HD];
+        for (int i = tid; i < g * HD; i += blockDim.x) opart[prow0 * HD + i] = o_s[i / HD][i % HD];
         if (tid < g) { ml[(prow0 + tid) * 2] = m_s[tid]; ml[(prow0 + tid) * 2 + 1] = l_s[tid]; }
     }
 }
 
-// grid (n_kv * n_hgroups, n_splits >= any row's splits, T), block ATTN_THREADS; CL: n_splits a
-// multiple of ATTN_CLUSTER, clusters of ATTN_CLUSTER blocks along y.
+// grid (n_kv * n_hgroups, n_splits >= any row's splits, T), block attn_threads(HD, Q8); CL: n_splits a
+// multiple of CS = attn_cluster(HD, Q8), clusters of CS blocks along y.
 // q [T][q_ld] (heads of HD inside). Partials: opart [T][slots][n_head][HD], ml [T][slots][n_head][2],
-// slots = n_splits (split path) or n_splits / ATTN_CLUSTER (cluster path: one per cluster).
+// slots = n_splits (split path) or n_splits / CS (cluster path: one per cluster).
 // Thread layout per step: thread i holds segment i % SEGS (8 dims) of rows i / SEGS + pass * ROWS_PER_PASS
 // of the chunk, for K and for V; all its loads of a step are issued before the first use.
 template <int HD, int G, bool Q8, bool CL>
@@ -248,10 +266,11 @@ __device__ void attn_rows(const float* __restrict__ q, int q_ld, const void* __r
     // the prefetch cannot leave a stale copy. The K/V loads after the wait then hit L2.
     const int p = pos[t];
     int start, split_len;
-    const int n_act = attn_splits_of_row(p, window, S::CHUNK, CL, start, split_len);
+    constexpr int CS = attn_cluster(HD, Q8);
+    const int n_act = attn_splits_of_row(p, window, S::CHUNK, CL, CS, attn_cl_chunks(HD, Q8), start, split_len);
     // split path: blocks past the row's splits have nothing to do. Cluster path: whole clusters
     // past them leave; the rest of the last cluster stays for the cluster barriers (and merges).
-    if (CL ? (s / ATTN_CLUSTER) * ATTN_CLUSTER >= n_act || (n_act == 1 && s > 0) : s >= n_act) return;
+    if (CL ? (s / CS) * CS >= n_act || (n_act == 1 && s > 0) : s >= n_act) return;
     const bool active = s < n_act;
     const int j0 = start + s * split_len, j1 = min(p + 1, j0 + split_len);
     if (active) {
@@ -406,15 +425,17 @@ __device__ void attn_rows(const float* __restrict__ q, int q_ld, const void* __r
         for (int w = 0; w < ATTN_WARPS; ++w) acc += o_s[w][hh][d];
         o_s[0][hh][d] = acc;
     }
-    attn_block_out<HD, G, CL>(o_s[0], m_s, l_s, n_act, g, h0, t, n_head, opart, ml, out, xq, xq_stride);
+    attn_block_out<HD, G, CL, CS>(o_s[0], m_s, l_s, n_act, g, h0, t, n_head, opart, ml, out, xq, xq_stride);
 }
 
 // ---- hd64 with an f16 cache: QK and PV on tensor cores ---------------------------------------
 // attn_rows' issue time grows with the keys x heads a block computes in scalar FMAs (a 64-key
 // step ~1 us however its rows are spread over threads, docs/gpu-notes.md round 6); mma.sync
-// m16n8k16 (f16 in, f32 accumulate) does QK and PV in a tenth of the instructions. Same split rule,
-// chunk, prologue and output as attn_rows; inside a 64-key step each warp takes 16 keys (two 8-key
-// n-tiles) with its own online softmax, and the warps merge once at the end.
+// m16n8k16 (f16 in, f32 accumulate) does QK and PV in a tenth of the instructions. Same chunk,
+// prologue and output as attn_rows; blocks of 8 warps, so a loop trip takes 128 keys (two chunks):
+// each warp takes 16 of them (two 8-key n-tiles) with its own online softmax, and the warps merge
+// once at the end. A split's loads are one memory wait per trip, so more warps (not more keys
+// per warp: 224 registers, slower) is what lets a split walk more keys at the same cost.
 // The MMA's 16 rows are the block's heads (G <= 8 used, rows 8-15 zero), so lane (r = lane / 4,
 // c = lane % 4) holds head r's scores of keys 2c, 2c + 1 of each n-tile, and QK's accumulators are
 // PV's A operand as they stand (FlashAttention-2's register reuse). Loads need no shuffles:
@@ -450,10 +471,11 @@ __device__ void attn_rows_mma64(const float* __restrict__ q, int q_ld, const hal
                                 const int* __restrict__ pos, int n_head, int n_kv, int n_ctx, int window,
                                 float scale, float softcap, float* __restrict__ out, int8_t* __restrict__ xq,
                                 int xq_stride) {
-    constexpr int HD = 64, CHUNK = AttnShape<HD>::CHUNK, KW = CHUNK / ATTN_WARPS;  // keys per warp per step
-    static_assert(KW == 16 && G <= 8, "two 8-key n-tiles per warp; heads in MMA rows 0-7");
-    __shared__ __align__(16) float o_s[ATTN_WARPS][G][HD];
-    __shared__ float mw_s[ATTN_WARPS][G], lw_s[ATTN_WARPS][G], m_s[G], l_s[G];
+    constexpr int HD = 64, CHUNK = AttnShape<HD>::CHUNK, NT = attn_threads(HD, false), NW = NT / 32;
+    constexpr int KW = 16, TRIP = NW * KW, CS = attn_cluster(HD, false);  // keys per warp / per block, a trip
+    static_assert(G <= 8 && TRIP % CHUNK == 0, "heads in MMA rows 0-7; a trip takes whole chunks");
+    __shared__ __align__(16) float o_s[NW][G][HD];
+    __shared__ float mw_s[NW][G], lw_s[NW][G], m_s[G], l_s[G];
 
     const int group = n_head / n_kv;
     const int n_hgroups = (group + G - 1) / G;
@@ -465,13 +487,13 @@ __device__ void attn_rows_mma64(const float* __restrict__ q, int q_ld, const hal
 
     const int p = pos[t];  // before the PDL wait, with the L2 prefetch: as in attn_rows
     int start, split_len;
-    const int n_act = attn_splits_of_row(p, window, CHUNK, CL, start, split_len);
-    if (CL ? (s / ATTN_CLUSTER) * ATTN_CLUSTER >= n_act || (n_act == 1 && s > 0) : s >= n_act) return;
+    const int n_act = attn_splits_of_row(p, window, CHUNK, CL, CS, attn_cl_chunks(HD, false), start, split_len);
+    if (CL ? (s / CS) * CS >= n_act || (n_act == 1 && s > 0) : s >= n_act) return;
     const bool active = s < n_act;
     const int j0 = start + s * split_len, j1 = min(p + 1, j0 + split_len);
     const size_t row0 = (size_t)kvh * n_ctx;
     if (active) {
-        for (int r = tid; r < 2 * CHUNK && j0 + r < j1; r += ATTN_THREADS) {  // up to 2 chunks, 128-byte rows
+        for (int r = tid; j0 + r < j1; r += NT) {  // the whole split (<= 8 chunks on the cluster path), 128-byte rows
             asm volatile("prefetch.global.L2 [%0];" ::"l"(kc + (row0 + j0 + r) * HD));
             asm volatile("prefetch.global.L2 [%0];" ::"l"(vc + (row0 + j0 + r) * HD));
         }
@@ -513,13 +535,13 @@ __device__ void attn_rows_mma64(const float* __restrict__ q, int q_ld, const hal
         }
     };
     if (active) load(j0);
-    for (int c0 = j0; active && c0 < j1; c0 += CHUNK) {
+    for (int c0 = j0; active && c0 < j1; c0 += TRIP) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             kr[i >> 1][i & 1] = kn[i >> 1][i & 1];
             vr[i] = vn[i];
         }
-        if (c0 + CHUNK < j1) load(c0 + CHUNK);
+        if (c0 + TRIP < j1) load(c0 + TRIP);
         const int kb = c0 + KW * warp;
         if (kb >= j1) continue;  // warp-uniform: none of this warp's keys are in the split
         float sc[2][4];
@@ -577,14 +599,14 @@ __device__ void attn_rows_mma64(const float* __restrict__ q, int q_ld, const hal
     }
     __syncthreads();
     // the warps merged in warp order into o_s[0]; a warp without keys has m = -inf, weight 0
-    for (int i = tid; i < G * HD; i += ATTN_THREADS) {
+    for (int i = tid; i < G * HD; i += NT) {
         const int hh = i / HD, d = i % HD;
         float M = -INFINITY;
 #pragma unroll
-        for (int w = 0; w < ATTN_WARPS; ++w) M = fmaxf(M, mw_s[w][hh]);
+        for (int w = 0; w < NW; ++w) M = fmaxf(M, mw_s[w][hh]);
         float acc = 0.0f, lsum = 0.0f;
 #pragma unroll
-        for (int w = 0; w < ATTN_WARPS; ++w) {
+        for (int w = 0; w < NW; ++w) {
             const float cw = mw_s[w][hh] == -INFINITY ? 0.0f : expf(mw_s[w][hh] - M);
             acc += cw * o_s[w][hh][d];
             lsum += cw * lw_s[w][hh];
@@ -593,7 +615,7 @@ __device__ void attn_rows_mma64(const float* __restrict__ q, int q_ld, const hal
         if (d == 0) { m_s[hh] = M; l_s[hh] = lsum; }
     }
     __syncthreads();  // m_s, l_s: written by other threads than attn_block_out's readers
-    attn_block_out<HD, G, CL>(o_s[0], m_s, l_s, n_act, g, h0, t, n_head, opart, ml, out, xq, xq_stride);
+    attn_block_out<HD, G, CL, CS>(o_s[0], m_s, l_s, n_act, g, h0, t, n_head, opart, ml, out, xq, xq_stride);
 }
 
 // Merge of the partials in slots 0 .. n_parts - 1 of row t (slot order) for heads h0 .. h0 + g,
@@ -606,7 +628,7 @@ template <int HD, int G, int MAXP>
 __device__ void attn_merge_parts(const float* __restrict__ opart, const float* __restrict__ ml, int n_parts,
                                  int n_slots, int g, int h0, int d0, int t, int n_head, float* __restrict__ out,
                                  int8_t* __restrict__ xq, int xq_stride) {
-    static_assert(ATTN_MAX_SPLITS <= 32 && ATTN_MAX_SPLITS_CL / ATTN_CLUSTER <= 32, "one lane per slot");
+    static_assert(ATTN_MAX_SPLITS <= 32 && ATTN_MAX_SPLITS_CL / 8 <= 32, "one lane per slot");
     static_assert(G * ATTN_MERGE_DIMS / 4 <= ATTN_THREADS, "one float4 per thread");
     __shared__ __align__(16) float o_s[G][ATTN_MERGE_DIMS];
     __shared__ float c_s[G][32], l_s[G];
@@ -662,8 +684,9 @@ __device__ void attn_merge_parts(const float* __restrict__ opart, const float* _
 
 // Merge the rows with several partials (others: attention wrote them). grid (n_kv * n_hgroups,
 // HD / ATTN_MERGE_DIMS, T), block ATTN_THREADS. Split path: one partial per split (c_s holds 32,
-// 16 loads in flight); cluster path: one per cluster (at most 8, all in flight at once).
-template <int HD, int G, bool CL>
+// 16 loads in flight); cluster path: one per cluster of the (HD, Q8) kernel (at most 8, all in
+// flight at once).
+template <int HD, int G, bool Q8, bool CL>
 __device__ void attn_merge_rows(const float* __restrict__ opart, const float* __restrict__ ml,
                                 const int* __restrict__ pos, int n_head, int n_kv, int n_slots, int window,
                                 float* __restrict__ out, int8_t* __restrict__ xq, int xq_stride) {
@@ -674,16 +697,18 @@ __device__ void attn_merge_rows(const float* __restrict__ opart, const float* __
     const int g = min(G, group - hg * G);
     const int t = blockIdx.z;
     int start, split_len;
-    const int n_act = attn_splits_of_row(pos[t], window, AttnShape<HD>::CHUNK, CL, start, split_len);
-    const int n_parts = CL ? (n_act + ATTN_CLUSTER - 1) / ATTN_CLUSTER : n_act;
+    constexpr int CS = attn_cluster(HD, Q8);
+    const int n_act = attn_splits_of_row(pos[t], window, AttnShape<HD>::CHUNK, CL, CS, attn_cl_chunks(HD, Q8), start,
+                                         split_len);
+    const int n_parts = CL ? (n_act + CS - 1) / CS : n_act;
     if (n_parts == 1) return;  // attention wrote this row
     pdl_entry();  // only the partials wait for the attention kernel (the position was final before the step)
-    attn_merge_parts<HD, G, CL ? ATTN_MAX_SPLITS_CL / ATTN_CLUSTER : 16>(
+    attn_merge_parts<HD, G, CL ? ATTN_MAX_SPLITS_CL / 8 : 16>(
         opart, ml, n_parts, n_slots, g, h0, blockIdx.y * ATTN_MERGE_DIMS, t, n_head, out, xq, xq_stride);
 }
 
-#define ATTN_KERNEL(NAME, HD, G, Q8, CL, ATTR)                                                                  \
-    extern "C" __global__ void __launch_bounds__(ATTN_THREADS) ATTR NAME(                                        \
+#define ATTN_KERNEL(NAME, HD, G, Q8, CL)                                                                        \
+    extern "C" __global__ void __launch_bounds__(attn_threads(HD, Q8)) ATTN_DIMS_##CL(HD, Q8) NAME(              \
         const float* q, int q_ld, const void* kc, const void* vc, const half* kd, const half* vd, float* opart,  \
         float* ml, const int* pos, int n_head, int n_kv, int n_ctx, int window, float scale, float softcap,     \
         float* out, int8_t* xq, int xq_stride) {                                                                 \
@@ -695,153 +720,177 @@ __device__ void attn_merge_rows(const float* __restrict__ opart, const float* __
                                      scale, softcap, out, xq, xq_stride);                                        \
     }
 // memra-kernel: attn_hd64_g1_f16(PiPPPPPPPiiiiffPPi)
-ATTN_KERNEL(attn_hd64_g1_f16, 64, 1, false, false, )
+ATTN_KERNEL(attn_hd64_g1_f16, 64, 1, false, false)
 // memra-kernel: attn_hd64_g2_f16(PiPPPPPPPiiiiffPPi)
-ATTN_KERNEL(attn_hd64_g2_f16, 64, 2, false, false, )
+ATTN_KERNEL(attn_hd64_g2_f16, 64, 2, false, false)
 // memra-kernel: attn_hd64_g4_f16(PiPPPPPPPiiiiffPPi)
-ATTN_KERNEL(attn_hd64_g4_f16, 64, 4, false, false, )
+ATTN_KERNEL(attn_hd64_g4_f16, 64, 4, false, false)
 // memra-kernel: attn_hd64_g8_f16(PiPPPPPPPiiiiffPPi)
-ATTN_KERNEL(attn_hd64_g8_f16, 64, 8, false, false, )
+ATTN_KERNEL(attn_hd64_g8_f16, 64, 8, false, false)
 // memra-kernel: attn_hd128_g1_f16(PiPPPPPPPiiiiffPPi)
-ATTN_KERNEL(attn_hd128_g1_f16, 128, 1, false, false, )
+ATTN_KERNEL(attn_hd128_g1_f16, 128, 1, false, false)
 // memra-kernel: attn_hd128_g2_f16(PiPPPPPPPiiiiffPPi)
-ATTN_KERNEL(attn_hd128_g2_f16, 128, 2, false, false, )
+ATTN_KERNEL(attn_hd128_g2_f16, 128, 2, false, false)
 // memra-kernel: attn_hd128_g4_f16(PiPPPPPPPiiiiffPPi)
-ATTN_KERNEL(attn_hd128_g4_f16, 128, 4, false, false, )
+ATTN_KERNEL(attn_hd128_g4_f16, 128, 4, false, false)
 // memra-kernel: attn_hd128_g8_f16(PiPPPPPPPiiiiffPPi)
-ATTN_KERNEL(attn_hd128_g8_f16, 128, 8, false, false, )
+ATTN_KERNEL(attn_hd128_g8_f16, 128, 8, false, false)
 // memra-kernel: attn_hd256_g1_f16(PiPPPPPPPiiiiffPPi)
-ATTN_KERNEL(attn_hd256_g1_f16, 256, 1, false, false, )
+ATTN_KERNEL(attn_hd256_g1_f16, 256, 1, false, false)
 // memra-kernel: attn_hd256_g2_f16(PiPPPPPPPiiiiffPPi)
-ATTN_KERNEL(attn_hd256_g2_f16, 256, 2, false, false, )
+ATTN_KERNEL(attn_hd256_g2_f16, 256, 2, false, false)
 // memra-kernel: attn_hd256_g4_f16(PiPPPPPPPiiiiffPPi)
-ATTN_KERNEL(attn_hd256_g4_f16, 256, 4, false, false, )
+ATTN_KERNEL(attn_hd256_g4_f16, 256, 4, false, false)
 // memra-kernel: attn_hd256_g8_f16(PiPPPPPPPiiiiffPPi)
-ATTN_KERNEL(attn_hd256_g8_f16, 256, 8, false, false, )
+ATTN_KERNEL(attn_hd256_g8_f16, 256, 8, false, false)
 // memra-kernel: attn_hd64_g1_q8_0(PiPPPPPPPiiiiffPPi)
-ATTN_KERNEL(attn_hd64_g1_q8_0, 64, 1, true, false, )
+ATTN_KERNEL(attn_hd64_g1_q8_0, 64, 1, true, false)
 // memra-kernel: attn_hd64_g2_q8_0(PiPPPPPPPiiiiffPPi)
-ATTN_KERNEL(attn_hd64_g2_q8_0, 64, 2, true, false, )
+ATTN_KERNEL(attn_hd64_g2_q8_0, 64, 2, true, false)
 // memra-kernel: attn_hd64_g4_q8_0(PiPPPPPPPiiiiffPPi)
-ATTN_KERNEL(attn_hd64_g4_q8_0, 64, 4, true, false, )
+ATTN_KERNEL(attn_hd64_g4_q8_0, 64, 4, true, false)
 // memra-kernel: attn_hd64_g8_q8_0(PiPPPPPPPiiiiffPPi)
-ATTN_KERNEL(attn_hd64_g8_q8_0, 64, 8, true, false, )
+ATTN_KERNEL(attn_hd64_g8_q8_0, 64, 8, true, false)
 // memra-kernel: attn_hd128_g1_q8_0(PiPPPPPPPiiiiffPPi)
-ATTN_KERNEL(attn_hd128_g1_q8_0, 128, 1, true, false, )
+ATTN_KERNEL(attn_hd128_g1_q8_0, 128, 1, true, false)
 // memra-kernel: attn_hd128_g2_q8_0(PiPPPPPPPiiiiffPPi)
-ATTN_KERNEL(attn_hd128_g2_q8_0, 128, 2, true, false, )
+ATTN_KERNEL(attn_hd128_g2_q8_0, 128, 2, true, false)
 // memra-kernel: attn_hd128_g4_q8_0(PiPPPPPPPiiiiffPPi)
-ATTN_KERNEL(attn_hd128_g4_q8_0, 128, 4, true, false, )
+ATTN_KERNEL(attn_hd128_g4_q8_0, 128, 4, true, false)
 // memra-kernel: attn_hd128_g8_q8_0(PiPPPPPPPiiiiffPPi)
-ATTN_KERNEL(attn_hd128_g8_q8_0, 128, 8, true, false, )
+ATTN_KERNEL(attn_hd128_g8_q8_0, 128, 8, true, false)
 // memra-kernel: attn_hd256_g1_q8_0(PiPPPPPPPiiiiffPPi)
-ATTN_KERNEL(attn_hd256_g1_q8_0, 256, 1, true, false, )
+ATTN_KERNEL(attn_hd256_g1_q8_0, 256, 1, true, false)
 // memra-kernel: attn_hd256_g2_q8_0(PiPPPPPPPiiiiffPPi)
-ATTN_KERNEL(attn_hd256_g2_q8_0, 256, 2, true, false, )
+ATTN_KERNEL(attn_hd256_g2_q8_0, 256, 2, true, false)
 // memra-kernel: attn_hd256_g4_q8_0(PiPPPPPPPiiiiffPPi)
-ATTN_KERNEL(attn_hd256_g4_q8_0, 256, 4, true, false, )
+ATTN_KERNEL(attn_hd256_g4_q8_0, 256, 4, true, false)
 // memra-kernel: attn_hd256_g8_q8_0(PiPPPPPPPiiiiffPPi)
-ATTN_KERNEL(attn_hd256_g8_q8_0, 256, 8, true, false, )
+ATTN_KERNEL(attn_hd256_g8_q8_0, 256, 8, true, false)
 // memra-kernel: attn_cl_hd64_g1_f16(PiPPPPPPPiiiiffPPi)
-ATTN_KERNEL(attn_cl_hd64_g1_f16, 64, 1, false, true, ATTN_CLUSTER_DIMS)
+ATTN_KERNEL(attn_cl_hd64_g1_f16, 64, 1, false, true)
 // memra-kernel: attn_cl_hd64_g2_f16(PiPPPPPPPiiiiffPPi)
-ATTN_KERNEL(attn_cl_hd64_g2_f16, 64, 2, false, true, ATTN_CLUSTER_DIMS)
+ATTN_KERNEL(attn_cl_hd64_g2_f16, 64, 2, false, true)
 // memra-kernel: attn_cl_hd64_g4_f16(PiPPPPPPPiiiiffPPi)
-ATTN_KERNEL(attn_cl_hd64_g4_f16, 64, 4, false, true, ATTN_CLUSTER_DIMS)
+ATTN_KERNEL(attn_cl_hd64_g4_f16, 64, 4, false, true)
 // memra-kernel: attn_cl_hd64_g8_f16(PiPPPPPPPiiiiffPPi)
-ATTN_KERNEL(attn_cl_hd64_g8_f16, 64, 8, false, true, ATTN_CLUSTER_DIMS)
+ATTN_KERNEL(attn_cl_hd64_g8_f16, 64, 8, false, true)
 // memra-kernel: attn_cl_hd128_g1_f16(PiPPPPPPPiiiiffPPi)
-ATTN_KERNEL(attn_cl_hd128_g1_f16, 128, 1, false, true, ATTN_CLUSTER_DIMS)
+ATTN_KERNEL(attn_cl_hd128_g1_f16, 128, 1, false, true)
 // memra-kernel: attn_cl_hd128_g2_f16(PiPPPPPPPiiiiffPPi)
-ATTN_KERNEL(attn_cl_hd128_g2_f16, 128, 2, false, true, ATTN_CLUSTER_DIMS)
+ATTN_KERNEL(attn_cl_hd128_g2_f16, 128, 2, false, true)
 // memra-kernel: attn_cl_hd128_g4_f16(PiPPPPPPPiiiiffPPi)
-ATTN_KERNEL(attn_cl_hd128_g4_f16, 128, 4, false, true, ATTN_CLUSTER_DIMS)
+ATTN_KERNEL(attn_cl_hd128_g4_f16, 128, 4, false, true)
 // memra-kernel: attn_cl_hd128_g8_f16(PiPPPPPPPiiiiffPPi)
-ATTN_KERNEL(attn_cl_hd128_g8_f16, 128, 8, false, true, ATTN_CLUSTER_DIMS)
+ATTN_KERNEL(attn_cl_hd128_g8_f16, 128, 8, false, true)
 // memra-kernel: attn_cl_hd256_g1_f16(PiPPPPPPPiiiiffPPi)
-ATTN_KERNEL(attn_cl_hd256_g1_f16, 256, 1, false, true, ATTN_CLUSTER_DIMS)
+ATTN_KERNEL(attn_cl_hd256_g1_f16, 256, 1, false, true)
 // memra-kernel: attn_cl_hd256_g2_f16(PiPPPPPPPiiiiffPPi)
-ATTN_KERNEL(attn_cl_hd256_g2_f16, 256, 2, false, true, ATTN_CLUSTER_DIMS)
+ATTN_KERNEL(attn_cl_hd256_g2_f16, 256, 2, false, true)
 // memra-kernel: attn_cl_hd256_g4_f16(PiPPPPPPPiiiiffPPi)
-ATTN_KERNEL(attn_cl_hd256_g4_f16, 256, 4, false, true, ATTN_CLUSTER_DIMS)
+ATTN_KERNEL(attn_cl_hd256_g4_f16, 256, 4, false, true)
 // memra-kernel: attn_cl_hd256_g8_f16(PiPPPPPPPiiiiffPPi)
-ATTN_KERNEL(attn_cl_hd256_g8_f16, 256, 8, false, true, ATTN_CLUSTER_DIMS)
+ATTN_KERNEL(attn_cl_hd256_g8_f16, 256, 8, false, true)
 // memra-kernel: attn_cl_hd64_g1_q8_0(PiPPPPPPPiiiiffPPi)
-ATTN_KERNEL(attn_cl_hd64_g1_q8_0, 64, 1, true, true, ATTN_CLUSTER_DIMS)
+ATTN_KERNEL(attn_cl_hd64_g1_q8_0, 64, 1, true, true)
 // memra-kernel: attn_cl_hd64_g2_q8_0(PiPPPPPPPiiiiffPPi)
-ATTN_KERNEL(attn_cl_hd64_g2_q8_0, 64, 2, true, true, ATTN_CLUSTER_DIMS)
+ATTN_KERNEL(attn_cl_hd64_g2_q8_0, 64, 2, true, true)
 // memra-kernel: attn_cl_hd64_g4_q8_0(PiPPPPPPPiiiiffPPi)
-ATTN_KERNEL(attn_cl_hd64_g4_q8_0, 64, 4, true, true, ATTN_CLUSTER_DIMS)
+ATTN_KERNEL(attn_cl_hd64_g4_q8_0, 64, 4, true, true)
 // memra-kernel: attn_cl_hd64_g8_q8_0(PiPPPPPPPiiiiffPPi)
-ATTN_KERNEL(attn_cl_hd64_g8_q8_0, 64, 8, true, true, ATTN_CLUSTER_DIMS)
+ATTN_KERNEL(attn_cl_hd64_g8_q8_0, 64, 8, true, true)
 // memra-kernel: attn_cl_hd128_g1_q8_0(PiPPPPPPPiiiiffPPi)
-ATTN_KERNEL(attn_cl_hd128_g1_q8_0, 128, 1, true, true, ATTN_CLUSTER_DIMS)
+ATTN_KERNEL(attn_cl_hd128_g1_q8_0, 128, 1, true, true)
 // memra-kernel: attn_cl_hd128_g2_q8_0(PiPPPPPPPiiiiffPPi)
-ATTN_KERNEL(attn_cl_hd128_g2_q8_0, 128, 2, true, true, ATTN_CLUSTER_DIMS)
+ATTN_KERNEL(attn_cl_hd128_g2_q8_0, 128, 2, true, true)
 // memra-kernel: attn_cl_hd128_g4_q8_0(PiPPPPPPPiiiiffPPi)
-ATTN_KERNEL(attn_cl_hd128_g4_q8_0, 128, 4, true, true, ATTN_CLUSTER_DIMS)
+ATTN_KERNEL(attn_cl_hd128_g4_q8_0, 128, 4, true, true)
 // memra-kernel: attn_cl_hd128_g8_q8_0(PiPPPPPPPiiiiffPPi)
-ATTN_KERNEL(attn_cl_hd128_g8_q8_0, 128, 8, true, true, ATTN_CLUSTER_DIMS)
+ATTN_KERNEL(attn_cl_hd128_g8_q8_0, 128, 8, true, true)
 // memra-kernel: attn_cl_hd256_g1_q8_0(PiPPPPPPPiiiiffPPi)
-ATTN_KERNEL(attn_cl_hd256_g1_q8_0, 256, 1, true, true, ATTN_CLUSTER_DIMS)
+ATTN_KERNEL(attn_cl_hd256_g1_q8_0, 256, 1, true, true)
 // memra-kernel: attn_cl_hd256_g2_q8_0(PiPPPPPPPiiiiffPPi)
-ATTN_KERNEL(attn_cl_hd256_g2_q8_0, 256, 2, true, true, ATTN_CLUSTER_DIMS)
+ATTN_KERNEL(attn_cl_hd256_g2_q8_0, 256, 2, true, true)
 // memra-kernel: attn_cl_hd256_g4_q8_0(PiPPPPPPPiiiiffPPi)
-ATTN_KERNEL(attn_cl_hd256_g4_q8_0, 256, 4, true, true, ATTN_CLUSTER_DIMS)
+ATTN_KERNEL(attn_cl_hd256_g4_q8_0, 256, 4, true, true)
 // memra-kernel: attn_cl_hd256_g8_q8_0(PiPPPPPPPiiiiffPPi)
-ATTN_KERNEL(attn_cl_hd256_g8_q8_0, 256, 8, true, true, ATTN_CLUSTER_DIMS)
+ATTN_KERNEL(attn_cl_hd256_g8_q8_0, 256, 8, true, true)
 
-#define ATTN_MERGE(NAME, HD, G, CL)                                                                              \
+#define ATTN_MERGE(NAME, HD, G, Q8, CL)                                                                          \
     extern "C" __global__ void __launch_bounds__(ATTN_THREADS) NAME(                                             \
         const float* opart, const float* ml, const int* pos, int n_head, int n_kv, int n_slots, int window,      \
         float* out, int8_t* xq, int xq_stride) {                                                                 \
-        attn_merge_rows<HD, G, CL>(opart, ml, pos, n_head, n_kv, n_slots, window, out, xq, xq_stride);           \
+        attn_merge_rows<HD, G, Q8, CL>(opart, ml, pos, n_head, n_kv, n_slots, window, out, xq, xq_stride);       \
     }
 // memra-kernel: attn_merge_hd64_g1(PPPiiiiPPi)
-ATTN_MERGE(attn_merge_hd64_g1, 64, 1, false)
+ATTN_MERGE(attn_merge_hd64_g1, 64, 1, false, false)
 // memra-kernel: attn_merge_hd64_g2(PPPiiiiPPi)
-ATTN_MERGE(attn_merge_hd64_g2, 64, 2, false)
+ATTN_MERGE(attn_merge_hd64_g2, 64, 2, false, false)
 // memra-kernel: attn_merge_hd64_g4(PPPiiiiPPi)
-ATTN_MERGE(attn_merge_hd64_g4, 64, 4, false)
+ATTN_MERGE(attn_merge_hd64_g4, 64, 4, false, false)
 // memra-kernel: attn_merge_hd64_g8(PPPiiiiPPi)
-ATTN_MERGE(attn_merge_hd64_g8, 64, 8, false)
+ATTN_MERGE(attn_merge_hd64_g8, 64, 8, false, false)
 // memra-kernel: attn_merge_hd128_g1(PPPiiiiPPi)
-ATTN_MERGE(attn_merge_hd128_g1, 128, 1, false)
+ATTN_MERGE(attn_merge_hd128_g1, 128, 1, false, false)
 // memra-kernel: attn_merge_hd128_g2(PPPiiiiPPi)
-ATTN_MERGE(attn_merge_hd128_g2, 128, 2, false)
+ATTN_MERGE(attn_merge_hd128_g2, 128, 2, false, false)
 // memra-kernel: attn_merge_hd128_g4(PPPiiiiPPi)
-ATTN_MERGE(attn_merge_hd128_g4, 128, 4, false)
+ATTN_MERGE(attn_merge_hd128_g4, 128, 4, false, false)
 // memra-kernel: attn_merge_hd128_g8(PPPiiiiPPi)
-ATTN_MERGE(attn_merge_hd128_g8, 128, 8, false)
+ATTN_MERGE(attn_merge_hd128_g8, 128, 8, false, false)
 // memra-kernel: attn_merge_hd256_g1(PPPiiiiPPi)
-ATTN_MERGE(attn_merge_hd256_g1, 256, 1, false)
+ATTN_MERGE(attn_merge_hd256_g1, 256, 1, false, false)
 // memra-kernel: attn_merge_hd256_g2(PPPiiiiPPi)
-ATTN_MERGE(attn_merge_hd256_g2, 256, 2, false)
+ATTN_MERGE(attn_merge_hd256_g2, 256, 2, false, false)
 // memra-kernel: attn_merge_hd256_g4(PPPiiiiPPi)
-ATTN_MERGE(attn_merge_hd256_g4, 256, 4, false)
+ATTN_MERGE(attn_merge_hd256_g4, 256, 4, false, false)
 // memra-kernel: attn_merge_hd256_g8(PPPiiiiPPi)
-ATTN_MERGE(attn_merge_hd256_g8, 256, 8, false)
-// memra-kernel: attn_cl_merge_hd64_g1(PPPiiiiPPi)
-ATTN_MERGE(attn_cl_merge_hd64_g1, 64, 1, true)
-// memra-kernel: attn_cl_merge_hd64_g2(PPPiiiiPPi)
-ATTN_MERGE(attn_cl_merge_hd64_g2, 64, 2, true)
-// memra-kernel: attn_cl_merge_hd64_g4(PPPiiiiPPi)
-ATTN_MERGE(attn_cl_merge_hd64_g4, 64, 4, true)
-// memra-kernel: attn_cl_merge_hd64_g8(PPPiiiiPPi)
-ATTN_MERGE(attn_cl_merge_hd64_g8, 64, 8, true)
-// memra-kernel: attn_cl_merge_hd128_g1(PPPiiiiPPi)
-ATTN_MERGE(attn_cl_merge_hd128_g1, 128, 1, true)
-// memra-kernel: attn_cl_merge_hd128_g2(PPPiiiiPPi)
-ATTN_MERGE(attn_cl_merge_hd128_g2, 128, 2, true)
-// memra-kernel: attn_cl_merge_hd128_g4(PPPiiiiPPi)
-ATTN_MERGE(attn_cl_merge_hd128_g4, 128, 4, true)
-// memra-kernel: attn_cl_merge_hd128_g8(PPPiiiiPPi)
-ATTN_MERGE(attn_cl_merge_hd128_g8, 128, 8, true)
-// memra-kernel: attn_cl_merge_hd256_g1(PPPiiiiPPi)
-ATTN_MERGE(attn_cl_merge_hd256_g1, 256, 1, true)
-// memra-kernel: attn_cl_merge_hd256_g2(PPPiiiiPPi)
-ATTN_MERGE(attn_cl_merge_hd256_g2, 256, 2, true)
-// memra-kernel: attn_cl_merge_hd256_g4(PPPiiiiPPi)
-ATTN_MERGE(attn_cl_merge_hd256_g4, 256, 4, true)
-// memra-kernel: attn_cl_merge_hd256_g8(PPPiiiiPPi)
-ATTN_MERGE(attn_cl_merge_hd256_g8, 256, 8, true)
+ATTN_MERGE(attn_merge_hd256_g8, 256, 8, false, false)
+// memra-kernel: attn_cl_merge_hd64_g1_f16(PPPiiiiPPi)
+ATTN_MERGE(attn_cl_merge_hd64_g1_f16, 64, 1, false, true)
+// memra-kernel: attn_cl_merge_hd64_g1_q8_0(PPPiiiiPPi)
+ATTN_MERGE(attn_cl_merge_hd64_g1_q8_0, 64, 1, true, true)
+// memra-kernel: attn_cl_merge_hd64_g2_f16(PPPiiiiPPi)
+ATTN_MERGE(attn_cl_merge_hd64_g2_f16, 64, 2, false, true)
+// memra-kernel: attn_cl_merge_hd64_g2_q8_0(PPPiiiiPPi)
+ATTN_MERGE(attn_cl_merge_hd64_g2_q8_0, 64, 2, true, true)
+// memra-kernel: attn_cl_merge_hd64_g4_f16(PPPiiiiPPi)
+ATTN_MERGE(attn_cl_merge_hd64_g4_f16, 64, 4, false, true)
+// memra-kernel: attn_cl_merge_hd64_g4_q8_0(PPPiiiiPPi)
+ATTN_MERGE(attn_cl_merge_hd64_g4_q8_0, 64, 4, true, true)
+// memra-kernel: attn_cl_merge_hd64_g8_f16(PPPiiiiPPi)
+ATTN_MERGE(attn_cl_merge_hd64_g8_f16, 64, 8, false, true)
+// memra-kernel: attn_cl_merge_hd64_g8_q8_0(PPPiiiiPPi)
+ATTN_MERGE(attn_cl_merge_hd64_g8_q8_0, 64, 8, true, true)
+// memra-kernel: attn_cl_merge_hd128_g1_f16(PPPiiiiPPi)
+ATTN_MERGE(attn_cl_merge_hd128_g1_f16, 128, 1, false, true)
+// memra-kernel: attn_cl_merge_hd128_g1_q8_0(PPPiiiiPPi)
+ATTN_MERGE(attn_cl_merge_hd128_g1_q8_0, 128, 1, true, true)
+// memra-kernel: attn_cl_merge_hd128_g2_f16(PPPiiiiPPi)
+ATTN_MERGE(attn_cl_merge_hd128_g2_f16, 128, 2, false, true)
+// memra-kernel: attn_cl_merge_hd128_g2_q8_0(PPPiiiiPPi)
+ATTN_MERGE(attn_cl_merge_hd128_g2_q8_0, 128, 2, true, true)
+// memra-kernel: attn_cl_merge_hd128_g4_f16(PPPiiiiPPi)
+ATTN_MERGE(attn_cl_merge_hd128_g4_f16, 128, 4, false, true)
+// memra-kernel: attn_cl_merge_hd128_g4_q8_0(PPPiiiiPPi)
+ATTN_MERGE(attn_cl_merge_hd128_g4_q8_0, 128, 4, true, true)
+// memra-kernel: attn_cl_merge_hd128_g8_f16(PPPiiiiPPi)
+ATTN_MERGE(attn_cl_merge_hd128_g8_f16, 128, 8, false, true)
+// memra-kernel: attn_cl_merge_hd128_g8_q8_0(PPPiiiiPPi)
+ATTN_MERGE(attn_cl_merge_hd128_g8_q8_0, 128, 8, true, true)
+// memra-kernel: attn_cl_merge_hd256_g1_f16(PPPiiiiPPi)
+ATTN_MERGE(attn_cl_merge_hd256_g1_f16, 256, 1, false, true)
+// memra-kernel: attn_cl_merge_hd256_g1_q8_0(PPPiiiiPPi)
+ATTN_MERGE(attn_cl_merge_hd256_g1_q8_0, 256, 1, true, true)
+// memra-kernel: attn_cl_merge_hd256_g2_f16(PPPiiiiPPi)
+ATTN_MERGE(attn_cl_merge_hd256_g2_f16, 256, 2, false, true)
+// memra-kernel: attn_cl_merge_hd256_g2_q8_0(PPPiiiiPPi)
+ATTN_MERGE(attn_cl_merge_hd256_g2_q8_0, 256, 2, true, true)
+// memra-kernel: attn_cl_merge_hd256_g4_f16(PPPiiiiPPi)
+ATTN_MERGE(attn_cl_merge_hd256_g4_f16, 256, 4, false, true)
+// memra-kernel: attn_cl_merge_hd256_g4_q8_0(PPPiiiiPPi)
+ATTN_MERGE(attn_cl_merge_hd256_g4_q8_0, 256, 4, true, true)
+// memra-kernel: attn_cl_merge_hd256_g8_f16(PPPiiiiPPi)
+ATTN_MERGE(attn_cl_merge_hd256_g8_f16, 256, 8, false, true)
+// memra-kernel: attn_cl_merge_hd256_g8_q8_0(PPPiiiiPPi)
+ATTN_MERGE(attn_cl_merge_hd256_g8_q8_0, 256, 8, true, true)

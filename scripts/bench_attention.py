@@ -70,7 +70,7 @@ def run(rt) -> None:
             row = []
             for n in KEYS:
                 S = attn_splits(kv_bucket(n), hd, cluster)
-                slots = attn_slots(S, cluster)
+                slots = attn_slots(S, cluster, hd)
                 opart = put(np.zeros(slots * H * hd, np.float32))
                 ml = put(np.zeros(slots * H * 2, np.float32))
                 pos = put(np.array([n - 1], np.int32))
@@ -95,8 +95,8 @@ def taken_apart(rt, put, rng, n_ctx, q_shape) -> None:
         row = []
         for n in KEYS:
             S = attn_splits(kv_bucket(n), hd, True)
-            opart = put(np.zeros(attn_slots(S, True) * H * hd, np.float32))
-            ml = put(np.zeros(attn_slots(S, True) * H * 2, np.float32))
+            opart = put(np.zeros(attn_slots(S, True, hd) * H * hd, np.float32))
+            ml = put(np.zeros(attn_slots(S, True, hd) * H * 2, np.float32))
             pos = put(np.array([n - 1], np.int32))
             turn = iter(range(10**9))
 

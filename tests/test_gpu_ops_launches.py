@@ -12,7 +12,7 @@ import pytest
 
 from memra_engine.gpu import build
 from memra_engine.gpu.kv_cache import GpuKvCache
-from memra_engine.gpu.ops import (ATTN_CLUSTER, Arena, DArray, GpuOps, attn_row_splits, attn_slots, attn_splits,
+from memra_engine.gpu.ops import (Arena, DArray, GpuOps, attn_plan, attn_row_splits, attn_slots, attn_splits,
                                   kv_bucket)
 from memra_engine.gpu.sampler import GpuSampler
 from memra_engine.gpu.weights import GpuWeights
@@ -133,29 +133,52 @@ def test_qkv_rope_fusion_writes_f16_caches_only(model_paths):
 
 
 def test_cluster_attention_merges_in_the_cluster_until_rows_need_several(model_paths):
-    """sm_90+: splits merge inside their cluster of 8, so a decode step up to 8 splits (512 keys
-    at head dim 64) has no merge launch; past that, attn_cl_merge merges the clusters' partials."""
+    """sm_90+: splits merge inside their cluster, so a decode step whose rows fit one cluster
+    (head dim 64, f16 cache: clusters of 16, up to 8192 keys) has no merge launch; past that,
+    attn_cl_merge merges the clusters' partials."""
     short = run_forward(model_paths["tiny-llama"], 1, n_ctx=300, cluster=True)
     assert sum(n.startswith("attn_cl_hd64") for n in short) == 2
     assert not any("merge" in n for n in short)
     assert (len(short) - 3) / 2 == 8
-    long = run_forward(model_paths["tiny-llama"], 1, n_ctx=4096, cluster=True)
-    assert sum(n.startswith("attn_cl_merge_hd64") for n in long) == 2
-    assert attn_splits(kv_bucket(4096), 64, cluster=True) == 32 and attn_splits(kv_bucket(100), 256, cluster=True) == 8
-    assert attn_splits(kv_bucket(4096), 256, cluster=True) == 64 and attn_splits(kv_bucket(1024), 64, cluster=True) == 8
+    mid = run_forward(model_paths["tiny-llama"], 1, n_ctx=8192, cluster=True)
+    assert not any("merge" in n for n in mid)
+    long = run_forward(model_paths["tiny-llama"], 1, n_ctx=9000, cluster=True)
+    assert sum(n.startswith("attn_cl_merge_hd64_g") and n.endswith("_f16") for n in long) == 2
+    assert attn_splits(kv_bucket(4096), 64, cluster=True) == 16 and attn_splits(kv_bucket(100), 256, cluster=True) == 8
+    assert attn_splits(kv_bucket(4096), 256, cluster=True) == 64 and attn_splits(kv_bucket(9000), 64, cluster=True) == 32
+    assert attn_splits(kv_bucket(4096), 64, True, "q8_0") == 32  # attn_rows: clusters of 8, splits of 2 chunks
+
+
+def test_cluster_split_rule():
+    """attention.cu's cluster rule: a row's chunks spread evenly over one cluster while a split walks
+    at most cl_chunks; past that, splits of cl_chunks over several clusters (at most 64 splits)."""
+    assert attn_plan(64).cluster == 16 and attn_plan(64, "q8_0").cluster == 8 and attn_plan(256).cluster == 8
+    assert attn_row_splits(4224, 64, True) == 14  # 66 chunks: 14 splits of 5 (the tg128-at-4096 rows)
+    assert attn_row_splits(8192, 64, True) == 16 and attn_row_splits(8193, 64, True) == 17
+    assert attn_row_splits(512, 256, True) == 8 and attn_row_splits(700, 256, True) == 11
+    assert attn_row_splits(4224, 256, True) == 44  # 132 chunks: splits of 3 (64 at most)
+    assert attn_row_splits(10**6, 64, True) <= 64 and attn_row_splits(10**6, 256, True) <= 64
+    for n in range(1, 20_000, 7):
+        for hd, kv in ((64, "f16"), (64, "q8_0"), (256, "f16")):
+            plan, chunks = attn_plan(hd, kv), -(-n // (64 if hd == 64 else 32))
+            splits = attn_row_splits(n, hd, True, kv)
+            if chunks <= plan.cluster * plan.cl_chunks:  # one cluster, splits within one chunk of each other
+                assert splits <= plan.cluster and -(-chunks // splits) <= plan.cl_chunks, (n, hd, kv)
 
 
 @pytest.mark.parametrize("cluster", [False, True])
-@pytest.mark.parametrize("hd", [64, 128, 256])
-def test_attention_grid_covers_every_row_of_its_bucket(hd, cluster):
+@pytest.mark.parametrize("hd,kv_type", [(64, "f16"), (64, "q8_0"), (128, "f16"), (256, "f16")])
+def test_attention_grid_covers_every_row_of_its_bucket(hd, kv_type, cluster):
     """A graph captured for a KV bucket serves every row up to it: its grid.y must cover each
     row's split count (whole clusters on the cluster path), and the partial slots that many."""
+    cs = attn_plan(hd, kv_type).cluster
     for n in list(range(1, 3000)) + list(range(3000, 140_000, 997)):
-        S = attn_splits(kv_bucket(n), hd, cluster)
-        need = attn_row_splits(n, hd, cluster)
+        S = attn_splits(kv_bucket(n), hd, cluster, kv_type)
+        need = attn_row_splits(n, hd, cluster, kv_type)
         assert need <= S, (n, need, S)
         if cluster:
-            assert S % ATTN_CLUSTER == 0 and attn_slots(S, True) * ATTN_CLUSTER >= need
+            assert S % cs == 0 and attn_slots(S, True, hd, kv_type) * cs >= need
+            assert attn_slots(S, True, hd, kv_type) <= 8  # attn_cl_merge merges at most 8
 
 
 def test_sampler_launches_match_their_kernels():

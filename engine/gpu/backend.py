@@ -246,7 +246,7 @@ class CudaBackend:
 
     def splits_for(self, n_keys: int) -> int:
         """The attention grid for rows of up to n_keys keys: a captured graph's key."""
-        return attn_splits(kv_bucket(n_keys), self.config.head_dim, self.rt.cluster_attention)
+        return attn_splits(kv_bucket(n_keys), self.config.head_dim, self.rt.cluster_attention, self.kv_type)
 
     def _forward(self, n_tokens: int, tokens_ptr: int, positions_ptr: int, n_splits: int, last_only: bool) -> DArray:
         self.ops.begin(n_splits, self.history_ptr)

@@ -22,6 +22,7 @@ quantize_q8_1 launch in decode.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -34,9 +35,8 @@ from memra_engine.gpu.quant_ops import GpuWeight
 ARENA_ALIGN = 256
 EW_BLOCK = 256  # elementwise kernels
 ATTN_MAX_SPLITS = 32  # attention.cu: a row's keys go to at most this many blocks (split path)
-ATTN_CLUSTER = 8  # cluster path (sm_90+): blocks per thread-block cluster, merged in shared memory
 ATTN_MERGE_DIMS = 64  # attn_*merge*: head dims per block
-ATTN_MAX_SPLITS_CL = 64  # cluster path: at most 8 clusters, whose partials attn_cl_merge merges
+ATTN_MAX_SPLITS_CL = 64  # cluster path: so attn_cl_merge merges at most 8 partials
 ATTN_MIN_BUCKET = 32  # KV buckets are powers of two from here; a graph is captured per grid they give
 BATCHED_MATVEC_MAX = quant_ops.MATVEC_MAX_COLUMNS  # up to this many tokens: matvec, beyond: GEMM
 FUSED_QUANT_MAX_ROWS = 16384  # one-token matvecs quantize x per block; the LM head shares one quantize
@@ -129,30 +129,55 @@ def attn_chunk(head_dim: int) -> int:
     return 64 if head_dim == 64 else 32
 
 
-def attn_splits(bucket: int, head_dim: int, cluster: bool = False) -> int:
-    """grid.y: the most splits any row of up to `bucket` keys uses (attention.cu's split rule),
-    rounded up to whole clusters on the cluster path."""
-    if not cluster:
-        return min(ATTN_MAX_SPLITS, -(-bucket // attn_chunk(head_dim)))
-    chunks = -(-bucket // attn_chunk(head_dim))
-    if chunks <= 2 * ATTN_CLUSTER:  # rows this short stay in one cluster (attention.cu)
-        return ATTN_CLUSTER
-    return -(-min(ATTN_MAX_SPLITS_CL, -(-chunks // 2)) // ATTN_CLUSTER) * ATTN_CLUSTER  # splits of >= 2 chunks
+@dataclass(frozen=True)
+class AttnPlan:
+    """attention.cu's attn_threads / attn_cluster / attn_cl_chunks for one (head dim, cache type):
+    head dim 64 with an f16 cache runs the tensor-core kernel in 8-warp blocks and clusters of 16
+    (rows of up to 128 chunks stay in one cluster); the rest, 4-warp blocks and clusters of 8."""
+
+    threads: int
+    cluster: int  # blocks per cluster (cluster path)
+    cl_chunks: int  # the most chunks a split of a one-cluster row walks
 
 
-def attn_row_splits(n_keys: int, head_dim: int, cluster: bool = False) -> int:
-    """A row's split count (attention.cu's attn_splits_of_row): at most ATTN_MAX_SPLITS (_CL) splits
-    of chunk * 2^k keys; on the cluster path rows past ATTN_CLUSTER chunks get splits of >= 2 chunks."""
+def attn_plan(head_dim: int, kv_type: str = "f16") -> AttnPlan:
+    if head_dim == 64 and kv_type == "f16":
+        return AttnPlan(256, 16, 8)
+    return AttnPlan(128, 8, 2)
+
+
+def attn_row_splits(n_keys: int, head_dim: int, cluster: bool = False, kv_type: str = "f16") -> int:
+    """A row's split count (attention.cu's attn_splits_of_row). Split path: at most ATTN_MAX_SPLITS
+    splits of chunk * 2^k keys. Cluster path: the chunks spread evenly over one cluster while a split
+    walks at most cl_chunks; longer rows take splits of cl_chunks (or more, for <= ATTN_MAX_SPLITS_CL)."""
     chunk = attn_chunk(head_dim)
-    split_len = 2 * chunk if cluster and n_keys > ATTN_CLUSTER * chunk else chunk
-    while -(-n_keys // split_len) > (ATTN_MAX_SPLITS_CL if cluster else ATTN_MAX_SPLITS):
-        split_len *= 2
-    return -(-n_keys // split_len)
+    if not cluster:
+        split_len = chunk
+        while -(-n_keys // split_len) > ATTN_MAX_SPLITS:
+            split_len *= 2
+        return -(-n_keys // split_len)
+    plan = attn_plan(head_dim, kv_type)
+    chunks = -(-n_keys // chunk)
+    per = -(-chunks // plan.cluster)
+    if per > plan.cl_chunks:
+        per = max(plan.cl_chunks, -(-chunks // ATTN_MAX_SPLITS_CL))
+    return -(-chunks // per)
 
 
-def attn_slots(n_splits: int, cluster: bool = False) -> int:
+@functools.lru_cache(maxsize=None)
+def attn_splits(bucket: int, head_dim: int, cluster: bool = False, kv_type: str = "f16") -> int:
+    """grid.y: the most splits any row of up to `bucket` keys uses, rounded up to whole clusters on
+    the cluster path (where a row's split count is not monotonic in its length: take the max)."""
+    if not cluster:
+        return attn_row_splits(bucket, head_dim)
+    chunk, cs = attn_chunk(head_dim), attn_plan(head_dim, kv_type).cluster
+    most = max(attn_row_splits(c * chunk, head_dim, True, kv_type) for c in range(1, -(-bucket // chunk) + 1))
+    return -(-most // cs) * cs
+
+
+def attn_slots(n_splits: int, cluster: bool = False, head_dim: int = 64, kv_type: str = "f16") -> int:
     """Partial slots per row in opart/ml: one per split, or one per cluster on the cluster path."""
-    return n_splits // ATTN_CLUSTER if cluster else n_splits
+    return n_splits // attn_plan(head_dim, kv_type).cluster if cluster else n_splits
 
 
 def attn_group_tile(group: int) -> int:
@@ -164,18 +189,19 @@ def attention_launch(rt, q, q_ld, kc, vc, kd, vd, opart, ml, positions, T, n_hea
                      n_ctx, window, scale, softcap, out, xq, xq_stride, n_splits, kv_type="f16",
                      cluster=False, merge=True) -> None:
     """attn_hd*_g*_* then attn_merge_hd*_g* (rows with several splits), or on sm_90+ attn_cl_*
-    (clusters of 8 splits merge themselves) then attn_cl_merge_* (rows of several clusters):
+    (clusters of splits merge themselves, attn_plan) then attn_cl_merge_* (rows of several clusters):
     decode, verify and prefill rows alike (see attention.cu). merge=False: the attention kernel
     alone (scripts/bench_attention.py times the two apart)."""
     G = attn_group_tile(n_head // n_kv)
     grid = (n_kv * -(-(n_head // n_kv) // G), n_splits, T)
     kind = "attn_cl" if cluster else "attn"
-    rt.launch(f"{kind}_hd{head_dim}_g{G}_{kv_type}", grid, 128,
+    rt.launch(f"{kind}_hd{head_dim}_g{G}_{kv_type}", grid, attn_plan(head_dim, kv_type).threads,
               (q, q_ld, kc, vc, kd, vd, opart, ml, positions, n_head, n_kv, n_ctx, int(window),
                np.float32(scale), np.float32(softcap), out, xq, xq_stride))
-    slots = attn_slots(n_splits, cluster)
+    slots = attn_slots(n_splits, cluster, head_dim, kv_type)
     if slots > 1 and merge:
-        rt.launch(f"{kind}_merge_hd{head_dim}_g{G}", (grid[0], head_dim // ATTN_MERGE_DIMS, T), 128,
+        merge_name = f"attn_cl_merge_hd{head_dim}_g{G}_{kv_type}" if cluster else f"attn_merge_hd{head_dim}_g{G}"
+        rt.launch(merge_name, (grid[0], head_dim // ATTN_MERGE_DIMS, T), 128,
                   (opart, ml, positions, n_head, n_kv, slots, int(window), out, xq, xq_stride))
 
 
@@ -403,7 +429,7 @@ class GpuOps:
         kc, vc = self.kv.layer_ptrs(layer)
         q = self._contiguous(q)
         S = self.n_splits
-        slots = attn_slots(S, self.cluster)
+        slots = attn_slots(S, self.cluster, hd, self.kv.kv_type)
         opart = self.new((T, slots, n_head, hd))
         ml = self.new((T, slots, n_head, 2))
         y = self.new((T, n_head * hd))

@@ -55,10 +55,11 @@ class GpuRuntime:
                 self._modules[family] = cuda.module_from_buffer(fatbins[family])
             self.built_sm90 = built_sm90 = build.has_sm90_features(self.arch)
             # Programmatic dependent launch inside captured graphs (MEMRA_PDL=0 turns it off).
-            use_pdl = built_sm90 and os.environ.get("MEMRA_PDL", "1") != "0"
+            self.use_pdl = built_sm90 and os.environ.get("MEMRA_PDL", "1") != "0"
             # Attention splits merged inside thread-block clusters: sm_90+ (MEMRA_ATTN_CLUSTER=0 turns it off).
             self.cluster_attention = built_sm90 and os.environ.get("MEMRA_ATTN_CLUSTER", "1") != "0"
-            self.pdl = PdlKernels(fatbins) if use_pdl else None
+            # cuLaunchKernelEx: PDL in graphs, and every launch of a kernel with a 16-block cluster
+            self.pdl = PdlKernels(fatbins) if built_sm90 else None
         except Exception:
             self.context.pop()
             self.context.detach()
@@ -97,8 +98,9 @@ class GpuRuntime:
         """Asynchronous launch on self.stream: no sync, no allocation, so graph-capturable.
         Inside a capture on sm_90+ the launch carries the PDL attribute (see gpu/pdl.py)."""
         fn = self.kernel(name)
-        if self.capturing and self.pdl is not None:
-            self.pdl.launch(name, _dim3(grid), _dim3(block), self.stream.handle, args, shared)
+        pdl = self.capturing and self.use_pdl
+        if self.pdl is not None and (pdl or name in self.pdl.wide_cluster):
+            self.pdl.launch(name, _dim3(grid), _dim3(block), self.stream.handle, args, shared, pdl)
             return
         fn.prepared_async_call(_dim3(grid), _dim3(block), self.stream, *args, shared_size=shared)
 

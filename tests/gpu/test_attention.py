@@ -6,8 +6,9 @@ the cache format is part of the op), so the bound is float32 arithmetic: <= 1e-4
 several head groups) and 7, sliding window, softcap, decode and causal prefill rows, rows long
 enough that a split walks several chunks, that a row's result does not depend on the grid's split
 count (graph buckets) or its batch bit for bit. Every test runs on both paths: splits merged by
-attn_merge, and (sm_90+) splits merged inside clusters of 8, with rows of one split, of one
-partly filled cluster, and of several clusters (attn_cl_merge).
+attn_merge, and (sm_90+) splits merged inside clusters (16 blocks for hd64 f16, else 8), with rows
+of one split, of one partly filled cluster, of one full cluster whose splits walk several trips,
+and of several clusters (attn_cl_merge).
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import numpy as np
 import pytest
 from gpu_util import rel_err
 
-from memra_engine.gpu.ops import (ATTN_CLUSTER, ATTN_MAX_SPLITS, ATTN_MAX_SPLITS_CL, attention_launch,
+from memra_engine.gpu.ops import (ATTN_MAX_SPLITS, ATTN_MAX_SPLITS_CL, attention_launch, attn_plan,
                                   attn_row_splits, attn_slots, attn_splits, kv_bucket)
 
 pytestmark = pytest.mark.gpu
@@ -51,8 +52,8 @@ def attention_ref(q, kc, vc, pos, scale, window, softcap):
 def launch_attention(gpu, q, kc, vc, ppos, pos, T, H, n_kv, hd, n_ctx, window=0, softcap=0.0, n_splits=None,
                      xq=0, xq_stride=0, kd=0, vd=0, kv_type="f16", cluster=False):
     """Attention and its merge launch; returns out [T, H*hd]."""
-    S = n_splits or attn_splits(kv_bucket(int(pos.max()) + 1), hd, cluster)
-    slots = attn_slots(S, cluster)
+    S = n_splits or attn_splits(kv_bucket(int(pos.max()) + 1), hd, cluster, kv_type)
+    slots = attn_slots(S, cluster, hd, kv_type)
     opart, ml = gpu.empty(T * slots * H * hd), gpu.empty(T * slots * H * 2)
     out = gpu.empty(T * H * hd)
     attention_launch(gpu.rt, gpu.put(q), H * hd, kc, vc, kd, vd, opart, ml, ppos, T, H, n_kv, hd, n_ctx,
@@ -112,13 +113,14 @@ def test_prefill_rows_are_causal_with_window_and_softcap(gpu, cluster, hd):
 @pytest.mark.parametrize("hd", [64, 256])
 def test_result_is_independent_of_the_split_grid(gpu, cluster, hd):
     rng = np.random.default_rng(7 + hd)
-    q, kc, vc, k_new, v_new = random_case(rng, 5, 9, 3, hd, 8600)
-    # one split, several in one cluster (splits walking 1, 2, 6 and more chunks each), several clusters
-    pos = np.array([20, 300, 1500, 2900, 8500])
+    q, kc, vc, k_new, v_new = random_case(rng, 6, 9, 3, hd, 8600)
+    # one split, several in one cluster (splits walking 1 to 6 chunks each), several clusters
+    pos = np.array([20, 300, 1500, 2900, 6000, 8500])
     need = max(attn_row_splits(p + 1, hd, cluster) for p in pos)
     if cluster:
-        need = -(-need // ATTN_CLUSTER) * ATTN_CLUSTER
-        others = (need + ATTN_CLUSTER, ATTN_MAX_SPLITS_CL)
+        cs = attn_plan(hd).cluster
+        need = -(-need // cs) * cs
+        others = (need + cs, ATTN_MAX_SPLITS_CL)
     else:
         others = (need + 3, ATTN_MAX_SPLITS)
     base, kc_dev, vc_dev = run_attention(gpu, q, k_new, v_new, kc, vc, pos, n_splits=need, cluster=cluster)
