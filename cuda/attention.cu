@@ -40,9 +40,6 @@
 // attn_rows_mma64 takes 128 keys per loop trip (8 warps of 16): clusters of 16 keep rows of up to
 // 128 chunks (8192 keys) in one cluster at <= 4 trips a split, which costs less than a second
 // launch. attn_rows takes one chunk per step: clusters of 8, splits of <= 2 chunks, as measured.
-// attn_rows_mma64 stages up to this many keys of K and V in dynamic shared memory (80 KB: fits
-// every target, sm_86/89 allow 99 KB a block): a 4096-key row's 320-key splits in one copy.
-#define ATTN_MMA_STAGE 320
 __host__ __device__ constexpr bool attn_mma(int hd, bool q8) { return hd == 64 && !q8; }
 __host__ __device__ constexpr int attn_threads(int hd, bool q8) { return attn_mma(hd, q8) ? 256 : ATTN_THREADS; }
 __host__ __device__ constexpr int attn_cluster(int hd, bool q8) { return attn_mma(hd, q8) ? 16 : 8; }
@@ -464,13 +461,6 @@ __device__ __forceinline__ void split_f16x2(float x, float y, uint32_t& hi, uint
     lo = *reinterpret_cast<const uint32_t*>(&l);
 }
 
-// 16 bytes global -> shared, asynchronously (sm_80+); cp_async_wait_all waits for all of this thread's.
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-    const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
-
 __device__ __forceinline__ uint32_t word_of(const int4& v, int w) {
     return (uint32_t)(w == 0 ? v.x : w == 1 ? v.y : w == 2 ? v.z : v.w);
 }
@@ -483,7 +473,6 @@ __device__ void attn_rows_mma64(const float* __restrict__ q, int q_ld, const hal
                                 int xq_stride) {
     constexpr int HD = 64, CHUNK = AttnShape<HD>::CHUNK, NT = attn_threads(HD, false), NW = NT / 32;
     constexpr int KW = 16, TRIP = NW * KW, CS = attn_cluster(HD, false);  // keys per warp / per block, a trip
-    constexpr int STAGE = ATTN_MMA_STAGE;
     static_assert(G <= 8 && TRIP % CHUNK == 0, "heads in MMA rows 0-7; a trip takes whole chunks");
     __shared__ __align__(16) float o_s[NW][G][HD];
     __shared__ float mw_s[NW][G], lw_s[NW][G], m_s[G], l_s[G];
@@ -527,79 +516,76 @@ __device__ void attn_rows_mma64(const float* __restrict__ q, int q_ld, const hal
     for (int jd = 0; jd < 8; ++jd) o[jd][0] = o[jd][1] = o[jd][2] = o[jd][3] = 0.0f;
     float m = -INFINITY, l = 0.0f;  // head r over this warp's keys (l: this lane's keys)
 
-    // A window of the split (up to STAGE keys) is copied to shared memory with cp.async, all of it in
-    // flight at once, so a split costs one memory wait per window, not one per trip. 16-byte
-    // segment j of row k sits at slot j ^ (k & 7): the fragment reads below are conflict-free.
-    // Rows past the window's end read its last row (weight 0; shared memory past it is stale).
-    extern __shared__ __align__(16) int4 kv_s[];  // K [STAGE][8], then V [STAGE][8]
-    for (int w0 = j0; active && w0 < j1; w0 += STAGE) {
-        const int n_rows = min(STAGE, j1 - w0);
-        for (int i = tid; i < n_rows * 8; i += NT) {
-            const int row = i >> 3, at = row * 8 + ((i & 7) ^ (row & 7));
-            const size_t src = (row0 + w0 + row) * HD + (i & 7) * 8;
-            cp_async16(&kv_s[at], kc + src);
-            cp_async16(&kv_s[STAGE * 8 + at], vc + src);
+    // K: n-tile u's key r, dims 16c .. 16c + 15; V: keys 2c, 2c + 1, 2c + 8, 2c + 9, dims 8r .. 8r + 7.
+    // Rows past the end read the last valid row (weight 0). The next step's rows load before this
+    // step's math.
+    int4 kr[2][2], vr[4], kn[2][2], vn[4];
+    auto load = [&](int c0) {
+        const int kb = c0 + KW * warp;
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+            const int4* src = reinterpret_cast<const int4*>(kc + (row0 + min(kb + 8 * u + r, j1 - 1)) * HD + 16 * c);
+            kn[u][0] = src[0];
+            kn[u][1] = src[1];
         }
-        cp_async_wait_all();
-        __syncthreads();
-        for (int kb = KW * warp; kb < n_rows; kb += TRIP) {  // this warp's 16 keys of each trip
-            // K: n-tile u's key r, dims 16c .. 16c + 15; V: keys 2c, 2c + 1, 2c + 8, 2c + 9, dims 8r .. 8r + 7
-            int4 kr[2][2], vr[4];
 #pragma unroll
-            for (int u = 0; u < 2; ++u) {
-                const int key = min(kb + 8 * u + r, n_rows - 1);
-                kr[u][0] = kv_s[key * 8 + ((2 * c) ^ (key & 7))];
-                kr[u][1] = kv_s[key * 8 + ((2 * c + 1) ^ (key & 7))];
-            }
+        for (int i = 0; i < 4; ++i) {
+            const int key = 2 * c + (i & 1) + 8 * (i >> 1);
+            vn[i] = *reinterpret_cast<const int4*>(vc + (row0 + min(kb + key, j1 - 1)) * HD + 8 * r);
+        }
+    };
+    if (active) load(j0);
+    for (int c0 = j0; active && c0 < j1; c0 += TRIP) {
 #pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const int key = min(kb + 2 * c + (i & 1) + 8 * (i >> 1), n_rows - 1);
-                vr[i] = kv_s[STAGE * 8 + key * 8 + (r ^ (key & 7))];
-            }
-            float sc[2][4];
+        for (int i = 0; i < 4; ++i) {
+            kr[i >> 1][i & 1] = kn[i >> 1][i & 1];
+            vr[i] = vn[i];
+        }
+        if (c0 + TRIP < j1) load(c0 + TRIP);
+        const int kb = c0 + KW * warp;
+        if (kb >= j1) continue;  // warp-uniform: none of this warp's keys are in the split
+        float sc[2][4];
 #pragma unroll
-            for (int u = 0; u < 2; ++u) {
-                sc[u][0] = sc[u][1] = sc[u][2] = sc[u][3] = 0.0f;
+        for (int u = 0; u < 2; ++u) {
+            sc[u][0] = sc[u][1] = sc[u][2] = sc[u][3] = 0.0f;
 #pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    const uint32_t b0 = word_of(kr[u][j >> 1], 2 * (j & 1)), b1 = word_of(kr[u][j >> 1], 2 * (j & 1) + 1);
-                    mma_16816(sc[u], qh[2 * j], qh[2 * j + 1], b0, b1);
-                    mma_16816(sc[u], ql[2 * j], ql[2 * j + 1], b0, b1);
-                }
-            }
-            // head r's scores of keys 2c, 2c + 1 (n-tile 0) and 8 + 2c, 9 + 2c (n-tile 1)
-            float x[4] = {sc[0][0], sc[0][1], sc[1][0], sc[1][1]};
-            float mx = -INFINITY;
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                if (softcap > 0.0f) x[i] = softcap * tanhf(x[i] / softcap);
-                x[i] = kb + 2 * c + (i & 1) + 8 * (i >> 1) < n_rows ? x[i] : -INFINITY;
-                mx = fmaxf(mx, x[i]);
-            }
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float m_new = fmaxf(m, mx);  // finite: the warp's first key is valid
-            const float corr = expf(m - m_new);  // 0 at the warp's first step
-            m = m_new;
-            float pk[4];
-#pragma unroll
-            for (int i = 0; i < 4; ++i) pk[i] = expf(x[i] - m_new);
-            l = l * corr + ((pk[0] + pk[1]) + (pk[2] + pk[3]));
-            uint32_t ph0, pl0, ph2, pl2;  // P as PV's A operand: keys 2c, 2c + 1 | 8 + 2c, 9 + 2c
-            split_f16x2(pk[0], pk[1], ph0, pl0);
-            split_f16x2(pk[2], pk[3], ph2, pl2);
-#pragma unroll
-            for (int jd = 0; jd < 8; ++jd) {
-                o[jd][0] *= corr;
-                o[jd][1] *= corr;
-                const uint32_t sel = (jd & 1) ? 0x7632u : 0x5410u;  // half jd of each key's 8 dims
-                const uint32_t b0 = __byte_perm(word_of(vr[0], jd >> 1), word_of(vr[1], jd >> 1), sel);
-                const uint32_t b1 = __byte_perm(word_of(vr[2], jd >> 1), word_of(vr[3], jd >> 1), sel);
-                mma_16816(o[jd], ph0, ph2, b0, b1);
-                mma_16816(o[jd], pl0, pl2, b0, b1);
+            for (int j = 0; j < 4; ++j) {
+                const uint32_t b0 = word_of(kr[u][j >> 1], 2 * (j & 1)), b1 = word_of(kr[u][j >> 1], 2 * (j & 1) + 1);
+                mma_16816(sc[u], qh[2 * j], qh[2 * j + 1], b0, b1);
+                mma_16816(sc[u], ql[2 * j], ql[2 * j + 1], b0, b1);
             }
         }
-        __syncthreads();  // the next window overwrites kv_s
+        // head r's scores of keys 2c, 2c + 1 (n-tile 0) and 8 + 2c, 9 + 2c (n-tile 1)
+        float x[4] = {sc[0][0], sc[0][1], sc[1][0], sc[1][1]};
+        float mx = -INFINITY;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            if (softcap > 0.0f) x[i] = softcap * tanhf(x[i] / softcap);
+            x[i] = kb + 2 * c + (i & 1) + 8 * (i >> 1) < j1 ? x[i] : -INFINITY;
+            mx = fmaxf(mx, x[i]);
+        }
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(m, mx);  // finite: the warp's first key is valid
+        const float corr = expf(m - m_new);  // 0 at the warp's first step
+        m = m_new;
+        float pk[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) pk[i] = expf(x[i] - m_new);
+        l = l * corr + ((pk[0] + pk[1]) + (pk[2] + pk[3]));
+        uint32_t ph0, pl0, ph2, pl2;  // P as PV's A operand: keys 2c, 2c + 1 | 8 + 2c, 9 + 2c
+        split_f16x2(pk[0], pk[1], ph0, pl0);
+        split_f16x2(pk[2], pk[3], ph2, pl2);
+#pragma unroll
+        for (int jd = 0; jd < 8; ++jd) {
+            o[jd][0] *= corr;
+            o[jd][1] *= corr;
+            const uint32_t sel = (jd & 1) ? 0x7632u : 0x5410u;  // half jd of each key's 8 dims
+            const uint32_t b0 = __byte_perm(word_of(vr[0], jd >> 1), word_of(vr[1], jd >> 1), sel);
+            const uint32_t b1 = __byte_perm(word_of(vr[2], jd >> 1), word_of(vr[3], jd >> 1), sel);
+            mma_16816(o[jd], ph0, ph2, b0, b1);
+            mma_16816(o[jd], pl0, pl2, b0, b1);
+        }
     }
     l += __shfl_xor_sync(0xffffffffu, l, 1);
     l += __shfl_xor_sync(0xffffffffu, l, 2);

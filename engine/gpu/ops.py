@@ -37,7 +37,6 @@ EW_BLOCK = 256  # elementwise kernels
 ATTN_MAX_SPLITS = 32  # attention.cu: a row's keys go to at most this many blocks (split path)
 ATTN_MERGE_DIMS = 64  # attn_*merge*: head dims per block
 ATTN_MAX_SPLITS_CL = 64  # cluster path: so attn_cl_merge merges at most 8 partials
-ATTN_MMA_STAGE = 320  # attn_rows_mma64: keys of K and V staged in shared memory at once
 ATTN_MIN_BUCKET = 32  # KV buckets are powers of two from here; a graph is captured per grid they give
 BATCHED_MATVEC_MAX = quant_ops.MATVEC_MAX_COLUMNS  # up to this many tokens: matvec, beyond: GEMM
 FUSED_QUANT_MAX_ROWS = 16384  # one-token matvecs quantize x per block; the LM head shares one quantize
@@ -134,18 +133,16 @@ def attn_chunk(head_dim: int) -> int:
 class AttnPlan:
     """attention.cu's attn_threads / attn_cluster / attn_cl_chunks for one (head dim, cache type):
     head dim 64 with an f16 cache runs the tensor-core kernel in 8-warp blocks and clusters of 16
-    (rows of up to 128 chunks stay in one cluster), staging K/V in dynamic shared memory; the rest,
-    4-warp blocks and clusters of 8."""
+    (rows of up to 128 chunks stay in one cluster); the rest, 4-warp blocks and clusters of 8."""
 
     threads: int
     cluster: int  # blocks per cluster (cluster path)
     cl_chunks: int  # the most chunks a split of a one-cluster row walks
-    shared: int = 0  # dynamic shared memory bytes
 
 
 def attn_plan(head_dim: int, kv_type: str = "f16") -> AttnPlan:
     if head_dim == 64 and kv_type == "f16":
-        return AttnPlan(256, 16, 8, shared=2 * ATTN_MMA_STAGE * 64 * 2)
+        return AttnPlan(256, 16, 8)
     return AttnPlan(128, 8, 2)
 
 
@@ -198,12 +195,9 @@ def attention_launch(rt, q, q_ld, kc, vc, kd, vd, opart, ml, positions, T, n_hea
     G = attn_group_tile(n_head // n_kv)
     grid = (n_kv * -(-(n_head // n_kv) // G), n_splits, T)
     kind = "attn_cl" if cluster else "attn"
-    name, plan = f"{kind}_hd{head_dim}_g{G}_{kv_type}", attn_plan(head_dim, kv_type)
-    if plan.shared:
-        rt.set_max_dynamic_shared(name, plan.shared)  # a function attribute, not a stream operation
-    rt.launch(name, grid, plan.threads,
+    rt.launch(f"{kind}_hd{head_dim}_g{G}_{kv_type}", grid, attn_plan(head_dim, kv_type).threads,
               (q, q_ld, kc, vc, kd, vd, opart, ml, positions, n_head, n_kv, n_ctx, int(window),
-               np.float32(scale), np.float32(softcap), out, xq, xq_stride), shared=plan.shared)
+               np.float32(scale), np.float32(softcap), out, xq, xq_stride))
     slots = attn_slots(n_splits, cluster, head_dim, kv_type)
     if slots > 1 and merge:
         merge_name = f"attn_cl_merge_hd{head_dim}_g{G}_{kv_type}" if cluster else f"attn_merge_hd{head_dim}_g{G}"
