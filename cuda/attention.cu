@@ -37,12 +37,11 @@
 
 // Which kernel a (head dim, cache type) runs, in blocks of how many threads, in clusters of how many
 // blocks, and how many chunks a split of a one-cluster row may walk (ops.attn_plan mirrors this).
-// attn_rows_mma64 takes 160 keys per loop trip (10 warps of 16): clusters of 16 keep rows of up to
+// attn_rows_mma64 takes 128 keys per loop trip (8 warps of 16): clusters of 16 keep rows of up to
 // 128 chunks (8192 keys) in one cluster at <= 4 trips a split, which costs less than a second
-// launch (a 4096-key row: splits of 5 chunks, 2 trips). attn_rows takes one chunk per step:
-// clusters of 8, splits of <= 2 chunks, as measured.
+// launch. attn_rows takes one chunk per step: clusters of 8, splits of <= 2 chunks, as measured.
 __host__ __device__ constexpr bool attn_mma(int hd, bool q8) { return hd == 64 && !q8; }
-__host__ __device__ constexpr int attn_threads(int hd, bool q8) { return attn_mma(hd, q8) ? 320 : ATTN_THREADS; }
+__host__ __device__ constexpr int attn_threads(int hd, bool q8) { return attn_mma(hd, q8) ? 256 : ATTN_THREADS; }
 __host__ __device__ constexpr int attn_cluster(int hd, bool q8) { return attn_mma(hd, q8) ? 16 : 8; }
 __host__ __device__ constexpr int attn_cl_chunks(int hd, bool q8) { return attn_mma(hd, q8) ? 8 : 2; }
 
@@ -433,7 +432,7 @@ __device__ void attn_rows(const float* __restrict__ q, int q_ld, const void* __r
 // attn_rows' issue time grows with the keys x heads a block computes in scalar FMAs (a 64-key
 // step ~1 us however its rows are spread over threads, docs/gpu-notes.md round 6); mma.sync
 // m16n8k16 (f16 in, f32 accumulate) does QK and PV in a tenth of the instructions. Same chunk,
-// prologue and output as attn_rows; blocks of 10 warps, so a loop trip takes 160 keys:
+// prologue and output as attn_rows; blocks of 8 warps, so a loop trip takes 128 keys (two chunks):
 // each warp takes 16 of them (two 8-key n-tiles) with its own online softmax, and the warps merge
 // once at the end. A split's loads are one memory wait per trip, so more warps (not more keys
 // per warp: 224 registers, slower) is what lets a split walk more keys at the same cost.
@@ -474,7 +473,7 @@ __device__ void attn_rows_mma64(const float* __restrict__ q, int q_ld, const hal
                                 int xq_stride) {
     constexpr int HD = 64, CHUNK = AttnShape<HD>::CHUNK, NT = attn_threads(HD, false), NW = NT / 32;
     constexpr int KW = 16, TRIP = NW * KW, CS = attn_cluster(HD, false);  // keys per warp / per block, a trip
-    static_assert(G <= 8, "heads in MMA rows 0-7");
+    static_assert(G <= 8 && TRIP % CHUNK == 0, "heads in MMA rows 0-7; a trip takes whole chunks");
     __shared__ __align__(16) float o_s[NW][G][HD];
     __shared__ float mw_s[NW][G], lw_s[NW][G], m_s[G], l_s[G];
 
@@ -545,20 +544,19 @@ __device__ void attn_rows_mma64(const float* __restrict__ q, int q_ld, const hal
         if (c0 + TRIP < j1) load(c0 + TRIP);
         const int kb = c0 + KW * warp;
         if (kb >= j1) continue;  // warp-uniform: none of this warp's keys are in the split
-        float sc[2][4], sl[2][4];  // q's hi and lo halves accumulate apart: two chains of 4 MMAs, not one of 8
+        float sc[2][4];
 #pragma unroll
         for (int u = 0; u < 2; ++u) {
             sc[u][0] = sc[u][1] = sc[u][2] = sc[u][3] = 0.0f;
-            sl[u][0] = sl[u][1] = sl[u][2] = sl[u][3] = 0.0f;
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
                 const uint32_t b0 = word_of(kr[u][j >> 1], 2 * (j & 1)), b1 = word_of(kr[u][j >> 1], 2 * (j & 1) + 1);
                 mma_16816(sc[u], qh[2 * j], qh[2 * j + 1], b0, b1);
-                mma_16816(sl[u], ql[2 * j], ql[2 * j + 1], b0, b1);
+                mma_16816(sc[u], ql[2 * j], ql[2 * j + 1], b0, b1);
             }
         }
         // head r's scores of keys 2c, 2c + 1 (n-tile 0) and 8 + 2c, 9 + 2c (n-tile 1)
-        float x[4] = {sc[0][0] + sl[0][0], sc[0][1] + sl[0][1], sc[1][0] + sl[1][0], sc[1][1] + sl[1][1]};
+        float x[4] = {sc[0][0], sc[0][1], sc[1][0], sc[1][1]};
         float mx = -INFINITY;
 #pragma unroll
         for (int i = 0; i < 4; ++i) {

@@ -132,7 +132,7 @@ def attn_chunk(head_dim: int) -> int:
 @dataclass(frozen=True)
 class AttnPlan:
     """attention.cu's attn_threads / attn_cluster / attn_cl_chunks for one (head dim, cache type):
-    head dim 64 with an f16 cache runs the tensor-core kernel in 10-warp blocks and clusters of 16
+    head dim 64 with an f16 cache runs the tensor-core kernel in 8-warp blocks and clusters of 16
     (rows of up to 128 chunks stay in one cluster); the rest, 4-warp blocks and clusters of 8."""
 
     threads: int
@@ -142,7 +142,7 @@ class AttnPlan:
 
 def attn_plan(head_dim: int, kv_type: str = "f16") -> AttnPlan:
     if head_dim == 64 and kv_type == "f16":
-        return AttnPlan(320, 16, 8)
+        return AttnPlan(256, 16, 8)
     return AttnPlan(128, 8, 2)
 
 
