@@ -436,20 +436,22 @@ __device__ void attn_rows(const float* __restrict__ q, int q_ld, const void* __r
 // each warp takes 16 of them (two 8-key n-tiles) with its own online softmax, and the warps merge
 // once at the end. A split's loads are one memory wait per trip, so more warps (not more keys
 // per warp: 224 registers, slower) is what lets a split walk more keys at the same cost.
-// The MMA's 16 rows are the block's heads (G <= 8 used, rows 8-15 zero), so lane (r = lane / 4,
-// c = lane % 4) holds head r's scores of keys 2c, 2c + 1 of each n-tile, and QK's accumulators are
-// PV's A operand as they stand (FlashAttention-2's register reuse). Loads need no shuffles:
+// The MMA's rows 0-7 are the block's heads (G <= 8) with q's (and p's) f16 hi halves, rows 8-15 the
+// same heads with the lo halves (below): lane (r = lane / 4, c = lane % 4) holds head r's scores
+// of keys 2c, 2c + 1 of each n-tile as d0 + d2, d1 + d3, and those are PV's A operand once split
+// again (FlashAttention-2's register reuse). Loads need no shuffles:
 // - QK's k dimension walks the 64 dims in a per-lane order: lane c reads dims 16c .. 16c + 15 of
 //   its key (32 bytes) and k-step j takes their words 2j, 2j + 1; q takes the same order.
 // - PV's output dims are permuted: tile jd, column n is dim 8n + jd, so lane r reads dims
 //   8r .. 8r + 7 of a V row (16 bytes) and picks half jd.
-// Precision: q and p go in as f16 hi + lo halves (two MMAs each; |x - hi - lo| <= 2^-22 |x|), so
-// the products keep float32 accuracy; K and V are f16 values already.
-__device__ __forceinline__ void mma_16816(float (&d)[4], uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1) {
+// Precision: q and p go in as f16 hi + lo halves (|x - hi - lo| <= 2^-22 |x|) in the two row halves
+// of one MMA, so the products keep float32 accuracy at one MMA each; K and V are f16 values already.
+__device__ __forceinline__ void mma_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                          uint32_t b0, uint32_t b1) {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));  // A rows 8-15: zero
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
 // (x, y) as f16x2 hi and the f16x2 of what hi leaves out.
@@ -511,7 +513,7 @@ __device__ void attn_rows_mma64(const float* __restrict__ q, int q_ld, const hal
             split_f16x2(v.z * scale, v.w * scale, qh[2 * i + 1], ql[2 * i + 1]);
         }
     }
-    float o[8][4];  // output tile jd: head r (and padding rows), dims 8 (2c) + jd, 8 (2c + 1) + jd
+    float o[8][4];  // output tile jd, dims 8 (2c) + jd, 8 (2c + 1) + jd of head r: p hi (0, 1) and p lo (2, 3) parts
 #pragma unroll
     for (int jd = 0; jd < 8; ++jd) o[jd][0] = o[jd][1] = o[jd][2] = o[jd][3] = 0.0f;
     float m = -INFINITY, l = 0.0f;  // head r over this warp's keys (l: this lane's keys)
@@ -551,12 +553,11 @@ __device__ void attn_rows_mma64(const float* __restrict__ q, int q_ld, const hal
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
                 const uint32_t b0 = word_of(kr[u][j >> 1], 2 * (j & 1)), b1 = word_of(kr[u][j >> 1], 2 * (j & 1) + 1);
-                mma_16816(sc[u], qh[2 * j], qh[2 * j + 1], b0, b1);
-                mma_16816(sc[u], ql[2 * j], ql[2 * j + 1], b0, b1);
+                mma_16816(sc[u], qh[2 * j], ql[2 * j], qh[2 * j + 1], ql[2 * j + 1], b0, b1);
             }
         }
         // head r's scores of keys 2c, 2c + 1 (n-tile 0) and 8 + 2c, 9 + 2c (n-tile 1)
-        float x[4] = {sc[0][0], sc[0][1], sc[1][0], sc[1][1]};
+        float x[4] = {sc[0][0] + sc[0][2], sc[0][1] + sc[0][3], sc[1][0] + sc[1][2], sc[1][1] + sc[1][3]};
         float mx = -INFINITY;
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
@@ -578,13 +579,14 @@ __device__ void attn_rows_mma64(const float* __restrict__ q, int q_ld, const hal
         split_f16x2(pk[2], pk[3], ph2, pl2);
 #pragma unroll
         for (int jd = 0; jd < 8; ++jd) {
-            o[jd][0] *= corr;
+            o[jd][0] *= corr;  // rows r (hi) and r + 8 (lo) alike
             o[jd][1] *= corr;
+            o[jd][2] *= corr;
+            o[jd][3] *= corr;
             const uint32_t sel = (jd & 1) ? 0x7632u : 0x5410u;  // half jd of each key's 8 dims
             const uint32_t b0 = __byte_perm(word_of(vr[0], jd >> 1), word_of(vr[1], jd >> 1), sel);
             const uint32_t b1 = __byte_perm(word_of(vr[2], jd >> 1), word_of(vr[3], jd >> 1), sel);
-            mma_16816(o[jd], ph0, ph2, b0, b1);
-            mma_16816(o[jd], pl0, pl2, b0, b1);
+            mma_16816(o[jd], ph0, pl0, ph2, pl2, b0, b1);
         }
     }
     l += __shfl_xor_sync(0xffffffffu, l, 1);
@@ -592,8 +594,8 @@ __device__ void attn_rows_mma64(const float* __restrict__ q, int q_ld, const hal
     if (r < G) {
 #pragma unroll
         for (int jd = 0; jd < 8; ++jd) {
-            o_s[warp][r][8 * (2 * c) + jd] = o[jd][0];
-            o_s[warp][r][8 * (2 * c + 1) + jd] = o[jd][1];
+            o_s[warp][r][8 * (2 * c) + jd] = o[jd][0] + o[jd][2];
+            o_s[warp][r][8 * (2 * c + 1) + jd] = o[jd][1] + o[jd][3];
         }
         if (c == 0) { mw_s[warp][r] = m; lw_s[warp][r] = l; }
     }

@@ -7,13 +7,16 @@ Also checks the kernel count per decode step that docs/gpu-notes.md states (10 p
 """
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from memra_engine.gpu import build
 from memra_engine.gpu.kv_cache import GpuKvCache
-from memra_engine.gpu.ops import (Arena, DArray, GpuOps, attn_plan, attn_row_splits, attn_slots, attn_splits,
-                                  kv_bucket)
+from memra_engine.gpu.ops import (ATTN_MAX_SPLITS, ATTN_MAX_SPLITS_CL, Arena, DArray, GpuOps, attn_plan,
+                                  attn_row_splits, attn_slots, attn_splits, kv_bucket)
 from memra_engine.gpu.sampler import GpuSampler
 from memra_engine.gpu.weights import GpuWeights
 from memra_engine.model import arch_module
@@ -201,3 +204,18 @@ def test_gemma3_embedding_scale_rides_on_the_embed_launch(model_paths, T):
     scale_f32 launch (the GPU backend tests compare the logits with the CPU reference)."""
     launches = run_forward(model_paths["tiny-gemma3"], T)
     assert launches[0].startswith("embed_") and "scale_f32" not in launches
+
+
+def test_attention_plan_mirrors_attention_cu():
+    """ops.attn_plan and the split constants are attention.cu's, restated: the grid and the
+    partial buffers are sized from them, so a drift would launch too few blocks."""
+    src = (Path(__file__).parents[1] / "cuda" / "attention.cu").read_text()
+    defines = {k: int(v) for k, v in re.findall(r"#define (ATTN_\w+) (\d+)", src)}
+    assert defines["ATTN_MAX_SPLITS"] == ATTN_MAX_SPLITS and defines["ATTN_MAX_SPLITS_CL"] == ATTN_MAX_SPLITS_CL
+    assert defines["ATTN_THREADS"] == attn_plan(128).threads
+    mma, other = attn_plan(64), attn_plan(64, "q8_0")
+    assert attn_plan(256) == other and attn_plan(128) == other
+    for fn, a, b in (("attn_threads", mma.threads, "ATTN_THREADS"), ("attn_cluster", mma.cluster, other.cluster),
+                     ("attn_cl_chunks", mma.cl_chunks, other.cl_chunks)):
+        assert f"constexpr int {fn}(int hd, bool q8) {{ return attn_mma(hd, q8) ? {a} : {b}; }}" in src, fn
+    assert "constexpr bool attn_mma(int hd, bool q8) { return hd == 64 && !q8; }" in src
