@@ -44,6 +44,9 @@ __host__ __device__ constexpr bool attn_mma(int hd, bool q8) { return hd == 64 &
 __host__ __device__ constexpr int attn_threads(int hd, bool q8) { return attn_mma(hd, q8) ? 256 : ATTN_THREADS; }
 __host__ __device__ constexpr int attn_cluster(int hd, bool q8) { return attn_mma(hd, q8) ? 16 : 8; }
 __host__ __device__ constexpr int attn_cl_chunks(int hd, bool q8) { return attn_mma(hd, q8) ? 8 : 2; }
+// attn_rows_mma64 at <= 128 registers: two blocks an SM, so under PDL its blocks (and their L2
+// prefetch) find room while the previous kernel still runs, and a 16-block cluster needs 8 SMs.
+__host__ __device__ constexpr int attn_min_blocks(int hd, bool q8) { return attn_mma(hd, q8) ? 2 : 1; }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
 #define ATTN_DIMS_true(HD, Q8)  // never launched before sm_90 (ops.attention_launch); compiled so every fatbin has it
@@ -710,7 +713,7 @@ __device__ void attn_merge_rows(const float* __restrict__ opart, const float* __
 }
 
 #define ATTN_KERNEL(NAME, HD, G, Q8, CL)                                                                        \
-    extern "C" __global__ void __launch_bounds__(attn_threads(HD, Q8)) ATTN_DIMS_##CL(HD, Q8) NAME(              \
+    extern "C" __global__ void __launch_bounds__(attn_threads(HD, Q8), attn_min_blocks(HD, Q8)) ATTN_DIMS_##CL(HD, Q8) NAME( \
         const float* q, int q_ld, const void* kc, const void* vc, const half* kd, const half* vd, float* opart,  \
         float* ml, const int* pos, int n_head, int n_kv, int n_ctx, int window, float scale, float softcap,     \
         float* out, int8_t* xq, int xq_stride) {                                                                 \
