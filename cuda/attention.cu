@@ -46,7 +46,7 @@ __host__ __device__ constexpr int attn_cluster(int hd, bool q8) { return attn_mm
 __host__ __device__ constexpr int attn_cl_chunks(int hd, bool q8) { return attn_mma(hd, q8) ? 8 : 2; }
 // attn_rows_mma64 at <= 128 registers: two blocks an SM, so under PDL its blocks (and their L2
 // prefetch) find room while the previous kernel still runs, and a 16-block cluster needs 8 SMs.
-__host__ __device__ constexpr int attn_min_blocks(int hd, bool q8) { return attn_mma(hd, q8) ? 1 : 1; }
+__host__ __device__ constexpr int attn_min_blocks(int hd, bool q8) { return attn_mma(hd, q8) ? 2 : 1; }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
 #define ATTN_DIMS_true(HD, Q8)  // never launched before sm_90 (ops.attention_launch); compiled so every fatbin has it
@@ -522,11 +522,10 @@ __device__ void attn_rows_mma64(const float* __restrict__ q, int q_ld, const hal
     float m = -INFINITY, l = 0.0f;  // head r over this warp's keys (l: this lane's keys)
 
     // K: n-tile u's key r, dims 16c .. 16c + 15; V: keys 2c, 2c + 1, 2c + 8, 2c + 9, dims 8r .. 8r + 7.
-    // Rows past the end read the last valid row (weight 0). Two register sets take turns (ping-pong):
-    // the first two trips' loads are in flight together, and each later trip's load is issued as
-    // soon as its set is free, so a split of 2-3 trips waits on memory about once.
-    int4 ka[2][2], va[4], kb2[2][2], vb[4];
-    auto load = [&](int c0, int4 (&kn)[2][2], int4 (&vn)[4]) {
+    // Rows past the end read the last valid row (weight 0). The next step's rows load before this
+    // step's math.
+    int4 kr[2][2], vr[4], kn[2][2], vn[4];
+    auto load = [&](int c0) {
         const int kb = c0 + KW * warp;
 #pragma unroll
         for (int u = 0; u < 2; ++u) {
@@ -540,9 +539,16 @@ __device__ void attn_rows_mma64(const float* __restrict__ q, int q_ld, const hal
             vn[i] = *reinterpret_cast<const int4*>(vc + (row0 + min(kb + key, j1 - 1)) * HD + 8 * r);
         }
     };
-    auto step = [&](int c0, const int4 (&kr)[2][2], const int4 (&vr)[4]) {
+    if (active) load(j0);
+    for (int c0 = j0; active && c0 < j1; c0 += TRIP) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            kr[i >> 1][i & 1] = kn[i >> 1][i & 1];
+            vr[i] = vn[i];
+        }
+        if (c0 + TRIP < j1) load(c0 + TRIP);
         const int kb = c0 + KW * warp;
-        if (kb >= j1) return;  // warp-uniform: none of this warp's keys are in the split
+        if (kb >= j1) continue;  // warp-uniform: none of this warp's keys are in the split
         float sc[2][4];
 #pragma unroll
         for (int u = 0; u < 2; ++u) {
@@ -585,17 +591,6 @@ __device__ void attn_rows_mma64(const float* __restrict__ q, int q_ld, const hal
             const uint32_t b1 = __byte_perm(word_of(vr[2], jd >> 1), word_of(vr[3], jd >> 1), sel);
             mma_16816(o[jd], ph0, pl0, ph2, pl2, b0, b1);
         }
-    };
-    if (active) {
-        load(j0, ka, va);
-        if (j0 + TRIP < j1) load(j0 + TRIP, kb2, vb);
-    }
-    for (int c0 = j0; active && c0 < j1; c0 += 2 * TRIP) {
-        step(c0, ka, va);
-        if (c0 + 2 * TRIP < j1) load(c0 + 2 * TRIP, ka, va);
-        if (c0 + TRIP >= j1) break;
-        step(c0 + TRIP, kb2, vb);
-        if (c0 + 3 * TRIP < j1) load(c0 + 3 * TRIP, kb2, vb);
     }
     l += __shfl_xor_sync(0xffffffffu, l, 1);
     l += __shfl_xor_sync(0xffffffffu, l, 2);
