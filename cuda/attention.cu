@@ -44,8 +44,9 @@ __host__ __device__ constexpr bool attn_mma(int hd, bool q8) { return hd == 64 &
 __host__ __device__ constexpr int attn_threads(int hd, bool q8) { return attn_mma(hd, q8) ? 256 : ATTN_THREADS; }
 __host__ __device__ constexpr int attn_cluster(int hd, bool q8) { return attn_mma(hd, q8) ? 16 : 8; }
 __host__ __device__ constexpr int attn_cl_chunks(int hd, bool q8) { return attn_mma(hd, q8) ? 8 : 2; }
-// attn_rows_mma64 at <= 128 registers: two blocks an SM, so under PDL its blocks (and their L2
-// prefetch) find room while the previous kernel still runs, and a 16-block cluster needs 8 SMs.
+// attn_rows_mma64 at <= 128 registers (8 bytes spill): two blocks an SM, so under PDL its blocks
+// (and their L2 prefetch) find room while the previous kernel still runs, and a 16-block cluster
+// needs 8 SMs.
 __host__ __device__ constexpr int attn_min_blocks(int hd, bool q8) { return attn_mma(hd, q8) ? 2 : 1; }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
@@ -437,8 +438,9 @@ __device__ void attn_rows(const float* __restrict__ q, int q_ld, const void* __r
 // m16n8k16 (f16 in, f32 accumulate) does QK and PV in a tenth of the instructions. Same chunk,
 // prologue and output as attn_rows; blocks of 8 warps, so a loop trip takes 128 keys (two chunks):
 // each warp takes 16 of them (two 8-key n-tiles) with its own online softmax, and the warps merge
-// once at the end. A split's loads are one memory wait per trip, so more warps (not more keys
-// per warp: 224 registers, slower) is what lets a split walk more keys at the same cost.
+// once at the end. The next trip's loads are issued before this trip's math. Measured against
+// this (docs/gpu-notes.md round 7): 10 warps, a split staged in shared memory by cp.async, and two
+// register sets taking turns were all slower.
 // The MMA's rows 0-7 are the block's heads (G <= 8) with q's (and p's) f16 hi halves, rows 8-15 the
 // same heads with the lo halves (below): lane (r = lane / 4, c = lane % 4) holds head r's scores
 // of keys 2c, 2c + 1 of each n-tile as d0 + d2, d1 + d3, and those are PV's A operand once split
