@@ -86,7 +86,8 @@ def run_forward(path, T: int, n_ctx: int = 300, cluster: bool = False, kv_type: 
     rt = RecordingRuntime()
     ops = GpuOps(None, cfg, kv, Arena(0, 1 << 40), dry=True, cluster=cluster)
     ops.rt = rt
-    ops.begin(attn_splits(kv_bucket(n_ctx), cfg.head_dim, cluster), history_ptr=4096)
+    ops.begin(attn_splits(kv_bucket(n_ctx), cfg.head_dim, cluster, kv_type), history_ptr=4096,
+              prefill_splits=attn_splits(kv_bucket(n_ctx), cfg.head_dim, False, kv_type))
     ids = DArray(1 << 20, (T,), 1)
     arch_module(cfg.arch).forward(ops, weights, cfg, ids, ids, last_only=T == 1)
     ops.flush()
@@ -219,3 +220,16 @@ def test_attention_plan_mirrors_attention_cu():
                      ("attn_cl_chunks", mma.cl_chunks, other.cl_chunks)):
         assert f"constexpr int {fn}(int hd, bool q8) {{ return attn_mma(hd, q8) ? {a} : {b}; }}" in src, fn
     assert "constexpr bool attn_mma(int hd, bool q8) { return hd == 64 && !q8; }" in src
+
+
+def test_prefill_takes_the_split_path_where_clusters_are_on(model_paths):
+    """Decode and verify rows (up to BATCHED_MATVEC_MAX tokens) attend in clusters; a prefill
+    forward takes the split path (a 16-block cluster per row made prefill 2x slower), with the
+    grid of begin's prefill_splits and attn_merge for rows of several splits."""
+    for T in (1, 5, 16):
+        launches = run_forward(model_paths["tiny-llama"], T, n_ctx=300, cluster=True)
+        assert sum(n.startswith("attn_cl_hd64") for n in launches) == 2, T
+    launches = run_forward(model_paths["tiny-llama"], 40, n_ctx=300, cluster=True)
+    assert not any(n.startswith("attn_cl") for n in launches)
+    assert sum(n.startswith("attn_hd64") for n in launches) == 2
+    assert sum(n.startswith("attn_merge_hd64") for n in launches) == 2

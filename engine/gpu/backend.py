@@ -106,7 +106,7 @@ class CudaBackend:
         arena = Arena(0, 1 << 62)
         ops = GpuOps(None, cfg, kv, arena, dry=True, cluster=self.rt.cluster_attention)
         for T, last_only in ((min(PREFILL_CHUNK, self.n_ctx), True), (min(ALL_LOGITS_CHUNK, self.n_ctx), False)):
-            ops.begin(self.splits_for(self.n_ctx))
+            ops.begin(self.splits_for(self.n_ctx), prefill_splits=self.prefill_splits_for(self.n_ctx))
             tokens = DArray(0, (T,), 1)
             self.forward(ops, dry_weights, cfg, tokens, tokens, last_only)
         return arena.peak + SCRATCH_SLACK
@@ -248,8 +248,13 @@ class CudaBackend:
         """The attention grid for rows of up to n_keys keys: a captured graph's key."""
         return attn_splits(kv_bucket(n_keys), self.config.head_dim, self.rt.cluster_attention, self.kv_type)
 
-    def _forward(self, n_tokens: int, tokens_ptr: int, positions_ptr: int, n_splits: int, last_only: bool) -> DArray:
-        self.ops.begin(n_splits, self.history_ptr)
+    def prefill_splits_for(self, n_keys: int) -> int:
+        """The split-path grid that prefill forwards take (GpuOps.begin)."""
+        return attn_splits(kv_bucket(n_keys), self.config.head_dim, False, self.kv_type)
+
+    def _forward(self, n_tokens: int, tokens_ptr: int, positions_ptr: int, n_splits: int, last_only: bool,
+                 prefill_splits: int = 0) -> DArray:
+        self.ops.begin(n_splits, self.history_ptr, prefill_splits)
         self.ops._positions_ptr = positions_ptr
         tokens = DArray(tokens_ptr, (n_tokens,), 1)
         positions = DArray(positions_ptr, (n_tokens,), 1)
@@ -261,7 +266,9 @@ class CudaBackend:
         T = len(ids)
         self.rt.upload(self.tokens_ptr, ids)
         self.rt.upload(self.positions_ptr, np.arange(self.n_past, self.n_past + T, dtype=np.int32))
-        logits = self._forward(T, self.tokens_ptr, self.positions_ptr, self.splits_for(self.n_past + T), last_only)
+        n_keys = self.n_past + T
+        logits = self._forward(T, self.tokens_ptr, self.positions_ptr, self.splits_for(n_keys), last_only,
+                               self.prefill_splits_for(n_keys))
         out = self.rt.download(logits.ptr, (logits.rows, self.config.vocab_size), np.float32) if want_logits else None
         self.rt.synchronize()
         self.n_past += T

@@ -213,6 +213,7 @@ class GpuOps:
         self.cfg, self.kv, self.arena, self.dry, self.cluster = cfg, kv, arena, dry, cluster
         self.history_ptr = 0  # device token history the embed kernel records into (0: none)
         self.n_splits = 1  # attention grid.y of this forward (attn_splits; set per forward by begin)
+        self.prefill_splits = 0  # the split path's grid.y, for prefill forwards on the cluster path
         self._xq: dict[tuple[int, int], int] = {}
         # Fusion switches (all on; the A/B script scripts/profile_decode.py turns them off one by one).
         self.fuse_add_norm = self.fuse_rope_kv = self.fuse_quant = self.fuse_qkv_rope = True
@@ -226,15 +227,19 @@ class GpuOps:
         self._pending_norm: dict[int, tuple] = {}  # per-head norm output ptr -> (x, w, eps, y)
         self._pending_rope: dict[int, tuple] = {}  # output ptr -> (x, y, positions, base, neox, scale, ff)
 
-    def begin(self, n_splits: int, history_ptr: int = 0) -> None:
+    def begin(self, n_splits: int, history_ptr: int = 0, prefill_splits: int = 0) -> None:
         """Start a forward whose attention grid has n_splits splits (attn_splits): reset the arena
-        and the per-forward q8_1 cache."""
+        and the per-forward q8_1 cache. prefill_splits: attn_splits(bucket, hd, cluster=False), the
+        grid of a forward of more than BATCHED_MATVEC_MAX tokens, which takes the split path even
+        where clusters are on: its rows (GEMM prefill) never have to equal decode rows bit for bit,
+        and a 16-block cluster per row made prefill 2x slower (docs/gpu-notes.md round 7)."""
         self.arena.reset()
         self._xq.clear()
         self._pending_add = self._pending_pre = self._pending_norm2d = self._pending_mm = self._pending_embed = None
         self._pending_norm.clear()
         self._pending_rope.clear()
         self.n_splits = n_splits
+        self.prefill_splits = prefill_splits
         self.history_ptr = history_ptr
 
     def new(self, shape: tuple[int, ...], itemsize: int = 4) -> DArray:
@@ -428,8 +433,11 @@ class GpuOps:
         self._write_kv(layer, q, k, v, positions)
         kc, vc = self.kv.layer_ptrs(layer)
         q = self._contiguous(q)
-        S = self.n_splits
-        slots = attn_slots(S, self.cluster, hd, self.kv.kv_type)
+        cluster = self.cluster and T <= BATCHED_MATVEC_MAX  # decode and verify rows; prefill: split path
+        S = self.n_splits if cluster == self.cluster else self.prefill_splits
+        if S < 1:
+            raise ValueError("a prefill forward on the cluster path needs begin(..., prefill_splits)")
+        slots = attn_slots(S, cluster, hd, self.kv.kv_type)
         opart = self.new((T, slots, n_head, hd))
         ml = self.new((T, slots, n_head, 2))
         y = self.new((T, n_head * hd))
@@ -437,7 +445,7 @@ class GpuOps:
         kd, vd = self.kv.layer_scale_ptrs(layer)
         attention_launch(self.rt, q.ptr, q.ld, kc, vc, kd, vd, opart.ptr, ml.ptr, positions.ptr,
                          T, n_head, n_kv, hd, self.kv.n_ctx, window, scale, softcap, y.ptr, xq, stride, S,
-                         self.kv.kv_type, self.cluster)
+                         self.kv.kv_type, cluster)
         return y
 
     def _write_kv(self, layer: int, q: DArray, k: DArray, v: DArray, positions: DArray) -> None:
