@@ -215,6 +215,9 @@ class GpuOps:
         self.n_splits = 1  # attention grid.y of this forward (attn_splits; set per forward by begin)
         self.prefill_splits = 0  # the split path's grid.y, for prefill forwards on the cluster path
         self._xq: dict[tuple[int, int], int] = {}
+        # attention partials (opart, ml), one pair per shape and forward: a layer's partials are
+        # merged before the next layer's attention starts (stream order), so every layer reuses them
+        self._attn_parts: dict[tuple[int, ...], tuple[DArray, DArray]] = {}
         # Fusion switches (all on; the A/B script scripts/profile_decode.py turns them off one by one).
         self.fuse_add_norm = self.fuse_rope_kv = self.fuse_quant = self.fuse_qkv_rope = True
         # a one-token q|k|v matmul attention() may run as matvec_qkv_rope: (x, w, y, bias, out),
@@ -235,6 +238,7 @@ class GpuOps:
         and a 16-block cluster per row made prefill 2x slower (docs/gpu-notes.md round 7)."""
         self.arena.reset()
         self._xq.clear()
+        self._attn_parts.clear()
         self._pending_add = self._pending_pre = self._pending_norm2d = self._pending_mm = self._pending_embed = None
         self._pending_norm.clear()
         self._pending_rope.clear()
@@ -438,8 +442,10 @@ class GpuOps:
         if S < 1:
             raise ValueError("a prefill forward on the cluster path needs begin(..., prefill_splits)")
         slots = attn_slots(S, cluster, hd, self.kv.kv_type)
-        opart = self.new((T, slots, n_head, hd))
-        ml = self.new((T, slots, n_head, 2))
+        key = (T, slots, n_head, hd)
+        if key not in self._attn_parts:
+            self._attn_parts[key] = (self.new((T, slots, n_head, hd)), self.new((T, slots, n_head, 2)))
+        opart, ml = self._attn_parts[key]
         y = self.new((T, n_head * hd))
         xq, stride = self._quantized_output(y)  # the o matvec reads it (no quantize launch)
         kd, vd = self.kv.layer_scale_ptrs(layer)
