@@ -499,19 +499,11 @@ __device__ void attn_rows_mma64(const float* __restrict__ q, int q_ld, const hal
     const bool active = s < n_act;
     const int j0 = start + s * split_len, j1 = min(p + 1, j0 + split_len);
     const size_t row0 = (size_t)kvh * n_ctx;
-    if (active) {  // the whole split (<= 8 chunks on the cluster path)
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-        if (tid == 0) {  // its K rows and its V rows are contiguous: one bulk L2 prefetch each (TMA)
-            const unsigned bytes = (unsigned)(j1 - j0) * HD * sizeof(half);
-            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(kc + (row0 + j0) * HD), "r"(bytes) : "memory");
-            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(vc + (row0 + j0) * HD), "r"(bytes) : "memory");
-        }
-#else
-        for (int r = tid; j0 + r < j1; r += NT) {  // 128-byte rows
+    if (active) {
+        for (int r = tid; j0 + r < j1; r += NT) {  // the whole split (<= 8 chunks on the cluster path), 128-byte rows
             asm volatile("prefetch.global.L2 [%0];" ::"l"(kc + (row0 + j0 + r) * HD));
             asm volatile("prefetch.global.L2 [%0];" ::"l"(vc + (row0 + j0 + r) * HD));
         }
-#endif
     }
     pdl_entry();
 
