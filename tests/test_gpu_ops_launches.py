@@ -36,8 +36,7 @@ class RecordingRuntime:
     """Checks each launch against the parsed kernel signature instead of launching."""
 
     def __init__(self):
-        self.launches: list[str] = []
-        self.calls: list[tuple[str, tuple]] = []
+        self.calls: list[tuple[str, tuple]] = []  # (kernel, args) in launch order
 
     def launch(self, name, grid, block, args, shared=0):
         assert name in SIGNATURES, f"{name} is not declared in cuda/*.cu"
@@ -53,8 +52,11 @@ class RecordingRuntime:
         assert all(g >= 1 for g in grid) and grid[0] < 2**31 and all(g < 65536 for g in grid[1:]), (name, grid)
         assert 1 <= int(np.prod(block)) <= 1024 and int(np.prod(block)) % 32 == 0, (name, block)
         assert 0 <= shared <= 227 * 1024, (name, shared)
-        self.launches.append(name)
         self.calls.append((name, tuple(args)))
+
+    @property
+    def launches(self) -> list[str]:
+        return [name for name, _ in self.calls]
 
     def set_max_dynamic_shared(self, name, nbytes):
         assert name in SIGNATURES

@@ -438,7 +438,7 @@ class GpuOps:
         kc, vc = self.kv.layer_ptrs(layer)
         q = self._contiguous(q)
         cluster = self.cluster and T <= BATCHED_MATVEC_MAX  # decode and verify rows; prefill: split path
-        S = self.n_splits if cluster == self.cluster else self.prefill_splits
+        S = self.prefill_splits if self.cluster and not cluster else self.n_splits
         if S < 1:
             raise ValueError("a prefill forward on the cluster path needs begin(..., prefill_splits)")
         slots = attn_slots(S, cluster, hd, self.kv.kv_type)
