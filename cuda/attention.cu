@@ -163,12 +163,18 @@ __device__ void attn_cluster_merge(const float (*o_blk)[HD], const float* m_blk,
     namespace cg = cooperative_groups;
     cg::cluster_group cluster = cg::this_cluster();
     static_assert(CS <= 32, "one lane per split");
-    __shared__ float c_s[G][CS], m_out[G], l_out[G];
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, n_warps = blockDim.x >> 5;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
     const int c = blockIdx.y / CS, rank = blockIdx.y % CS;
     const int n_in = min(CS, n_act - c * CS);  // splits of this cluster with keys
     cluster.sync();  // every split's o, m, l written
-    for (int hh = warp; hh < g; hh += n_warps) {
+    // A warp's 32 values belong to one head: its splits' o values and (lane k) split k's m, l are
+    // loaded in one round, and split k's weight comes from lane k by shuffle.
+    const float* o0 = &o_blk[0][0];
+    for (int b = rank + CS * warp; b < g * HD / 32; b += CS * n_warps) {
+        const int idx = 32 * b + lane, hh = idx / HD;
+        float v[CS];
+#pragma unroll
+        for (int k = 0; k < CS; ++k) v[k] = k < n_in ? cluster.map_shared_rank(o0, k)[idx] : 0.0f;
         float m = -INFINITY, l = 0.0f;
         if (lane < n_in) {
             m = cluster.map_shared_rank(m_blk, lane)[hh];
@@ -177,21 +183,11 @@ __device__ void attn_cluster_merge(const float (*o_blk)[HD], const float* m_blk,
         const float M = warp_max(m);
         const float cw = lane < n_in ? expf(m - M) : 0.0f;
         const float L = warp_sum(cw * l);
-        if (lane < CS) c_s[hh][lane] = cw;
-        if (lane == 0) { m_out[hh] = M; l_out[hh] = L; }
-    }
-    __syncthreads();
-    const float* o0 = &o_blk[0][0];
-    for (int b = rank + CS * warp; b < g * HD / 32; b += CS * n_warps) {
-        const int idx = 32 * b + lane, hh = idx / HD;
-        float v[CS];
-#pragma unroll
-        for (int k = 0; k < CS; ++k) v[k] = k < n_in ? cluster.map_shared_rank(o0, k)[idx] : 0.0f;
         float acc = 0.0f;
 #pragma unroll
-        for (int k = 0; k < CS; ++k) acc += c_s[hh][k] * v[k];
+        for (int k = 0; k < CS; ++k) acc += __shfl_sync(0xffffffffu, cw, k) * v[k];
         if (n_act <= CS) {  // the row's output; b is warp-uniform: one q8_1 block per warp
-            const float val = acc / l_out[hh];
+            const float val = acc / L;
             const int col = h0 * HD + idx;
             out[(size_t)t * n_head * HD + col] = val;
             if (xq) {
@@ -199,13 +195,13 @@ __device__ void attn_cluster_merge(const float (*o_blk)[HD], const float* m_blk,
                 quantize_q8_1_at(val, xrow, n_head * HD, col);
             }
         } else {
-            opart[(((size_t)t * n_slots + c) * n_head + h0) * HD + idx] = acc;
+            const size_t r = ((size_t)t * n_slots + c) * n_head + h0;
+            opart[r * HD + idx] = acc;
+            if (idx % HD == 0) {  // the head's first 32 values: its m, l
+                ml[(r + hh) * 2] = M;
+                ml[(r + hh) * 2 + 1] = L;
+            }
         }
-    }
-    if (n_act > CS && rank == 0 && tid < g) {
-        const size_t r = ((size_t)t * n_slots + c) * n_head + h0 + tid;
-        ml[r * 2] = m_out[tid];
-        ml[r * 2 + 1] = l_out[tid];
     }
     cluster.sync();  // no block leaves while another still reads its shared memory
 #elif defined(__CUDA_ARCH__)
@@ -472,6 +468,15 @@ __device__ __forceinline__ uint32_t word_of(const int4& v, int w) {
     return (uint32_t)(w == 0 ? v.x : w == 1 ? v.y : w == 2 ? v.z : v.w);
 }
 
+// Keys a warp takes per loop trip, in 16-key k-tiles, and whether the next trip's K/V rows load
+// before this trip's math.
+#ifndef ATTN_MMA_KT
+#define ATTN_MMA_KT 1
+#endif
+#ifndef ATTN_MMA_PREFETCH
+#define ATTN_MMA_PREFETCH 1
+#endif
+
 template <int G, bool CL>
 __device__ void attn_rows_mma64(const float* __restrict__ q, int q_ld, const half* __restrict__ kc,
                                 const half* __restrict__ vc, float* __restrict__ opart, float* __restrict__ ml,
@@ -479,7 +484,8 @@ __device__ void attn_rows_mma64(const float* __restrict__ q, int q_ld, const hal
                                 float scale, float softcap, float* __restrict__ out, int8_t* __restrict__ xq,
                                 int xq_stride) {
     constexpr int HD = 64, CHUNK = AttnShape<HD>::CHUNK, NT = attn_threads(HD, false), NW = NT / 32;
-    constexpr int KW = 16, TRIP = NW * KW, CS = attn_cluster(HD, false);  // keys per warp / per block, a trip
+    constexpr int KT = ATTN_MMA_KT, KW = 16 * KT, TRIP = NW * KW;  // 16-key k-tiles / keys per warp / per block, a trip
+    constexpr int CS = attn_cluster(HD, false);
     static_assert(G <= 8 && TRIP % CHUNK == 0, "heads in MMA rows 0-7; a trip takes whole chunks");
     __shared__ __align__(16) float o_s[NW][G][HD];
     __shared__ float mw_s[NW][G], lw_s[NW][G], m_s[G], l_s[G];
@@ -523,37 +529,43 @@ __device__ void attn_rows_mma64(const float* __restrict__ q, int q_ld, const hal
     for (int jd = 0; jd < 8; ++jd) o[jd][0] = o[jd][1] = o[jd][2] = o[jd][3] = 0.0f;
     float m = -INFINITY, l = 0.0f;  // head r over this warp's keys (l: this lane's keys)
 
-    // K: n-tile u's key r, dims 16c .. 16c + 15; V: keys 2c, 2c + 1, 2c + 8, 2c + 9, dims 8r .. 8r + 7.
-    // Rows past the end read the last valid row (weight 0). The next step's rows load before this
-    // step's math.
-    int4 kr[2][2], vr[4], kn[2][2], vn[4];
-    auto load = [&](int c0) {
+    // K: n-tile u's key r, dims 16c .. 16c + 15; V (k-tile kt = i / 4): keys 2c, 2c + 1, 2c + 8,
+    // 2c + 9, dims 8r .. 8r + 7. Rows past the end read the last valid row (weight 0). With
+    // ATTN_MMA_PREFETCH the next trip's rows load before this trip's math.
+    int4 kr[2 * KT][2], vr[4 * KT];
+    auto load = [&](int c0, int4 (&kd)[2 * KT][2], int4 (&vd)[4 * KT]) {
         const int kb = c0 + KW * warp;
 #pragma unroll
-        for (int u = 0; u < 2; ++u) {
+        for (int u = 0; u < 2 * KT; ++u) {
             const int4* src = reinterpret_cast<const int4*>(kc + (row0 + min(kb + 8 * u + r, j1 - 1)) * HD + 16 * c);
-            kn[u][0] = src[0];
-            kn[u][1] = src[1];
+            kd[u][0] = src[0];
+            kd[u][1] = src[1];
         }
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int key = 2 * c + (i & 1) + 8 * (i >> 1);
-            vn[i] = *reinterpret_cast<const int4*>(vc + (row0 + min(kb + key, j1 - 1)) * HD + 8 * r);
+        for (int i = 0; i < 4 * KT; ++i) {
+            const int key = 16 * (i >> 2) + 2 * c + (i & 1) + 8 * ((i >> 1) & 1);
+            vd[i] = *reinterpret_cast<const int4*>(vc + (row0 + min(kb + key, j1 - 1)) * HD + 8 * r);
         }
     };
-    if (active) load(j0);
+#if ATTN_MMA_PREFETCH
+    int4 kn[2 * KT][2], vn[4 * KT];
+    if (active) load(j0, kn, vn);
+#endif
     for (int c0 = j0; active && c0 < j1; c0 += TRIP) {
+#if ATTN_MMA_PREFETCH
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            kr[i >> 1][i & 1] = kn[i >> 1][i & 1];
-            vr[i] = vn[i];
-        }
-        if (c0 + TRIP < j1) load(c0 + TRIP);
+        for (int u = 0; u < 2 * KT; ++u) { kr[u][0] = kn[u][0]; kr[u][1] = kn[u][1]; }
+#pragma unroll
+        for (int i = 0; i < 4 * KT; ++i) vr[i] = vn[i];
+        if (c0 + TRIP < j1) load(c0 + TRIP, kn, vn);
+#else
+        load(c0, kr, vr);
+#endif
         const int kb = c0 + KW * warp;
         if (kb >= j1) continue;  // warp-uniform: none of this warp's keys are in the split
-        float sc[2][4];
+        float sc[2 * KT][4];
 #pragma unroll
-        for (int u = 0; u < 2; ++u) {
+        for (int u = 0; u < 2 * KT; ++u) {
             sc[u][0] = sc[u][1] = sc[u][2] = sc[u][3] = 0.0f;
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
@@ -561,13 +573,15 @@ __device__ void attn_rows_mma64(const float* __restrict__ q, int q_ld, const hal
                 mma_16816(sc[u], qh[2 * j], ql[2 * j], qh[2 * j + 1], ql[2 * j + 1], b0, b1);
             }
         }
-        // head r's scores of keys 2c, 2c + 1 (n-tile 0) and 8 + 2c, 9 + 2c (n-tile 1)
-        float x[4] = {sc[0][0] + sc[0][2], sc[0][1] + sc[0][3], sc[1][0] + sc[1][2], sc[1][1] + sc[1][3]};
+        // head r's scores of k-tile kt's keys 2c, 2c + 1 (n-tile 2kt) and 8 + 2c, 9 + 2c (n-tile 2kt + 1)
+        float x[4 * KT];
+#pragma unroll
+        for (int u = 0; u < 2 * KT; ++u) { x[2 * u] = sc[u][0] + sc[u][2]; x[2 * u + 1] = sc[u][1] + sc[u][3]; }
         float mx = -INFINITY;
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
+        for (int i = 0; i < 4 * KT; ++i) {
             if (softcap > 0.0f) x[i] = softcap * tanhf(x[i] / softcap);
-            x[i] = kb + 2 * c + (i & 1) + 8 * (i >> 1) < j1 ? x[i] : -INFINITY;
+            x[i] = kb + 16 * (i >> 2) + 2 * c + (i & 1) + 8 * ((i >> 1) & 1) < j1 ? x[i] : -INFINITY;
             mx = fmaxf(mx, x[i]);
         }
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
@@ -575,13 +589,19 @@ __device__ void attn_rows_mma64(const float* __restrict__ q, int q_ld, const hal
         const float m_new = fmaxf(m, mx);  // finite: the warp's first key is valid
         const float corr = expf(m - m_new);  // 0 at the warp's first step
         m = m_new;
-        float pk[4];
+        float pk[4 * KT];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) pk[i] = expf(x[i] - m_new);
-        l = l * corr + ((pk[0] + pk[1]) + (pk[2] + pk[3]));
-        uint32_t ph0, pl0, ph2, pl2;  // P as PV's A operand: keys 2c, 2c + 1 | 8 + 2c, 9 + 2c
-        split_f16x2(pk[0], pk[1], ph0, pl0);
-        split_f16x2(pk[2], pk[3], ph2, pl2);
+        for (int i = 0; i < 4 * KT; ++i) pk[i] = expf(x[i] - m_new);
+        float psum = 0.0f;
+#pragma unroll
+        for (int kt = 0; kt < KT; ++kt) psum += (pk[4 * kt] + pk[4 * kt + 1]) + (pk[4 * kt + 2] + pk[4 * kt + 3]);
+        l = l * corr + psum;
+        uint32_t ph0[KT], pl0[KT], ph2[KT], pl2[KT];  // P as PV's A operand: keys 2c, 2c + 1 | 8 + 2c, 9 + 2c
+#pragma unroll
+        for (int kt = 0; kt < KT; ++kt) {
+            split_f16x2(pk[4 * kt], pk[4 * kt + 1], ph0[kt], pl0[kt]);
+            split_f16x2(pk[4 * kt + 2], pk[4 * kt + 3], ph2[kt], pl2[kt]);
+        }
 #pragma unroll
         for (int jd = 0; jd < 8; ++jd) {
             o[jd][0] *= corr;  // rows r (hi) and r + 8 (lo) alike
@@ -589,9 +609,12 @@ __device__ void attn_rows_mma64(const float* __restrict__ q, int q_ld, const hal
             o[jd][2] *= corr;
             o[jd][3] *= corr;
             const uint32_t sel = (jd & 1) ? 0x7632u : 0x5410u;  // half jd of each key's 8 dims
-            const uint32_t b0 = __byte_perm(word_of(vr[0], jd >> 1), word_of(vr[1], jd >> 1), sel);
-            const uint32_t b1 = __byte_perm(word_of(vr[2], jd >> 1), word_of(vr[3], jd >> 1), sel);
-            mma_16816(o[jd], ph0, pl0, ph2, pl2, b0, b1);
+#pragma unroll
+            for (int kt = 0; kt < KT; ++kt) {
+                const uint32_t b0 = __byte_perm(word_of(vr[4 * kt], jd >> 1), word_of(vr[4 * kt + 1], jd >> 1), sel);
+                const uint32_t b1 = __byte_perm(word_of(vr[4 * kt + 2], jd >> 1), word_of(vr[4 * kt + 3], jd >> 1), sel);
+                mma_16816(o[jd], ph0[kt], pl0[kt], ph2[kt], pl2[kt], b0, b1);
+            }
         }
     }
     l += __shfl_xor_sync(0xffffffffu, l, 1);
