@@ -511,24 +511,7 @@ __device__ void attn_rows_mma64(const float* __restrict__ q, int q_ld, const hal
             asm volatile("prefetch.global.L2 [%0];" ::"l"(vc + (row0 + j0 + r) * HD));
         }
     }
-    pdl_entry();
-
     const int r = lane >> 2, c = lane & 3;  // MMA row (head) / n-tile key / V dims, and column pair
-    uint32_t qh[8], ql[8];                  // head r's dims 16c .. 16c + 15 (scaled) as hi / lo pairs
-    {
-        const float4* qr = reinterpret_cast<const float4*>(q + (size_t)t * q_ld + (size_t)(h0 + r) * HD + 16 * c);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const float4 v = r < g ? qr[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            split_f16x2(v.x * scale, v.y * scale, qh[2 * i], ql[2 * i]);
-            split_f16x2(v.z * scale, v.w * scale, qh[2 * i + 1], ql[2 * i + 1]);
-        }
-    }
-    float o[8][4];  // output tile jd, dims 8 (2c) + jd, 8 (2c + 1) + jd of head r: p hi (0, 1) and p lo (2, 3) parts
-#pragma unroll
-    for (int jd = 0; jd < 8; ++jd) o[jd][0] = o[jd][1] = o[jd][2] = o[jd][3] = 0.0f;
-    float m = -INFINITY, l = 0.0f;  // head r over this warp's keys (l: this lane's keys)
-
     // K: n-tile u's key r, dims 16c .. 16c + 15; V (k-tile kt = i / 4): keys 2c, 2c + 1, 2c + 8,
     // 2c + 9, dims 8r .. 8r + 7. Rows past the end read the last valid row (weight 0). With
     // ATTN_MMA_PREFETCH the next trip's rows load before this trip's math.
@@ -547,10 +530,36 @@ __device__ void attn_rows_mma64(const float* __restrict__ q, int q_ld, const hal
             vd[i] = *reinterpret_cast<const int4*>(vc + (row0 + min(kb + key, j1 - 1)) * HD + 8 * r);
         }
     };
+    // The first trip's rows go out before the PDL wait when they are all older than this forward's
+    // first position: only this forward's rows (pos[0] on, ascending) are written in the step, and
+    // those may still be in flight from the previous kernel.
+    const bool early = active && min(j0 + TRIP, j1) <= pos[0];
 #if ATTN_MMA_PREFETCH
     int4 kn[2 * KT][2], vn[4 * KT];
-    if (active) load(j0, kn, vn);
+    if (early) load(j0, kn, vn);
+#else
+    if (early) load(j0, kr, vr);
 #endif
+    pdl_entry();
+#if ATTN_MMA_PREFETCH
+    if (active && !early) load(j0, kn, vn);
+#endif
+
+    uint32_t qh[8], ql[8];                  // head r's dims 16c .. 16c + 15 (scaled) as hi / lo pairs
+    {
+        const float4* qr = reinterpret_cast<const float4*>(q + (size_t)t * q_ld + (size_t)(h0 + r) * HD + 16 * c);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const float4 v = r < g ? qr[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            split_f16x2(v.x * scale, v.y * scale, qh[2 * i], ql[2 * i]);
+            split_f16x2(v.z * scale, v.w * scale, qh[2 * i + 1], ql[2 * i + 1]);
+        }
+    }
+    float o[8][4];  // output tile jd, dims 8 (2c) + jd, 8 (2c + 1) + jd of head r: p hi (0, 1) and p lo (2, 3) parts
+#pragma unroll
+    for (int jd = 0; jd < 8; ++jd) o[jd][0] = o[jd][1] = o[jd][2] = o[jd][3] = 0.0f;
+    float m = -INFINITY, l = 0.0f;  // head r over this warp's keys (l: this lane's keys)
+
     for (int c0 = j0; active && c0 < j1; c0 += TRIP) {
 #if ATTN_MMA_PREFETCH
 #pragma unroll
@@ -559,7 +568,7 @@ __device__ void attn_rows_mma64(const float* __restrict__ q, int q_ld, const hal
         for (int i = 0; i < 4 * KT; ++i) vr[i] = vn[i];
         if (c0 + TRIP < j1) load(c0 + TRIP, kn, vn);
 #else
-        load(c0, kr, vr);
+        if (c0 > j0 || !early) load(c0, kr, vr);
 #endif
         const int kb = c0 + KW * warp;
         if (kb >= j1) continue;  // warp-uniform: none of this warp's keys are in the split
