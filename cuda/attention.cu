@@ -434,9 +434,10 @@ __device__ void attn_rows(const float* __restrict__ q, int q_ld, const void* __r
 // m16n8k16 (f16 in, f32 accumulate) does QK and PV in a tenth of the instructions. Same chunk,
 // prologue and output as attn_rows; blocks of 8 warps, so a loop trip takes 128 keys (two chunks):
 // each warp takes 16 of them (two 8-key n-tiles) with its own online softmax, and the warps merge
-// once at the end. The next trip's loads are issued before this trip's math. Measured against
-// this (docs/gpu-notes.md round 7): 10 warps, a split staged in shared memory by cp.async, and two
-// register sets taking turns were all slower.
+// once at the end. The next trip's loads are issued before this trip's math, and the first trip's
+// before the PDL wait where its rows allow. Measured against this (docs/gpu-notes.md rounds 7, 8):
+// 10 warps, a split staged in shared memory by cp.async, two register sets taking turns, and
+// 32 keys a warp per trip without the next-trip loads were all slower in the decode graph.
 // The MMA's rows 0-7 are the block's heads (G <= 8) with q's (and p's) f16 hi halves, rows 8-15 the
 // same heads with the lo halves (below): lane (r = lane / 4, c = lane % 4) holds head r's scores
 // of keys 2c, 2c + 1 of each n-tile as d0 + d2, d1 + d3, and those are PV's A operand once split
@@ -468,15 +469,6 @@ __device__ __forceinline__ uint32_t word_of(const int4& v, int w) {
     return (uint32_t)(w == 0 ? v.x : w == 1 ? v.y : w == 2 ? v.z : v.w);
 }
 
-// Keys a warp takes per loop trip, in 16-key k-tiles, and whether the next trip's K/V rows load
-// before this trip's math.
-#ifndef ATTN_MMA_KT
-#define ATTN_MMA_KT 1
-#endif
-#ifndef ATTN_MMA_PREFETCH
-#define ATTN_MMA_PREFETCH 1
-#endif
-
 template <int G, bool CL>
 __device__ void attn_rows_mma64(const float* __restrict__ q, int q_ld, const half* __restrict__ kc,
                                 const half* __restrict__ vc, float* __restrict__ opart, float* __restrict__ ml,
@@ -484,8 +476,7 @@ __device__ void attn_rows_mma64(const float* __restrict__ q, int q_ld, const hal
                                 float scale, float softcap, float* __restrict__ out, int8_t* __restrict__ xq,
                                 int xq_stride) {
     constexpr int HD = 64, CHUNK = AttnShape<HD>::CHUNK, NT = attn_threads(HD, false), NW = NT / 32;
-    constexpr int KT = ATTN_MMA_KT, KW = 16 * KT, TRIP = NW * KW;  // 16-key k-tiles / keys per warp / per block, a trip
-    constexpr int CS = attn_cluster(HD, false);
+    constexpr int KW = 16, TRIP = NW * KW, CS = attn_cluster(HD, false);  // keys per warp / per block, a trip
     static_assert(G <= 8 && TRIP % CHUNK == 0, "heads in MMA rows 0-7; a trip takes whole chunks");
     __shared__ __align__(16) float o_s[NW][G][HD];
     __shared__ float mw_s[NW][G], lw_s[NW][G], m_s[G], l_s[G];
@@ -512,38 +503,31 @@ __device__ void attn_rows_mma64(const float* __restrict__ q, int q_ld, const hal
         }
     }
     const int r = lane >> 2, c = lane & 3;  // MMA row (head) / n-tile key / V dims, and column pair
-    // K: n-tile u's key r, dims 16c .. 16c + 15; V (k-tile kt = i / 4): keys 2c, 2c + 1, 2c + 8,
-    // 2c + 9, dims 8r .. 8r + 7. Rows past the end read the last valid row (weight 0). With
-    // ATTN_MMA_PREFETCH the next trip's rows load before this trip's math.
-    int4 kr[2 * KT][2], vr[4 * KT];
-    auto load = [&](int c0, int4 (&kd)[2 * KT][2], int4 (&vd)[4 * KT]) {
+    // K: n-tile u's key r, dims 16c .. 16c + 15; V: keys 2c, 2c + 1, 2c + 8, 2c + 9, dims 8r .. 8r + 7.
+    // Rows past the end read the last valid row (weight 0). The next trip's rows load before this
+    // trip's math.
+    int4 kr[2][2], vr[4], kn[2][2], vn[4];
+    auto load = [&](int c0) {
         const int kb = c0 + KW * warp;
 #pragma unroll
-        for (int u = 0; u < 2 * KT; ++u) {
+        for (int u = 0; u < 2; ++u) {
             const int4* src = reinterpret_cast<const int4*>(kc + (row0 + min(kb + 8 * u + r, j1 - 1)) * HD + 16 * c);
-            kd[u][0] = src[0];
-            kd[u][1] = src[1];
+            kn[u][0] = src[0];
+            kn[u][1] = src[1];
         }
 #pragma unroll
-        for (int i = 0; i < 4 * KT; ++i) {
-            const int key = 16 * (i >> 2) + 2 * c + (i & 1) + 8 * ((i >> 1) & 1);
-            vd[i] = *reinterpret_cast<const int4*>(vc + (row0 + min(kb + key, j1 - 1)) * HD + 8 * r);
+        for (int i = 0; i < 4; ++i) {
+            const int key = 2 * c + (i & 1) + 8 * (i >> 1);
+            vn[i] = *reinterpret_cast<const int4*>(vc + (row0 + min(kb + key, j1 - 1)) * HD + 8 * r);
         }
     };
-    // The first trip's rows go out before the PDL wait when they are all older than this forward's
-    // first position: only this forward's rows (pos[0] on, ascending) are written in the step, and
-    // those may still be in flight from the previous kernel.
+    // The first trip's rows load before the PDL wait when all are older than the forward's first
+    // position: a step writes only its own rows (pos[0] on, ascending), and those may still be in
+    // flight from the previous kernel. Rows before pos[0] were final before this launch.
     const bool early = active && min(j0 + TRIP, j1) <= pos[0];
-#if ATTN_MMA_PREFETCH
-    int4 kn[2 * KT][2], vn[4 * KT];
-    if (early) load(j0, kn, vn);
-#else
-    if (early) load(j0, kr, vr);
-#endif
+    if (early) load(j0);
     pdl_entry();
-#if ATTN_MMA_PREFETCH
-    if (active && !early) load(j0, kn, vn);
-#endif
+    if (active && !early) load(j0);
 
     uint32_t qh[8], ql[8];                  // head r's dims 16c .. 16c + 15 (scaled) as hi / lo pairs
     {
@@ -561,20 +545,17 @@ __device__ void attn_rows_mma64(const float* __restrict__ q, int q_ld, const hal
     float m = -INFINITY, l = 0.0f;  // head r over this warp's keys (l: this lane's keys)
 
     for (int c0 = j0; active && c0 < j1; c0 += TRIP) {
-#if ATTN_MMA_PREFETCH
 #pragma unroll
-        for (int u = 0; u < 2 * KT; ++u) { kr[u][0] = kn[u][0]; kr[u][1] = kn[u][1]; }
-#pragma unroll
-        for (int i = 0; i < 4 * KT; ++i) vr[i] = vn[i];
-        if (c0 + TRIP < j1) load(c0 + TRIP, kn, vn);
-#else
-        if (c0 > j0 || !early) load(c0, kr, vr);
-#endif
+        for (int i = 0; i < 4; ++i) {
+            kr[i >> 1][i & 1] = kn[i >> 1][i & 1];
+            vr[i] = vn[i];
+        }
+        if (c0 + TRIP < j1) load(c0 + TRIP);
         const int kb = c0 + KW * warp;
         if (kb >= j1) continue;  // warp-uniform: none of this warp's keys are in the split
-        float sc[2 * KT][4];
+        float sc[2][4];
 #pragma unroll
-        for (int u = 0; u < 2 * KT; ++u) {
+        for (int u = 0; u < 2; ++u) {
             sc[u][0] = sc[u][1] = sc[u][2] = sc[u][3] = 0.0f;
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
@@ -582,15 +563,13 @@ __device__ void attn_rows_mma64(const float* __restrict__ q, int q_ld, const hal
                 mma_16816(sc[u], qh[2 * j], ql[2 * j], qh[2 * j + 1], ql[2 * j + 1], b0, b1);
             }
         }
-        // head r's scores of k-tile kt's keys 2c, 2c + 1 (n-tile 2kt) and 8 + 2c, 9 + 2c (n-tile 2kt + 1)
-        float x[4 * KT];
-#pragma unroll
-        for (int u = 0; u < 2 * KT; ++u) { x[2 * u] = sc[u][0] + sc[u][2]; x[2 * u + 1] = sc[u][1] + sc[u][3]; }
+        // head r's scores of keys 2c, 2c + 1 (n-tile 0) and 8 + 2c, 9 + 2c (n-tile 1)
+        float x[4] = {sc[0][0] + sc[0][2], sc[0][1] + sc[0][3], sc[1][0] + sc[1][2], sc[1][1] + sc[1][3]};
         float mx = -INFINITY;
 #pragma unroll
-        for (int i = 0; i < 4 * KT; ++i) {
+        for (int i = 0; i < 4; ++i) {
             if (softcap > 0.0f) x[i] = softcap * tanhf(x[i] / softcap);
-            x[i] = kb + 16 * (i >> 2) + 2 * c + (i & 1) + 8 * ((i >> 1) & 1) < j1 ? x[i] : -INFINITY;
+            x[i] = kb + 2 * c + (i & 1) + 8 * (i >> 1) < j1 ? x[i] : -INFINITY;
             mx = fmaxf(mx, x[i]);
         }
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
@@ -598,19 +577,13 @@ __device__ void attn_rows_mma64(const float* __restrict__ q, int q_ld, const hal
         const float m_new = fmaxf(m, mx);  // finite: the warp's first key is valid
         const float corr = expf(m - m_new);  // 0 at the warp's first step
         m = m_new;
-        float pk[4 * KT];
+        float pk[4];
 #pragma unroll
-        for (int i = 0; i < 4 * KT; ++i) pk[i] = expf(x[i] - m_new);
-        float psum = 0.0f;
-#pragma unroll
-        for (int kt = 0; kt < KT; ++kt) psum += (pk[4 * kt] + pk[4 * kt + 1]) + (pk[4 * kt + 2] + pk[4 * kt + 3]);
-        l = l * corr + psum;
-        uint32_t ph0[KT], pl0[KT], ph2[KT], pl2[KT];  // P as PV's A operand: keys 2c, 2c + 1 | 8 + 2c, 9 + 2c
-#pragma unroll
-        for (int kt = 0; kt < KT; ++kt) {
-            split_f16x2(pk[4 * kt], pk[4 * kt + 1], ph0[kt], pl0[kt]);
-            split_f16x2(pk[4 * kt + 2], pk[4 * kt + 3], ph2[kt], pl2[kt]);
-        }
+        for (int i = 0; i < 4; ++i) pk[i] = expf(x[i] - m_new);
+        l = l * corr + ((pk[0] + pk[1]) + (pk[2] + pk[3]));
+        uint32_t ph0, pl0, ph2, pl2;  // P as PV's A operand: keys 2c, 2c + 1 | 8 + 2c, 9 + 2c
+        split_f16x2(pk[0], pk[1], ph0, pl0);
+        split_f16x2(pk[2], pk[3], ph2, pl2);
 #pragma unroll
         for (int jd = 0; jd < 8; ++jd) {
             o[jd][0] *= corr;  // rows r (hi) and r + 8 (lo) alike
@@ -618,12 +591,9 @@ __device__ void attn_rows_mma64(const float* __restrict__ q, int q_ld, const hal
             o[jd][2] *= corr;
             o[jd][3] *= corr;
             const uint32_t sel = (jd & 1) ? 0x7632u : 0x5410u;  // half jd of each key's 8 dims
-#pragma unroll
-            for (int kt = 0; kt < KT; ++kt) {
-                const uint32_t b0 = __byte_perm(word_of(vr[4 * kt], jd >> 1), word_of(vr[4 * kt + 1], jd >> 1), sel);
-                const uint32_t b1 = __byte_perm(word_of(vr[4 * kt + 2], jd >> 1), word_of(vr[4 * kt + 3], jd >> 1), sel);
-                mma_16816(o[jd], ph0[kt], pl0[kt], ph2[kt], pl2[kt], b0, b1);
-            }
+            const uint32_t b0 = __byte_perm(word_of(vr[0], jd >> 1), word_of(vr[1], jd >> 1), sel);
+            const uint32_t b1 = __byte_perm(word_of(vr[2], jd >> 1), word_of(vr[3], jd >> 1), sel);
+            mma_16816(o[jd], ph0, pl0, ph2, pl2, b0, b1);
         }
     }
     l += __shfl_xor_sync(0xffffffffu, l, 1);
