@@ -284,6 +284,22 @@ __device__ void attn_rows(const float* __restrict__ q, int q_ld, const void* __r
             asm volatile("prefetch.global.L2 [%0];" ::"l"(static_cast<const char*>(vc) + off));
         }
     }
+    const size_t row0 = (size_t)kvh * n_ctx;
+    // K/V rows of a step; rows past the end read the last valid row (weight 0 below). The next
+    // step's rows are loaded before this step's math (long splits: one memory wait per split).
+    // The first step's load before the PDL wait when all its rows are older than the forward's
+    // first position (as in attn_rows_mma64).
+    Kv8<Q8> kr[S::E], vr[S::E], kn[S::E], vn[S::E];
+    auto load_first = [&]() {
+#pragma unroll
+        for (int e = 0; e < S::E; ++e) {
+            const size_t row = row0 + min(j0 + r0 + e * S::ROWS_PER_PASS, j1 - 1);
+            kn[e].load(kc, kd, row, seg, HD);
+            vn[e].load(vc, vd, row, seg, HD);
+        }
+    };
+    const bool early = active && min(j0 + S::CHUNK, j1) <= pos[0];
+    if (early) load_first();
     pdl_entry();
     for (int i = tid; i < G * HD; i += ATTN_THREADS) {
         const int hh = i / HD, d = i % HD;
@@ -298,18 +314,7 @@ __device__ void attn_rows(const float* __restrict__ q, int q_ld, const void* __r
 #pragma unroll
         for (int e = 0; e < 8; ++e) o[hh][e] = 0.0f;
 
-    const size_t row0 = (size_t)kvh * n_ctx;
-    // K/V rows of a step; rows past the end read the last valid row (weight 0 below). The next
-    // step's rows are loaded before this step's math (long splits: one memory wait per split).
-    Kv8<Q8> kr[S::E], vr[S::E], kn[S::E], vn[S::E];
-    if (active) {
-#pragma unroll
-        for (int e = 0; e < S::E; ++e) {
-            const size_t row = row0 + min(j0 + r0 + e * S::ROWS_PER_PASS, j1 - 1);
-            kn[e].load(kc, kd, row, seg, HD);
-            vn[e].load(vc, vd, row, seg, HD);
-        }
-    }
+    if (active && !early) load_first();
     for (int c0 = j0; active && c0 < j1; c0 += S::CHUNK) {
 #pragma unroll
         for (int e = 0; e < S::E; ++e) {
