@@ -110,6 +110,18 @@ template <> struct Kv8<true> {
     }
 };
 
+// The query heads of block x (grid.x = n_kv * ceil(group / G)): kv head kvh's GQA group is cut
+// in tiles of G heads, and this block takes heads h0 .. h0 + g - 1 of it.
+struct AttnHeads {
+    int kvh, h0, g;
+};
+template <int G>
+__device__ __forceinline__ AttnHeads attn_heads(int n_head, int n_kv) {
+    const int group = n_head / n_kv, n_hgroups = (group + G - 1) / G;
+    const int kvh = blockIdx.x / n_hgroups, hg = blockIdx.x % n_hgroups;
+    return {kvh, kvh * group + hg * G, min(G, group - hg * G)};
+}
+
 // A row's split rule. Split path: its n keys go to at most ATTN_MAX_SPLITS splits of chunk * 2^k
 // keys, the smallest that fits. Cluster path (cs blocks a cluster): the row's chunks spread evenly
 // over one cluster while a split walks at most cl_chunks of them (hd256: gemma3's 512-key sliding
@@ -251,11 +263,7 @@ __device__ void attn_rows(const float* __restrict__ q, int q_ld, const void* __r
     __shared__ float m_s[G], l_s[G], corr_s[G];
     __shared__ __align__(16) float o_s[ATTN_WARPS][G][HD];
 
-    const int group = n_head / n_kv;
-    const int n_hgroups = (group + G - 1) / G;
-    const int kvh = blockIdx.x / n_hgroups, hg = blockIdx.x % n_hgroups;
-    const int h0 = kvh * group + hg * G;
-    const int g = min(G, group - hg * G);
+    const auto [kvh, h0, g] = attn_heads<G>(n_head, n_kv);
     const int s = blockIdx.y, t = blockIdx.z;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int seg = tid % S::SEGS, r0 = tid / S::SEGS;
@@ -486,11 +494,7 @@ __device__ void attn_rows_mma64(const float* __restrict__ q, int q_ld, const hal
     __shared__ __align__(16) float o_s[NW][G][HD];
     __shared__ float mw_s[NW][G], lw_s[NW][G], m_s[G], l_s[G];
 
-    const int group = n_head / n_kv;
-    const int n_hgroups = (group + G - 1) / G;
-    const int kvh = blockIdx.x / n_hgroups, hg = blockIdx.x % n_hgroups;
-    const int h0 = kvh * group + hg * G;
-    const int g = min(G, group - hg * G);
+    const auto [kvh, h0, g] = attn_heads<G>(n_head, n_kv);
     const int s = blockIdx.y, t = blockIdx.z;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
@@ -704,19 +708,17 @@ template <int HD, int G, bool Q8, bool CL>
 __device__ void attn_merge_rows(const float* __restrict__ opart, const float* __restrict__ ml,
                                 const int* __restrict__ pos, int n_head, int n_kv, int n_slots, int window,
                                 float* __restrict__ out, int8_t* __restrict__ xq, int xq_stride) {
-    const int group = n_head / n_kv;
-    const int n_hgroups = (group + G - 1) / G;
-    const int kvh = blockIdx.x / n_hgroups, hg = blockIdx.x % n_hgroups;
-    const int h0 = kvh * group + hg * G;
-    const int g = min(G, group - hg * G);
+    const auto [kvh, h0, g] = attn_heads<G>(n_head, n_kv);
     const int t = blockIdx.z;
     int start, split_len;
     constexpr int CS = attn_cluster(HD, Q8);
     const int n_act = attn_splits_of_row(pos[t], window, AttnShape<HD>::CHUNK, CL, CS, attn_cl_chunks(HD, Q8), start,
                                          split_len);
     const int n_parts = CL ? (n_act + CS - 1) / CS : n_act;
+    // Every block waits, those with nothing to merge too: if all of a launch's blocks left before
+    // the wait, the next kernel could start before the attention kernel has finished.
+    pdl_entry();
     if (n_parts == 1) return;  // attention wrote this row
-    pdl_entry();  // only the partials wait for the attention kernel (the position was final before the step)
     attn_merge_parts<HD, G, CL ? ATTN_MAX_SPLITS_CL / 8 : 16>(
         opart, ml, n_parts, n_slots, g, h0, blockIdx.y * ATTN_MERGE_DIMS, t, n_head, out, xq, xq_stride);
 }
