@@ -189,6 +189,32 @@ def test_attention_grid_covers_every_row_of_its_bucket(hd, kv_type, cluster):
             assert attn_slots(S, True, hd, kv_type) <= 8  # attn_cl_merge merges at most 8
 
 
+@pytest.mark.parametrize("cluster", [False, True])
+@pytest.mark.parametrize("hd,kv_type", [(64, "f16"), (64, "q8_0"), (256, "f16")])
+def test_attention_grid_of_a_sliding_window_covers_its_rows(hd, kv_type, cluster):
+    """A sliding-window layer takes the grid of its window (GpuOps.attention): every row of at
+    most `window` keys must fit it, for windows that are not powers of two too."""
+    for window in (16, 300, 512, 700, 2112, 4096, 5000):
+        S = attn_splits(window, hd, cluster, kv_type)
+        assert S <= attn_splits(kv_bucket(window), hd, cluster, kv_type)
+        for n in range(1, window + 1):
+            assert attn_row_splits(n, hd, cluster, kv_type) <= S, (window, n)
+
+
+@pytest.mark.parametrize("cluster", [False, True])
+def test_sliding_window_layers_need_no_merge_launch(model_paths, cluster):
+    """gemma3 at a long context: only the global layers' rows have several partials, so only they
+    launch a merge. (Every layer used to launch one, and a merge launch whose blocks all had
+    nothing to do also broke the PDL chain: see attention.cu's attn_merge_rows.)"""
+    cfg = config_from_gguf(open_gguf(model_paths["tiny-gemma3"]))
+    n_global = sum(not cfg.is_sliding(layer) for layer in range(cfg.n_layer))
+    assert 0 < n_global < cfg.n_layer
+    launches = run_forward(model_paths["tiny-gemma3"], 1, n_ctx=4096, cluster=cluster)
+    merge = "attn_cl_merge_hd256" if cluster else "attn_merge_hd256"
+    assert sum(n.startswith(merge) for n in launches) == n_global, launches
+    assert sum(n.startswith("attn_cl_hd256" if cluster else "attn_hd256") for n in launches) == cfg.n_layer
+
+
 def test_sampler_launches_match_their_kernels():
     rt = RecordingRuntime()
 

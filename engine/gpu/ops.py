@@ -166,12 +166,14 @@ def attn_row_splits(n_keys: int, head_dim: int, cluster: bool = False, kv_type: 
 
 @functools.lru_cache(maxsize=None)
 def attn_splits(bucket: int, head_dim: int, cluster: bool = False, kv_type: str = "f16") -> int:
-    """grid.y: the most splits any row of up to `bucket` keys uses, rounded up to whole clusters on
-    the cluster path (where a row's split count is not monotonic in its length: take the max)."""
+    """grid.y: the most splits any row of up to `bucket` keys uses (a row's split count is not
+    monotonic in its length on either path: take the max), in whole clusters on the cluster path.
+    `bucket` may also be a sliding window: no row of such a layer has more keys."""
+    chunk = attn_chunk(head_dim)
+    most = max(attn_row_splits(c * chunk, head_dim, cluster, kv_type) for c in range(1, -(-bucket // chunk) + 1))
     if not cluster:
-        return attn_row_splits(bucket, head_dim)
-    chunk, cs = attn_chunk(head_dim), attn_plan(head_dim, kv_type).cluster
-    most = max(attn_row_splits(c * chunk, head_dim, True, kv_type) for c in range(1, -(-bucket // chunk) + 1))
+        return most
+    cs = attn_plan(head_dim, kv_type).cluster
     return -(-most // cs) * cs
 
 
@@ -441,6 +443,8 @@ class GpuOps:
         S = self.prefill_splits if self.cluster and not cluster else self.n_splits
         if S < 1:
             raise ValueError("a prefill forward on the cluster path needs begin(..., prefill_splits)")
+        if window > 0:  # a sliding-window layer's rows have at most `window` keys: fewer splits, often no merge
+            S = min(S, attn_splits(window, hd, cluster, self.kv.kv_type))
         slots = attn_slots(S, cluster, hd, self.kv.kv_type)
         key = (T, slots, n_head, hd)
         if key not in self._attn_parts:
