@@ -443,9 +443,9 @@ class GpuOps:
         S = self.prefill_splits if self.cluster and not cluster else self.n_splits
         if S < 1:
             raise ValueError("a prefill forward on the cluster path needs begin(..., prefill_splits)")
+        slots = attn_slots(S, cluster, hd, self.kv.kv_type)  # sizes the partials every layer shares
         if window > 0:  # a sliding-window layer's rows have at most `window` keys: fewer splits, often no merge
             S = min(S, attn_splits(window, hd, cluster, self.kv.kv_type))
-        slots = attn_slots(S, cluster, hd, self.kv.kv_type)
         key = (T, slots, n_head, hd)
         if key not in self._attn_parts:
             self._attn_parts[key] = (self.new((T, slots, n_head, hd)), self.new((T, slots, n_head, 2)))
