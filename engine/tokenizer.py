@@ -263,7 +263,8 @@ def _token_bytes(v: Vocabulary, hf: HFTokenizer) -> list[bytes]:
 class StreamDecoder:
     """Turns generated ids into text piece by piece, never emitting half a UTF-8 character.
 
-    Concatenating every push (and a final flush) gives the same text as Tokenizer.decode(all ids).
+    Concatenating every push (and a final flush) gives the same text as Tokenizer.decode(all ids)
+    (with control tokens: Tokenizer.stream_decoder(control=True)).
     """
 
     def __init__(self, token_bytes: list[bytes], strip_first_space: bool):
@@ -297,6 +298,10 @@ class Tokenizer:
         self.eos_id = vocab.eos_id
         self.kind = vocab.kind
         self._token_bytes = token_bytes
+        # A reply shows control tokens (<|im_start|>, <start_of_turn>, ...) as nothing, as llama.cpp
+        # does unless asked for them; user-defined ones (<think>) stay text.
+        self._reply_bytes = [b"" if kind == TOKEN_CONTROL else data
+                             for data, kind in zip(token_bytes, vocab.token_types)]
         self._tokens = vocab.tokens
         self._strip_first_space = vocab.prepends_space
 
@@ -309,6 +314,7 @@ class Tokenizer:
         return ids
 
     def decode(self, ids: Iterable[int]) -> str:
+        """Text of ids, control tokens spelled out (encode(decode(ids)) gives them back)."""
         return self.hf.decode(list(ids), skip_special_tokens=False)
 
     def token_text(self, token_id: int) -> str:
@@ -319,8 +325,9 @@ class Tokenizer:
         """The token as the vocabulary spells it (e.g. 'Ġthe', '▁the', '<0x0A>')."""
         return self._tokens[token_id]
 
-    def stream_decoder(self) -> StreamDecoder:
-        return StreamDecoder(self._token_bytes, self._strip_first_space)
+    def stream_decoder(self, control: bool = False) -> StreamDecoder:
+        """A decoder for a reply; control=True spells control tokens out, as decode() does."""
+        return StreamDecoder(self._token_bytes if control else self._reply_bytes, self._strip_first_space)
 
 
 def _end_of_generation_ids(v: Vocabulary) -> set[int]:

@@ -125,7 +125,7 @@ def oracle_ids(oracle, text: str, add_special: bool = False) -> list[int]:
 
 
 def stream(tok, ids) -> list[str]:
-    decoder = tok.stream_decoder()
+    decoder = tok.stream_decoder(control=True)
     pieces = [decoder.push(i) for i in ids]
     pieces.append(decoder.flush())
     return pieces
@@ -209,6 +209,20 @@ def test_stream_decode_equals_full_decode_and_never_splits_a_character(model, re
         pieces = stream(tok, ids)
         assert "".join(pieces) == tok.decode(ids) == text
         assert not any("\ufffd" in p for p in pieces), text
+
+
+@pytest.mark.parametrize("model, text, shown", [
+    ("smollm2", "<|im_start|>assistant\nHi!<|im_end|>\n<|endoftext|>", "assistant\nHi!\n"),
+    ("gemma3", "<start_of_turn>model\nHi!<end_of_turn>\n<eos>", "model\nHi!\n"),
+])
+def test_reply_stream_shows_control_tokens_as_nothing(model, text, shown, request):
+    """A reply that contains a control token (a model opening a new turn, say) shows no markup, as
+    llama.cpp renders it; the control-token stream and decode() keep them."""
+    tok = request.getfixturevalue(model)
+    ids = tok.encode(text)
+    decoder = tok.stream_decoder()
+    assert "".join(decoder.push(i) for i in ids) + decoder.flush() == shown
+    assert "".join(stream(tok, ids)) == tok.decode(ids) == text
 
 
 @pytest.mark.parametrize("model", ["smollm2", "gemma3"])
