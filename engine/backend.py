@@ -3,6 +3,11 @@
 A backend owns the weights and the KV cache of one sequence. `n_past` counts the tokens in the
 cache; prefill/decode/verify append at n_past, truncate rolls it back. Logits are float32 numpy
 arrays on the host. A backend is created and used on one thread (the engine's).
+
+Everything engine/generate.py, engine/steps.py and engine/bench.py use is declared here; they
+never probe a backend for attributes. A backend that samples on the device (`samples_on_device`)
+implements the device-sampling methods; the cpu backend raises NotImplementedError from them,
+and the generation loop does not call them there.
 """
 from __future__ import annotations
 
@@ -11,8 +16,9 @@ from typing import Protocol, Sequence
 import numpy as np
 
 from memra_engine.errors import ContextOverflowError
-from memra_engine.events import VramStats
+from memra_engine.events import MoeStats, VramStats
 from memra_engine.model.config import ModelConfig
+from memra_engine.sampling import SamplingParams
 
 
 def check_tokens(tokens: Sequence[int], vocab_size: int, n_past: int, n_ctx: int) -> np.ndarray:
@@ -32,6 +38,10 @@ class Backend(Protocol):
     config: ModelConfig
     n_ctx: int
     n_past: int
+    kv_type: str            # "f16" | "q8_0" (engine/kv_type.py)
+    device_name: str        # what the chat header names: "NVIDIA H200", "AMD EPYC ... (2 threads)"
+    prefill_chunk: int      # tokens per prefill call the generation loop makes
+    samples_on_device: bool # True: set_sampling / decode_sample / the masked step pair work
 
     def prefill(self, tokens: Sequence[int], all_logits: bool = False) -> np.ndarray:
         """Append tokens; logits [vocab] for the last one, or [len(tokens), vocab] if all_logits.
@@ -51,3 +61,25 @@ class Backend(Protocol):
 
     def close(self) -> None:
         """Release weights and cache; the backend is unusable afterwards."""
+
+    def moe_stats(self) -> MoeStats | None:
+        """Expert-cache counters; None for a dense model."""
+
+    def bench_extras(self, runs: int) -> dict:
+        """Backend-specific figures for memra-bench ({} when there are none)."""
+
+    # ---- device sampling (samples_on_device only) ------------------------------------------
+    def set_sampling(self, params: SamplingParams, seed: int | None = None, use_mask: bool = False) -> int:
+        """Knobs for the next sampled steps (no recapture); returns the seed in use.
+        use_mask: the sampler applies the bitmask of the masked step pair below."""
+
+    def decode_sample(self, token: int) -> tuple[int, float]:
+        """Decode `token` at n_past and sample the next one on the device: (token id, logprob)."""
+
+    def begin_masked_step(self, token: int) -> np.ndarray:
+        """Queue the forward of `token` at n_past and return the pinned uint32 bitmask buffer that
+        the step's sampling will use: the caller fills it (engine/grammar.py layout) while the GPU
+        runs the forward, then calls finish_masked_step()."""
+
+    def finish_masked_step(self) -> tuple[int, float]:
+        """Upload the mask, sample on the device, and return (token id, logprob)."""

@@ -51,6 +51,8 @@ class EngineStats:
     n_generated: int = 0
     n_ctx_used: int = 0
     n_ctx: int = 0
+    grammar_mask_ms_median: float = 0.0  # host time per token to compute the grammar mask
+    grammar_mask_ms_p99: float = 0.0
     spec_accepted: int = 0
     spec_proposed: int = 0
     moe: MoeStats | None = None  # None: dense model

@@ -18,13 +18,15 @@ Choices this module makes, so callers know what to expect:
   EOS/EOT tokens yield no text; if text was held back when one arrives, a last TokenEvent carrying
   it (with the EOS id) is sent first.
 - Sampling knobs are read at the start of a job; Job.update_sampling() swaps them at the next step.
-- Not here yet: grammar= ends the job with an error naming the gap; spec= and draft= are accepted
-  and ignored until speculative decoding lands.
+- A grammar (engine/grammar.py) constrains every token of the reply. When it is complete the
+  reply ends with "eos"; when max_tokens or the context cut it first, with "length" (the reply is
+  then an incomplete structure, which the UI and the CLI say). Stop strings still apply.
+- How one step turns the fed token into the next is a step strategy (engine/steps.py).
+- Not here yet: spec= and draft= are accepted and ignored until speculative decoding lands.
 """
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import threading
 import time
@@ -36,10 +38,12 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from memra_engine.backend_select import choose_backend, create_backend
-from memra_engine.errors import ContextOverflowError, MemraError
+from memra_engine.errors import ContextOverflowError, GrammarError, MemraError
 from memra_engine.events import DoneEvent, EngineInfo, EngineStats, StatsEvent, TokenEvent
+from memra_engine.grammar import Grammar, GrammarTokenizer
 from memra_engine.kv_type import DEFAULT_KV_TYPE, check_kv_type
-from memra_engine.sampling import SamplingParams, make_rng, sample
+from memra_engine.sampling import SamplingParams
+from memra_engine.steps import MaskTimer, strategy_for
 
 log = logging.getLogger("memra.engine")
 
@@ -47,9 +51,6 @@ Progress = Callable[[str], None]
 Event = TokenEvent | StatsEvent | DoneEvent
 
 STATS_INTERVAL_S = 0.25
-# Tokens per prefill call: bounds scratch memory and how long cancel() waits during a prefill.
-# A backend may set its own `prefill_chunk` attribute (a GPU prefills thousands of tokens in ms).
-PREFILL_CHUNK = 128
 
 
 # ---------------------------------------------------------------------------------------- jobs
@@ -61,7 +62,7 @@ class JobRequest:
     messages: list[dict] | None = None  # chat: rendered with the template
     prompt: str | None = None  # complete: raw text
     stop: tuple[str, ...] = ()
-    grammar: object = None
+    grammar: Grammar | None = None
     spec: object = None
 
 
@@ -169,6 +170,13 @@ class LoadedModel:
     template: object | None
     backend: object
     cached_tokens: list[int] = field(default_factory=list)  # exactly what the KV cache holds
+    _grammar_tokenizer: GrammarTokenizer | None = None
+
+    def grammar_tokenizer(self) -> GrammarTokenizer:
+        """llguidance's view of the vocabulary: built on the first grammar, reused by every job."""
+        if self._grammar_tokenizer is None:
+            self._grammar_tokenizer = GrammarTokenizer(self.tokenizer, self.backend.config.vocab_size)
+        return self._grammar_tokenizer
 
 
 def open_model(g, kind: str, n_ctx: int, vram_budget, say: Progress,
@@ -206,7 +214,6 @@ def describe_model(g, path: Path, n_ctx: int, backend_kind: str, backend, has_te
     mix = Counter(getattr(t.ggml_type, "name", str(t.ggml_type)) for t in tensors)
     quant_mix = ", ".join(f"{name} x{count}" for name, count in mix.most_common())
     name = g.metadata.get("general.name") or path.stem
-    device = getattr(backend, "device_name", None) or cpu_name()
     return EngineInfo(
         model_name=str(name),
         arch=str(g.metadata.get("general.architecture", "?")),
@@ -214,21 +221,10 @@ def describe_model(g, path: Path, n_ctx: int, backend_kind: str, backend, has_te
         quant_mix=quant_mix,
         n_ctx=n_ctx,
         backend=backend_kind,
-        device_name=str(device),
+        device_name=str(backend.device_name),
         has_chat_template=has_template,
-        kv_type=getattr(backend, "kv_type", DEFAULT_KV_TYPE),
+        kv_type=backend.kv_type,
     )
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return f"{line.split(':', 1)[1].strip()} ({os.cpu_count()} threads)"
-    except OSError:
-        pass
-    return f"CPU ({os.cpu_count()} threads)"
 
 
 # ---------------------------------------------------------------------------------------- engine
@@ -298,13 +294,15 @@ class Engine:
     # -- the public API (any thread) --------------------------------------------------------------
 
     def chat(
-        self, messages: list[dict], sampling: SamplingParams, grammar=None, spec=None, stop: Sequence[str] = ()
+        self, messages: list[dict], sampling: SamplingParams, grammar: Grammar | None = None, spec=None,
+        stop: Sequence[str] = (),
     ) -> Job:
         request = JobRequest(sampling, messages=[dict(m) for m in messages], stop=tuple(stop), grammar=grammar, spec=spec)
         return self._submit(Job(request))
 
-    def complete(self, prompt: str, sampling: SamplingParams, stop: Sequence[str] = ()) -> Job:
-        return self._submit(Job(JobRequest(sampling, prompt=prompt, stop=tuple(stop))))
+    def complete(self, prompt: str, sampling: SamplingParams, stop: Sequence[str] = (),
+                 grammar: Grammar | None = None) -> Job:
+        return self._submit(Job(JobRequest(sampling, prompt=prompt, stop=tuple(stop), grammar=grammar)))
 
     def stats(self) -> EngineStats:
         with self._stats_lock:
@@ -372,6 +370,8 @@ class Engine:
     def _run(self, model: LoadedModel, job: Job) -> None:
         try:
             Generation(model, job, self._publish).run()
+        except GrammarError as err:  # the cache holds exactly what was fed: keep it
+            job._put(DoneEvent("error", str(err)))
         except MemraError as err:
             self._forget_cache(model)
             job._put(DoneEvent("error", str(err)))
@@ -410,12 +410,15 @@ class Generation:
         self.decode_s = 0.0
         self.n_decoded = 0
         self.last_stats = self.started
+        self.mask_timer = MaskTimer()
 
     def run(self) -> None:
         self.sampling.validate()
         request = self.job.request
+        # the matcher first: a grammar that cannot start ends the job before any work
+        constraint = None
         if request.grammar is not None:
-            raise MemraError("grammar-constrained decoding is not available yet")
+            constraint = self.model.grammar_tokenizer().constraint(request.grammar)
         prompt = self.prompt_tokens()
         n_ctx = self.model.backend.n_ctx
         if not prompt:
@@ -426,7 +429,7 @@ class Generation:
 
         if not self.prefill(prompt[:-1]):
             return self.finish("cancelled")
-        self.decode_loop(prompt)
+        self.decode_loop(prompt, constraint)
 
     # -- prompt ------------------------------------------------------------------------------------
 
@@ -453,7 +456,7 @@ class Generation:
         keep = common_prefix_len(model.cached_tokens, head)
         backend.truncate(keep)
         model.cached_tokens = model.cached_tokens[:keep]
-        step = getattr(backend, "prefill_chunk", PREFILL_CHUNK)
+        step = backend.prefill_chunk
         for start in range(keep, len(head), step):
             if self.job.cancelled:
                 return False
@@ -467,20 +470,14 @@ class Generation:
 
     # -- decode ------------------------------------------------------------------------------------
 
-    def decode_loop(self, prompt: list[int]) -> None:
-        """Feed a token, get the next one, stream it. A backend with `decode_sample` (cuda) runs the
-        forward pass and the sampler as one graph launch and returns only the token id; otherwise the
-        CPU sampler draws from the step's logits. A fixed seed repeats a reply on the same backend
-        (DESIGN.md §5 rule 6), not across backends."""
+    def decode_loop(self, prompt: list[int], constraint) -> None:
+        """Feed a token, get the next one from the step strategy (engine/steps.py), stream it.
+        A fixed seed repeats a reply on the same backend (DESIGN.md §5 rule 6), not across backends."""
         model, backend, params = self.model, self.model.backend, self.sampling
         tokenizer = model.tokenizer
         eos_ids = set(tokenizer.eos_ids)
-        on_device = hasattr(backend, "decode_sample")
-        if on_device:
-            seed = backend.set_sampling(params, seed=params.seed)
-        else:
-            rng = make_rng(params.seed)
         history = list(prompt)
+        strategy = strategy_for(backend, params, history, constraint, self.mask_timer)
         decoder = tokenizer.stream_decoder()
         stops = StopMatcher(self.job.request.stop)
         fed, n_generated = prompt[-1], 0
@@ -490,13 +487,9 @@ class Generation:
             update = self.job.take_sampling_update()
             if update is not None:
                 params = update
-                if on_device:  # a fresh counter stream, so draws never repeat
-                    seed = backend.set_sampling(params, seed=(seed + n_generated) % 2**63)
+                strategy.set_params(params, n_generated)
             t0 = time.perf_counter()
-            if on_device:
-                token, logprob = backend.decode_sample(fed)
-            else:
-                logits = backend.decode(fed)
+            token, logprob = strategy.step(fed)
             dt = time.perf_counter() - t0
             model.cached_tokens.append(fed)
             if n_generated == 0:  # the prompt's last token
@@ -505,8 +498,6 @@ class Generation:
             else:
                 self.decode_s += dt
                 self.n_decoded += 1
-            if not on_device:
-                token, logprob = sample(logits, params, history, rng)
             n_generated += 1
             if n_generated == 1:
                 self.stats.time_to_first_token_s = time.perf_counter() - self.started
@@ -522,13 +513,14 @@ class Generation:
                 if text:
                     self.job._put(TokenEvent(text, token, logprob))
                 return self.finish("stop")
+            complete = constraint is not None and constraint.done  # only end-of-text may follow
             # the sampled token is fed back at position n_past; stop when it no longer fits
-            last = n_generated >= params.max_tokens or backend.n_past >= backend.n_ctx
+            last = complete or n_generated >= params.max_tokens or backend.n_past >= backend.n_ctx
             if last:
                 text += stops.flush() + flush_decoder(decoder)
             self.job._put(TokenEvent(text, token, logprob))
             if last:
-                return self.finish("length")
+                return self.finish("eos" if complete else "length")
             fed = token
             if time.perf_counter() - self.last_stats >= STATS_INTERVAL_S:
                 self.job._put(StatsEvent(self.snapshot()))
@@ -542,9 +534,11 @@ class Generation:
         stats.decode_tok_s = self.n_decoded / self.decode_s if self.decode_s > 0 else 0.0
         stats.n_ctx_used = backend.n_past
         stats.vram = backend.memory_stats()
-        moe_stats = getattr(backend, "moe_stats", None)
-        if moe_stats is not None:
-            stats.moe = moe_stats()
+        stats.moe = backend.moe_stats()
+        if self.mask_timer.seconds:
+            ms = np.asarray(self.mask_timer.seconds) * 1e3
+            stats.grammar_mask_ms_median = float(np.median(ms))
+            stats.grammar_mask_ms_p99 = float(np.percentile(ms, 99))
         snap = replace(stats)
         self.publish(snap)
         return snap

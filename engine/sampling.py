@@ -3,9 +3,12 @@
 SamplingParams is plain data: the UI edits it, the engine reads it at the start of a job.
 
 The sampler applies llama.cpp's default `common_sampler` chain, minus the samplers we do not have
-(DRY, top-n-sigma, typical-p, XTC):
+(DRY, top-n-sigma, typical-p, XTC), after the grammar mask when a grammar constrains the reply:
 
-    penalties -> top_k -> top_p -> min_p -> temperature -> draw
+    grammar mask -> penalties -> top_k -> top_p -> min_p -> temperature -> draw
+
+0. the grammar mask (engine/grammar.py), when given, sets every disallowed logit to -inf, so a
+   masked token is never drawn and the filters and temperature act on the allowed tokens only.
 
 1. penalties, over the last `repeat_last_n` tokens of the history (prompt + reply so far;
    -1 = the whole history, 0 = off). For each token seen c > 0 times in that window:
@@ -147,42 +150,57 @@ def min_p_filter(ids: np.ndarray, logits: np.ndarray, min_p: float) -> tuple[np.
     return ids[keep], logits[keep]
 
 
+def apply_mask(logits: np.ndarray, allowed: np.ndarray | None) -> np.ndarray:
+    """allowed: bool [vocab] from the grammar (None: no grammar). Disallowed logits become -inf."""
+    logits = np.asarray(logits, dtype=np.float32)
+    if allowed is None:
+        return logits
+    if not allowed.any():
+        raise ValueError("the grammar allows no token here")
+    return np.where(allowed[: logits.shape[0]], logits, np.float32(-np.inf))
+
+
 def filtered_candidates(
-    logits: np.ndarray, params: SamplingParams, history: Sequence[int]
+    logits: np.ndarray, params: SamplingParams, history: Sequence[int], allowed: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Penalties then top_k -> top_p -> min_p. Returns (ids, penalised logits) of the survivors."""
-    logits = apply_penalties(np.asarray(logits, dtype=np.float32), params, history)
+    """Mask, penalties, then top_k -> top_p -> min_p. Returns (ids, penalised logits) of the survivors."""
+    logits = apply_penalties(apply_mask(logits, allowed), params, history)
     ids, logits = top_k_filter(None, logits, params.top_k)
     ids, logits = top_p_filter(ids, logits, params.top_p)
     ids, logits = min_p_filter(ids, logits, params.min_p)
+    finite = np.isfinite(logits)  # top_k over fewer allowed tokens than k keeps some -inf ones
+    if not finite.all():
+        ids, logits = ids[finite], logits[finite]
     return ids, logits
 
 
 def final_distribution(
-    logits: np.ndarray, params: SamplingParams, history: Sequence[int]
+    logits: np.ndarray, params: SamplingParams, history: Sequence[int], allowed: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """The distribution `sample` draws from, as (ids, probabilities); for temperature > 0 only.
 
     Speculative decoding and the statistical tests need it as a whole.
     """
-    ids, kept = filtered_candidates(logits, params, history)
+    ids, kept = filtered_candidates(logits, params, history, allowed)
     return ids, softmax(kept / params.temperature)
 
 
 def sample(
-    logits: np.ndarray, params: SamplingParams, history: Sequence[int], rng: np.random.Generator
+    logits: np.ndarray, params: SamplingParams, history: Sequence[int], rng: np.random.Generator,
+    allowed: np.ndarray | None = None,
 ) -> tuple[int, float]:
     """Pick the next token. Returns (token id, log-probability of it under the final distribution).
+    allowed: the grammar's bool mask over the vocabulary (None: no grammar).
 
     For temperature 0 the final distribution is a point mass; the logprob reported is then that of
     the argmax under the penalised softmax at temperature 1, which says how sure the model was.
     """
     if params.temperature <= 0.0:
-        penalised = apply_penalties(np.asarray(logits, dtype=np.float32), params, history)
+        penalised = apply_penalties(apply_mask(logits, allowed), params, history)
         token = int(np.argmax(penalised))
         # float32 is enough here: every term is <= 1 and numpy sums pairwise
         return token, float(-np.log(np.exp(penalised - penalised[token]).sum(dtype=np.float64)))
-    ids, probs = final_distribution(logits, params, history)
+    ids, probs = final_distribution(logits, params, history, allowed)
     # Inverse-CDF draw: one uniform per token keeps a seeded job reproducible.
     cdf = np.cumsum(probs)
     pick = min(int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right")), ids.shape[0] - 1)

@@ -220,12 +220,14 @@ def setup_logging(log_file: Path) -> None:
     root.setLevel(logging.INFO)
 
 
-def run_app(model: str | None, backend: str, n_ctx: int, resume: bool, kv_type: str = "f16") -> int:
-    """Open the chat app on `model` (None: the default model). Returns the process exit code."""
+def run_app(model: str | None, backend: str, n_ctx: int, resume: bool, kv_type: str = "f16", grammar=None) -> int:
+    """Open the chat app on `model` (None: the default model). Returns the process exit code.
+    grammar: a memra_engine.grammar.Grammar from the command line, active for the chat's replies."""
     from memra_engine.generate import Engine
 
     paths = AppPaths.default()
     setup_logging(paths.log_file)
     app = MemraApp(model, backend, n_ctx, resume, paths=paths, load_engine=Engine.load, kv_type=kv_type)
+    app.initial_grammar = grammar
     code = app.run()
     return app.return_code if code is None else int(code)

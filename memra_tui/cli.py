@@ -58,6 +58,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", "-s", type=int, default=None, metavar="S",
                    help="random seed: the same seed gives the same reply (default: random)")
 
+    g = p.add_argument_group("grammar (every reply then parses; llama.cpp's flag names)")
+    one = g.add_mutually_exclusive_group()
+    one.add_argument("--json", action="store_true", help="reply with any JSON object")
+    one.add_argument("--json-schema", "-j", metavar="TEXT", help="reply with JSON that validates against this schema")
+    one.add_argument("--json-schema-file", metavar="FILE", help="the JSON schema, from a file")
+    one.add_argument("--grammar-file", metavar="FILE", help="a GBNF grammar file (a .lark file is read as Lark)")
+    one.add_argument("--regex", metavar="RE", help="reply with text that matches RE as a whole")
+
     e = p.add_argument_group("engine")
     e.add_argument("--backend", choices=("auto", "cpu", "cuda"), default="auto",
                    help="auto takes the GPU when usable, else the CPU (default auto)")
@@ -90,26 +98,45 @@ def sampling_from(args: argparse.Namespace) -> SamplingParams:
     return params
 
 
+def grammar_from(args: argparse.Namespace):
+    """The grammar the flags ask for, checked now (before the model loads), or None."""
+    from memra_engine.grammar import Grammar
+
+    if args.json:
+        return Grammar.json()
+    if args.json_schema is not None:
+        return Grammar.json_schema(args.json_schema)
+    if args.json_schema_file is not None:
+        return Grammar.from_file(args.json_schema_file, kind="json_schema")
+    if args.grammar_file is not None:
+        path = Path(args.grammar_file)
+        return Grammar.from_file(path, kind="lark" if path.suffix.lower() == ".lark" else "gbnf")
+    if args.regex is not None:
+        return Grammar.regex(args.regex)
+    return None
+
+
 def run_headless(args: argparse.Namespace) -> int:
     from memra_engine.generate import Engine
 
     params = sampling_from(args)
+    grammar = grammar_from(args)
     engine = Engine.load(args.model, backend=args.backend, n_ctx=args.ctx, kv_type=args.kv_type, progress=say)
     try:
         if args.raw:
-            job = engine.complete(args.prompt, params, stop=args.stop)
+            job = engine.complete(args.prompt, params, stop=args.stop, grammar=grammar)
         else:
             if not engine.info.has_chat_template:
                 say("completion mode (model has no chat template)")
             messages = [{"role": "system", "content": args.system}] if args.system else []
             messages.append({"role": "user", "content": args.prompt})
-            job = engine.chat(messages, params, stop=args.stop)
-        return stream(job, args.stats)
+            job = engine.chat(messages, params, stop=args.stop, grammar=grammar)
+        return stream(job, args.stats, grammar)
     finally:
         engine.close()
 
 
-def stream(job, show_stats: bool) -> int:
+def stream(job, show_stats: bool, grammar=None) -> int:
     last_text, stats = "", None
     try:
         for event in job:
@@ -125,6 +152,9 @@ def stream(job, show_stats: bool) -> int:
                 sys.stdout.flush()
                 if event.reason == "error":
                     raise MemraError(event.error)
+                if grammar is not None and event.reason == "length":
+                    say(f"{PROG}: the structured reply ({grammar.label}) is incomplete: it was cut by "
+                        "--max-tokens or the context")
                 if show_stats and stats is not None:
                     say(f"[{event.reason}] {stats.n_generated} tokens, decode {stats.decode_tok_s:.1f} tok/s, "
                         f"prefill {stats.prefill_tok_s:.1f} tok/s, first token {stats.time_to_first_token_s:.2f} s, "
@@ -144,9 +174,10 @@ def run(args: argparse.Namespace) -> int:
         return 0
     check_kv_type(args.kv_type)  # before the UI opens: a bad value is one line on stderr
     if args.prompt is None:
+        grammar = grammar_from(args)  # an invalid one: one line on stderr, no UI
         from memra_tui.app import run_app  # lazy: the headless path must not load Textual
 
-        return run_app(args.model, args.backend, args.ctx, args.resume, args.kv_type)
+        return run_app(args.model, args.backend, args.ctx, args.resume, args.kv_type, grammar=grammar)
     return run_headless(args)
 
 

@@ -43,6 +43,11 @@ class ScriptedBackend:
     `script`, if given, forces the reply: after the prompt, position i gets a peak at script[i].
     """
 
+    kv_type = "f16"
+    device_name = "scripted"
+    prefill_chunk = 128
+    samples_on_device = False
+
     def __init__(self, n_ctx: int = 256, script: list[int] | None = None, step_s: float = 0.0):
         self.n_ctx = n_ctx
         self.n_past = 0
@@ -88,6 +93,9 @@ class ScriptedBackend:
     def memory_stats(self) -> VramStats:
         return VramStats(process_rss=1)
 
+    def moe_stats(self):
+        return None
+
     def close(self) -> None:
         self.closed = True
 
@@ -102,12 +110,14 @@ class DeviceSamplingBackend(ScriptedBackend):
     decode_sample). Sampling here uses the CPU sampler with a seeded rng and the cache as history,
     as the device does, and counts calls so tests can see which path the engine took."""
 
+    samples_on_device = True
+
     def __init__(self, **kw):
         super().__init__(**kw)
         self.calls = {"set_sampling": 0, "sample_logits": 0, "decode_sample": 0, "decode": 0}
         self.seeds: list[int] = []
 
-    def set_sampling(self, params, seed=None, mask=None) -> int:
+    def set_sampling(self, params, seed=None, use_mask=False) -> int:
         from memra_engine.sampling import make_rng
 
         self.calls["set_sampling"] += 1
@@ -132,3 +142,17 @@ class DeviceSamplingBackend(ScriptedBackend):
     def decode_sample(self, token: int):
         self.calls["decode_sample"] += 1
         return self._draw(super().decode(token))
+
+    def begin_masked_step(self, token: int) -> np.ndarray:
+        self.calls.setdefault("masked", 0)
+        self.calls["masked"] += 1
+        self._masked_logits = super().decode(token)
+        self.mask_words = np.zeros(4, np.uint32)  # 128 tokens
+        return self.mask_words
+
+    def finish_masked_step(self):
+        from memra_engine.grammar import unpack_mask
+        from memra_engine.sampling import sample
+
+        allowed = unpack_mask(self.mask_words, 128)
+        return sample(self._masked_logits, self.params, self.tokens, self.rng, allowed)

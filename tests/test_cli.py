@@ -118,6 +118,9 @@ def test_no_prompt_hands_over_to_the_ui(monkeypatch):
     from memra_tui import cli
 
     calls = []
-    monkeypatch.setattr(memra_tui.app, "run_app", lambda *args: calls.append(args) or 7)
+    monkeypatch.setattr(memra_tui.app, "run_app", lambda *args, **kw: calls.append((args, kw)) or 7)
     assert cli.main(["model.gguf", "--backend", "cpu", "--ctx", "2048", "--resume"]) == 7
-    assert calls == [("model.gguf", "cpu", 2048, True, "f16")]
+    assert calls == [(("model.gguf", "cpu", 2048, True, "f16"), {"grammar": None})]
+    calls.clear()
+    assert cli.main(["model.gguf", "--regex", "[0-9]+"]) == 7
+    assert calls[0][1]["grammar"].kind == "regex" and calls[0][1]["grammar"].source == "[0-9]+"

@@ -372,14 +372,14 @@ def test_context_is_capped_at_the_training_context(tiny_llama_path):
     assert any("256-token context" in note for note in notes)
 
 
-def test_long_prompts_are_prefilled_in_chunks():
-    from memra_engine.generate import PREFILL_CHUNK
-
-    backend = ScriptedBackend(n_ctx=1024)
-    with fake_engine(backend) as eng:
-        run(eng, "y" * (2 * PREFILL_CHUNK + 9), SamplingParams(temperature=0.0, max_tokens=2))
-    # BOS + prompt, less the last token, which the decode step feeds
-    assert backend.prefill_calls == [PREFILL_CHUNK, PREFILL_CHUNK, 9]
+def test_long_prompts_are_prefilled_in_the_backends_chunks():
+    for chunk in (128, 512):
+        backend = ScriptedBackend(n_ctx=2048)
+        backend.prefill_chunk = chunk
+        with fake_engine(backend) as eng:
+            run(eng, "y" * (2 * chunk + 9), SamplingParams(temperature=0.0, max_tokens=2))
+        # BOS + prompt, less the last token, which the decode step feeds
+        assert backend.prefill_calls == [chunk, chunk, 9]
 
 
 def test_device_sampling_backend_samples_in_its_decode_step():

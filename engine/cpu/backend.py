@@ -1,6 +1,7 @@
 """CpuBackend: the numpy reference backend (Backend protocol, engine/backend.py)."""
 from __future__ import annotations
 
+import os
 from typing import Sequence
 
 import numpy as np
@@ -12,7 +13,7 @@ from memra_engine.cpu.kv_cache import KvCache
 from memra_engine.cpu.ops import CpuOps
 from memra_engine.cpu.weights import DEFAULT_BUDGET_BYTES, CpuWeights
 from memra_engine.errors import ContextOverflowError
-from memra_engine.events import VramStats
+from memra_engine.events import MoeStats, VramStats
 from memra_engine.kv_type import DEFAULT_KV_TYPE, check_kv_type
 from memra_engine.model import arch_module
 from memra_engine.model.config import config_from_gguf
@@ -32,6 +33,9 @@ DECODE_BLAS_THREADS = 1
 
 
 class CpuBackend:
+    prefill_chunk = 128        # per generation-loop call: bounds how long cancel() waits in a prefill
+    samples_on_device = False  # the generation loop samples on the host (engine/sampling.py)
+
     def __init__(self, g: GGUFFile, n_ctx: int, weight_budget_bytes: int = DEFAULT_BUDGET_BYTES,
                  kv_type: str = DEFAULT_KV_TYPE):
         cfg = self.config = config_from_gguf(g)
@@ -52,6 +56,7 @@ class CpuBackend:
         self.ops = CpuOps(self.kv)
         self.forward = arch_module(cfg.arch).forward
         self.blas = ThreadpoolController()
+        self.device_name = cpu_name()
 
     def prefill(self, tokens: Sequence[int], all_logits: bool = False) -> np.ndarray:
         ids = self.check_tokens(tokens)
@@ -84,8 +89,27 @@ class CpuBackend:
     def memory_stats(self) -> VramStats:
         return VramStats(process_rss=psutil.Process().memory_info().rss)
 
+    def moe_stats(self) -> MoeStats | None:
+        return None
+
+    def bench_extras(self, runs: int) -> dict:
+        return {}
+
     def close(self) -> None:
         self.weights = self.kv = self.ops = None
+
+    # the host samples for this backend (Backend protocol: samples_on_device is False)
+    def set_sampling(self, params, seed=None, use_mask=False) -> int:
+        raise NotImplementedError("the cpu backend samples on the host")
+
+    def decode_sample(self, token: int) -> tuple[int, float]:
+        raise NotImplementedError("the cpu backend samples on the host")
+
+    def begin_masked_step(self, token: int) -> np.ndarray:
+        raise NotImplementedError("the cpu backend samples on the host")
+
+    def finish_masked_step(self) -> tuple[int, float]:
+        raise NotImplementedError("the cpu backend samples on the host")
 
     # --- internals ------------------------------------------------------------------------------
     def check_tokens(self, tokens: Sequence[int]) -> np.ndarray:
@@ -96,3 +120,14 @@ class CpuBackend:
         logits = self.forward(self.ops, self.weights, self.config, ids, positions, last_only)
         self.n_past += len(ids)
         return logits
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return f"{line.split(':', 1)[1].strip()} ({os.cpu_count()} threads)"
+    except OSError:
+        pass
+    return f"CPU ({os.cpu_count()} threads)"

@@ -14,6 +14,13 @@ feeds the token it was given, its step is already queued or done; anything else 
 truncate, prefill, new knobs, ...) first settles the queue: waits for it and rewinds the Philox
 counter by the steps dropped, their one lasting effect (their KV rows and history entries sit at
 positions >= n_past, which real steps overwrite before anything reads them).
+
+With a grammar the sampling of step t+1 needs a mask the host computes from token t, so a step is
+two graphs: the forward (the token is already in the device step buffer) and the sampler. The
+masked step pair (begin_masked_step / finish_masked_step) uploads the mask, launches the sampler
+and then, before it waits for the token, the next step's forward: while the host advances the
+matcher and computes the next mask, the GPU runs that forward. Only the forward runs ahead, so
+there is no Philox counter to rewind.
 """
 from __future__ import annotations
 
@@ -56,10 +63,12 @@ class CudaBackend:
             raise UnsupportedModelError(f"head dimension {cfg.head_dim} has no CUDA attention kernel (have {HEAD_DIMS})")
         self.n_ctx, self.n_past, self.use_graphs = n_ctx, 0, use_graphs
         self.forward = arch_module(cfg.arch).forward
-        self.graphs: dict[tuple[int, bool], CudaGraph] = {}
-        self.speculate = True   # decode_sample queues steps ahead (see the module doc)
+        self.graphs: dict[tuple, CudaGraph] = {}
+        self.run_ahead = True   # decode_sample queues steps ahead; masked steps queue the next forward
         self._ahead: list[tuple[int, int]] = []  # queued steps: (position, out slot), oldest first
         self._fed = -1          # the token the oldest queued step decodes (the one last returned)
+        self._forward_ahead: tuple[int, int] | None = None  # masked path: (position, token) queued
+        self._queued_logits_ptr = 0  # where the last queued forward leaves its logits
         self.pool = None
         self.rt = GpuRuntime(progress=progress)
         try:
@@ -95,6 +104,8 @@ class CudaBackend:
         self.out_slots = [rt.pinned(1, OUT_DTYPE) for _ in range(AHEAD_STEPS)]  # one per queued step
         self.out_events = [rt.cuda.Event() for _ in range(AHEAD_STEPS)]
         self.logits_host = rt.pinned((1, cfg.vocab_size), np.float32)
+        self.mask_host = rt.pinned(self.sampler.mask_words, np.uint32)  # the masked step's bitmask
+        self.device_name = rt.device_name
         rt.resolve_all()
         rt.synchronize()
 
@@ -177,12 +188,79 @@ class CudaBackend:
             rt.close()
             self.rt = None
 
+    prefill_chunk = PREFILL_CHUNK
+    samples_on_device = True
+
+    def moe_stats(self):
+        return None  # dense models only, so far
+
     # ---- sampling on the device --------------------------------------------------------------
-    def set_sampling(self, params: SamplingParams, seed: int | None = None, mask: np.ndarray | None = None) -> int:
-        """Write the device parameter block (no recapture); returns the seed in use."""
+    def set_sampling(self, params: SamplingParams, seed: int | None = None, use_mask: bool = False) -> int:
+        """Write the device parameter block (no recapture); returns the seed in use. use_mask: the
+        sampler applies the bitmask (the masked step pair uploads it per step)."""
         self._settle()
-        self.sampler.set_mask(mask)
-        return self.sampler.set_params(params, seed, use_mask=mask is not None)
+        self.sampler.set_mask(None)
+        return self.sampler.set_params(params, seed, use_mask=use_mask)
+
+    def begin_masked_step(self, token: int) -> np.ndarray:
+        """Queue the forward of `token` at n_past (already queued when it is the token the last
+        finish_masked_step returned) and return the pinned mask buffer for its sampling. The buffer
+        is free: the last upload from it ran before the last sampler, which the host waited for."""
+        ids = self._check([token])
+        if self._forward_ahead != (self.n_past, int(ids[0])):
+            self._settle()
+            self._write_step(int(ids[0]))
+            self._launch_forward(self.n_past)
+        return self.mask_host
+
+    def finish_masked_step(self) -> tuple[int, float]:
+        """Upload the mask, sample, queue the next forward (its token is written by the sampler on
+        the device), then wait for this step's token."""
+        rt = self.rt
+        rt.upload_async(self.sampler.mask_ptr, self.mask_host)
+        if self.use_graphs:
+            self._sample_graph(self._queued_logits_ptr).launch(rt)
+        else:
+            self._launch_sampler(self._queued_logits_ptr)
+        rt.cuda.memcpy_dtoh_async(self.out_host, self.sampler.out_ptr, rt.stream)
+        self.out_events[0].record(rt.stream)
+        pos = self.n_past + 1
+        ahead = self.run_ahead and pos < self.n_ctx
+        if ahead:
+            self._launch_forward(pos)
+        self.out_events[0].synchronize()
+        self.n_past = pos
+        token, logprob = int(self.out_host[0]["token"]), float(self.out_host[0]["logprob"])
+        self._forward_ahead = (pos, token) if ahead else None
+        return token, logprob
+
+    def _launch_forward(self, pos: int) -> None:
+        """Queue the forward of the token in the device step buffer, at position pos; its logits
+        stay on the device for the sampler."""
+        n_splits = self.splits_for(pos + 1)
+        if self.use_graphs:
+            graph = self._graph(n_splits, sample=False)
+            graph.launch(self.rt)
+            self._queued_logits_ptr = graph.logits_ptr
+        else:
+            logits = self._forward(1, self.step_ptr, self.step_ptr + 4, n_splits, last_only=True)
+            self._queued_logits_ptr = logits.ptr
+
+    def _launch_sampler(self, logits_ptr: int) -> None:
+        self.sampler.launch(logits_ptr, self.history_ptr, self.step_ptr + 4,
+                            token_io_ptr=self.step_ptr, pos_io_ptr=self.step_ptr + 4)
+
+    def _sample_graph(self, logits_ptr: int) -> CudaGraph:
+        """The sampler alone, on the logits a forward graph leaves at logits_ptr."""
+        key = ("sample", logits_ptr)
+        graph = self.graphs.get(key)
+        if graph is None:
+            graph = CudaGraph()
+            self.rt.synchronize()
+            with graph.capture(self.rt):
+                self._launch_sampler(logits_ptr)
+            self.graphs[key] = graph
+        return graph
 
     def decode_sample(self, token: int) -> tuple[int, float]:
         """Decode `token` at n_past and sample the next one on the device, in one graph launch.
@@ -204,7 +282,7 @@ class CudaBackend:
         return token_out, logprob
 
     def _fill_queue(self) -> None:
-        while self.speculate and 0 < len(self._ahead) < AHEAD_STEPS and self._ahead[-1][0] + 1 < self.n_ctx:
+        while self.run_ahead and 0 < len(self._ahead) < AHEAD_STEPS and self._ahead[-1][0] + 1 < self.n_ctx:
             self._queue_step(self._ahead[-1][0] + 1)  # its token: written by the step before, on the device
 
     def _queue_step(self, pos: int) -> None:
@@ -217,10 +295,15 @@ class CudaBackend:
         self._ahead.append((pos, slot))
 
     def _settle(self) -> None:
-        """Drop the queued steps: wait for them and rewind the Philox counter they advanced."""
+        """Drop the queued steps: wait for them and rewind the Philox counter they advanced. A
+        queued masked-path forward only wrote rows past n_past: wait for it (its step buffer
+        upload must not be overwritten early)."""
         if self._ahead:
             self.sampler.rewind_counter(len(self._ahead))
             self._ahead = []
+        if self._forward_ahead is not None:
+            self.rt.synchronize()
+            self._forward_ahead = None
 
     def sample_logits(self, logits: np.ndarray) -> tuple[int, float]:
         """Sample from host logits (the prefill's last row) with the device sampler."""

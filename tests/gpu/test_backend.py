@@ -173,7 +173,7 @@ def test_decode_sample_ahead_changes_nothing(backends):
     prompt = list(range(20, 45))
 
     def script(ahead):
-        gpu.speculate = ahead
+        gpu.run_ahead = ahead
         gpu.truncate(0)
         gpu.prefill(prompt)
         gpu.set_sampling(SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0), seed=11)
