@@ -6,7 +6,9 @@
 #   shapes, and print a short table last. Logs go to $OUT (the device tool brings them back).
 # Usage: bash scripts/device_run.sh [pytest args...]     MEMRA_BENCH=0 skips the benchmarks,
 #        MEMRA_TESTS=0 skips the tests, MEMRA_BENCH_FIRST=1 runs the benchmarks before the tests,
-#        MEMRA_BENCH_SAMPLER=1 times the sampler alone (scripts/bench_sampler.py).
+#        MEMRA_BENCH_SAMPLER=1 times the sampler alone (scripts/bench_sampler.py),
+#        MEMRA_BENCH_GRAMMAR=1 runs scripts/bench_grammar.py (decode with / without a JSON schema)
+#        on each benchmark shape (MEMRA_BENCH_SHAPES="smollm2-135m llama-8b" picks the shapes).
 #        Model parts in .models/ (scripts/model_parts.py) are joined first, for tests/gpu/test_real_model_gpu.py.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -47,7 +49,7 @@ run_tests() {
 run_bench() {
   if [ "${MEMRA_BENCH:-1}" != 0 ]; then
     mkdir -p /tmp/models
-    for shape in smollm2-135m gemma3-270m; do
+    for shape in ${MEMRA_BENCH_SHAPES:-smollm2-135m gemma3-270m}; do
       stamp "synthetic $shape"
       [ -f "/tmp/models/$shape.gguf" ] || python3 -m memra_engine.model.synthetic "/tmp/models/$shape.gguf" \
           --preset "$shape" --quiet >> "$OUT/misc.log" 2>&1 || { tail -5 "$OUT/misc.log"; continue; }
@@ -55,6 +57,10 @@ run_bench() {
       python3 -m memra_engine.bench "/tmp/models/$shape.gguf" --backend cuda --ctx-depth 4096 --runs 5 --json \
         > "$OUT/bench-$shape.json" 2>> "$OUT/misc.log" || { tail -5 "$OUT/misc.log"; continue; }
       bench_rows+=("$shape")
+      if [ "${MEMRA_BENCH_GRAMMAR:-0}" != 0 ]; then
+        stamp "grammar bench $shape"
+        python3 scripts/bench_grammar.py "/tmp/models/$shape.gguf" --backend cuda --runs 5 > "$OUT/grammar-$shape.txt" 2>&1
+      fi
       if [ "${MEMRA_PROFILE:-0}" != 0 ]; then
         stamp "profile $shape"
         python3 scripts/profile_decode.py "/tmp/models/$shape.gguf" --ctx 128 --ctx 4096 > "$OUT/profile-$shape.txt" 2>&1
@@ -76,6 +82,7 @@ echo "== memra on $(nvidia-smi --query-gpu=name --format=csv,noheader) =="
 [ -f "$OUT/pytest.log" ] && echo "pytest -m gpu: $(tail -1 "$OUT/pytest.log") (rc $test_rc)"
 for f in "$OUT"/profile-*.txt; do [ -f "$f" ] && head -14 "$f"; done
 [ -f "$OUT/sampler.txt" ] && tail -12 "$OUT/sampler.txt"
+for f in "$OUT"/grammar-*.txt; do [ -f "$f" ] && echo "${f##*/}" && tail -6 "$f"; done
 for shape in "${bench_rows[@]}"; do
   python3 - "$OUT/bench-$shape.json" "$shape" <<'PY'
 import json, sys
