@@ -195,7 +195,12 @@ class GrammarTokenizer:
         llg = _llg()
         self.n_vocab = n_vocab
         self.words = -(-n_vocab // 32)
-        self.ll = llg.LLTokenizer(tokenizer.hf.to_str(), n_vocab=n_vocab, eos_token=sorted(tokenizer.eos_ids))
+        eos = sorted(tokenizer.eos_ids)
+        try:
+            self.ll = llg.LLTokenizer(tokenizer.hf.to_str(), n_vocab=n_vocab, eos_token=eos)
+        except TypeError:  # llguidance before 1.7 takes one end-of-text id: the model's own EOS
+            main = tokenizer.eos_id if tokenizer.eos_id in tokenizer.eos_ids else eos[0]
+            self.ll = llg.LLTokenizer(tokenizer.hf.to_str(), n_vocab=n_vocab, eos_token=main)
 
     def constraint(self, grammar: Grammar) -> "GrammarConstraint":
         return GrammarConstraint(self, grammar)

@@ -23,7 +23,9 @@ COLORS = "(red|green|blue|black|white)( (red|green|blue|black|white)){3}"
 SCHEMA = {"type": "object", "properties": {"animal": {"enum": ["fox", "cat", "owl"]},
                                            "legs": {"type": "integer", "minimum": 0, "maximum": 8},
                                            "name": {"type": "string", "maxLength": 8}},
-          "required": ["animal", "legs", "name"], "additionalProperties": False}
+          "required": ["animal", "legs", "name"], "additionalProperties": False,
+          # compact separators: a random-weight model otherwise fills the flexible whitespace until max_tokens
+          "x-guidance": {"whitespace_flexible": False}}
 
 
 @pytest.fixture(scope="module")
