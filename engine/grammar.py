@@ -143,7 +143,11 @@ class Grammar:
         if is_error or messages:
             # warnings too: llguidance warns where it would ignore part of a schema (an unknown
             # format, an unsupported keyword), and a reply that ignores the schema is not wanted
-            raise GrammarError(f"invalid {KIND_LABELS[kind]}: {one_line(messages[0])}")
+            message = one_line(messages[0])
+            if kind == "regex" and "regex parse error" in message:
+                # the position is inside llguidance's wrapper grammar; the regex crate's words are enough
+                message = f"{source!r}: {message.rsplit('error: ', 1)[-1]}"
+            raise GrammarError(f"invalid {KIND_LABELS[kind]}: {message}")
         return cls(kind, source, name, compiled)
 
     # -- plain data ---------------------------------------------------------------------------
