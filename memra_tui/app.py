@@ -19,6 +19,7 @@ from textual.binding import Binding
 from textual.message import Message
 
 from memra_engine.errors import MemraError
+from memra_engine.grammar import Grammar
 from memra_engine.sampling import SamplingParams
 from memra_tui.chats import Chat, ChatStore
 from memra_tui.commands import MemraCommands
@@ -66,13 +67,14 @@ class MemraApp(App[int]):
 
     def __init__(self, model: str | None, backend: str = "auto", n_ctx: int = 4096, resume: bool = False, *,
                  paths: AppPaths, load_engine: EngineLoader, clock: Callable[[], float] = time.time,
-                 picker_root: Path | None = None, kv_type: str = "f16") -> None:
+                 picker_root: Path | None = None, kv_type: str = "f16", grammar: Grammar | None = None) -> None:
         super().__init__()
         self.model = model
         self.backend = backend
         self.n_ctx = n_ctx
         self.kv_type = kv_type
         self.resume = resume
+        self.initial_grammar = grammar  # from the command line: the grammar of the chat it opens, and of new chats
         self.paths = paths
         self.load_engine = load_engine
         self.clock = clock
@@ -137,12 +139,15 @@ class MemraApp(App[int]):
                 self.notify(line, severity="warning", timeout=10)
             if chat is None:
                 self.notify("no saved chat to resume; starting a new one", timeout=4)
+            elif self.initial_grammar is not None:  # asked for on this command line: it wins over the saved one
+                chat.grammar = self.initial_grammar.to_dict()
         self.switch_screen(ChatScreen(chat or self.new_chat(), self.engine.info, self.sampling))
 
     # -- chats and settings --------------------------------------------------------------------
     def new_chat(self) -> Chat:
         model_path = self.model or (self.engine.info.model_name if self.engine else "")
-        return self.store.new_chat(str(model_path), self.sampling.to_dict())
+        grammar = self.initial_grammar.to_dict() if self.initial_grammar is not None else None
+        return self.store.new_chat(str(model_path), self.sampling.to_dict(), grammar)
 
     def save_chat(self, chat: Chat) -> None:
         chat.sampling = self.sampling.to_dict()
@@ -220,14 +225,15 @@ def setup_logging(log_file: Path) -> None:
     root.setLevel(logging.INFO)
 
 
-def run_app(model: str | None, backend: str, n_ctx: int, resume: bool, kv_type: str = "f16", grammar=None) -> int:
+def run_app(model: str | None, backend: str, n_ctx: int, resume: bool, kv_type: str = "f16",
+            grammar: Grammar | None = None) -> int:
     """Open the chat app on `model` (None: the default model). Returns the process exit code.
     grammar: a memra_engine.grammar.Grammar from the command line, active for the chat's replies."""
     from memra_engine.generate import Engine
 
     paths = AppPaths.default()
     setup_logging(paths.log_file)
-    app = MemraApp(model, backend, n_ctx, resume, paths=paths, load_engine=Engine.load, kv_type=kv_type)
-    app.initial_grammar = grammar
+    app = MemraApp(model, backend, n_ctx, resume, paths=paths, load_engine=Engine.load, kv_type=kv_type,
+                   grammar=grammar)
     code = app.run()
     return app.return_code if code is None else int(code)

@@ -23,6 +23,7 @@ class ChatMessage:
     error: str = ""
     created: float = 0.0
     sampling: dict | None = None  # assistant: the knobs that produced this reply
+    grammar: dict | None = None  # assistant: the grammar that constrained it (Grammar.to_dict())
 
     @classmethod
     def from_dict(cls, d: dict) -> "ChatMessage":
@@ -35,6 +36,7 @@ class ChatMessage:
             error=str(d.get("error", "")),
             created=float(d.get("created", 0.0)),
             sampling=d.get("sampling"),
+            grammar=d.get("grammar"),
         )
 
 
@@ -45,6 +47,9 @@ class Chat:
     model_path: str = ""
     system_prompt: str = ""
     sampling: dict = field(default_factory=dict)
+    # Grammar.to_dict() of the grammar for this chat's replies, None for off. Kept as saved: the
+    # chat screen rebuilds it, and a grammar that no longer builds turns off without losing the chat.
+    grammar: dict | None = None
     messages: list[ChatMessage] = field(default_factory=list)
     created: float = 0.0
     updated: float = 0.0
@@ -71,6 +76,7 @@ class Chat:
             model_path=str(data.get("model_path", "")),
             system_prompt=str(data.get("system_prompt", "")),
             sampling=dict(data.get("sampling") or {}),
+            grammar=data.get("grammar"),
             messages=[ChatMessage.from_dict(m) for m in data.get("messages", [])],
             created=float(data.get("created", 0.0)),
             updated=float(data.get("updated", 0.0)),
@@ -83,6 +89,8 @@ class Chat:
             lines += ["## System", "", self.system_prompt, ""]
         for m in self.messages:
             note = "" if m.status == "done" else f" ({m.status})"
+            if m.status == "length" and m.grammar:
+                note = " (length, structured reply incomplete)"
             lines += [f"## {m.role.capitalize()}{note}", "", m.content, ""]
         return "\n".join(lines)
 
@@ -101,7 +109,7 @@ class ChatStore:
     def path_of(self, chat_id: str) -> Path:
         return self.dir / f"{chat_id}.json"
 
-    def new_chat(self, model_path: str, sampling: dict) -> Chat:
+    def new_chat(self, model_path: str, sampling: dict, grammar: dict | None = None) -> Chat:
         now = self.clock()
         base = time.strftime("%Y%m%d-%H%M%S", time.gmtime(now))
         chat_id, n = base, 1
@@ -109,7 +117,7 @@ class ChatStore:
         while self.path_of(chat_id).exists():
             n += 1
             chat_id = f"{base}-{n}"
-        return Chat(id=chat_id, model_path=model_path, sampling=sampling, created=now, updated=now)
+        return Chat(id=chat_id, model_path=model_path, sampling=sampling, grammar=grammar, created=now, updated=now)
 
     def save(self, chat: Chat, touch: bool = True) -> None:
         if touch:

@@ -14,6 +14,7 @@ COMMANDS = [
     ("System prompt", "set the system prompt of this chat", "screen.system_prompt"),
     ("Chats", "open, rename, delete or export saved chats", "screen.chats"),
     ("Knobs", "edit sampling parameters", "screen.knobs"),
+    ("Grammar", "constrain replies: JSON, a JSON schema, a regex, Lark or GBNF", "screen.grammar"),
     ("Toggle panes", "show or hide the engine and knobs panes", "screen.toggle_panes"),
     ("Copy reply", "copy the last reply to the clipboard", "screen.copy_reply"),
     ("Copy code block", "copy the last code block of the last reply", "screen.copy_code"),

@@ -3,7 +3,8 @@
 It plays scripted replies at a set token rate from its own background thread, with fake but
 deterministic stats (decode/prefill speed, VRAM pool or process memory, an optional MoE cache),
 so the UI can be developed, snapshot-tested and benchmarked without a model. Every job records
-the messages and SamplingParams it was given.
+the messages, SamplingParams and Grammar it was given (job.grammar); a grammar does not change the
+scripted reply, which ends with "length" when max_tokens cuts it, as a constrained one would.
 """
 from __future__ import annotations
 

@@ -19,7 +19,9 @@ from textual.screen import Screen
 from textual.timer import Timer
 from textual.widgets import Footer, Label, TabbedContent, TabPane
 
+from memra_engine.errors import GrammarError
 from memra_engine.events import DoneEvent, EngineInfo, EngineStats, StatsEvent, TokenEvent
+from memra_engine.grammar import Grammar
 from memra_engine.sampling import SamplingParams
 from memra_tui.chats import Chat, ChatMessage, title_from
 from memra_tui.screens.chat_list import ChatListScreen
@@ -45,6 +47,20 @@ def describe_knobs(p: SamplingParams) -> str:
             f" · max {p.max_tokens}")
 
 
+def load_chat_grammar(chat: Chat) -> tuple[Grammar | None, str]:
+    """The chat's saved grammar, built again; one line to show instead when it no longer builds."""
+    saved = chat.grammar
+    if saved is None:
+        return None, ""
+    try:
+        fields = ("kind", "source", "name")
+        if not isinstance(saved, dict) or not all(isinstance(saved.get(k, ""), str) for k in fields):
+            raise GrammarError("not a grammar record")
+        return Grammar.from_dict(saved), ""
+    except GrammarError as e:
+        return None, f"this chat's saved grammar could not be used ({e}); grammar off"
+
+
 class ChatScreen(Screen):
     BINDINGS = [
         Binding("f1", "app.help", "Help"),  # repeated from the app so the footer shows it early
@@ -62,6 +78,7 @@ class ChatScreen(Screen):
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-wide")]
 
     streaming: reactive[bool] = reactive(False)
+    grammar: reactive[Grammar | None] = reactive(None)  # for the next reply; the header and knobs show it
     panes_shown: reactive[bool | None] = reactive(None)  # None: decided by the terminal width
 
     def __init__(self, chat: Chat, info: EngineInfo, sampling: SamplingParams) -> None:
@@ -69,6 +86,9 @@ class ChatScreen(Screen):
         self.chat = chat
         self.info = info
         self.sampling = sampling
+        grammar, self._grammar_note = load_chat_grammar(chat)
+        self.set_reactive(ChatScreen.grammar, grammar)
+        self._reply_grammar: Grammar | None = None  # the grammar of the reply in flight
         self.editing_index: int | None = None  # index of the user message being edited
         self.decode_history: list[float] = []
         self._job = None
@@ -84,7 +104,7 @@ class ChatScreen(Screen):
 
     # -- layout --------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
-        yield EngineHeader(self.info)
+        yield EngineHeader(self.info, self.grammar).data_bind(ChatScreen.grammar)
         with Horizontal(id="body"):
             with Vertical(id="chat-column"):
                 yield Transcript(id="transcript")
@@ -95,12 +115,18 @@ class ChatScreen(Screen):
                 with TabPane("Engine", id="engine-tab"):
                     yield EnginePanes(self.info.n_ctx, id="engine-panes")
                 with TabPane("Knobs", id="knobs-tab"):
-                    yield KnobsPane(self.sampling, id="knobs")
+                    yield KnobsPane(self.sampling, self.grammar, id="knobs").data_bind(ChatScreen.grammar)
         yield Footer()
 
     async def on_mount(self) -> None:
         await self.query_one(Transcript).show_chat(self.chat)
         self.query_one(Composer).focus()
+        self._show_grammar_note()
+
+    def _show_grammar_note(self) -> None:
+        if self._grammar_note:
+            self.notify(self._grammar_note, severity="warning", timeout=10, markup=False)
+            self._grammar_note = ""
 
     def watch_panes_shown(self, shown: bool | None) -> None:
         self.set_class(shown is True, "-panes-shown")
@@ -131,10 +157,12 @@ class ChatScreen(Screen):
     async def _start_reply(self) -> None:
         engine = self.app.engine
         self._buffer = ReplyBuffer()
-        self._reply_view = await self.query_one(Transcript).add_message(ChatMessage("assistant", ""))
+        self._reply_grammar = self.grammar
+        self._reply_view = await self.query_one(Transcript).add_message(
+            ChatMessage("assistant", "", grammar=self._reply_grammar_dict()))
         self._reply_view.start_stream()
         self._reply_started = time.perf_counter()
-        self._job = engine.chat(self.chat.engine_messages(), sampling=self.sampling)
+        self._job = engine.chat(self.chat.engine_messages(), sampling=self.sampling, grammar=self._reply_grammar)
         self.streaming = True
         self._stream_job(self._job, self._buffer)
 
@@ -210,7 +238,8 @@ class ChatScreen(Screen):
         await view.end_stream(status, done.error)
         if view.text or status != "error":
             self.chat.messages.append(ChatMessage("assistant", view.text, status=status, error=done.error,
-                                                  created=self.app.clock(), sampling=self.sampling.to_dict()))
+                                                  created=self.app.clock(), sampling=self.sampling.to_dict(),
+                                                  grammar=self._reply_grammar_dict()))
         else:  # nothing came back: keep the error on screen, but do not save an empty reply
             self.notify(f"reply failed: {done.error}", severity="error", timeout=8)
         if self._last_stats is not None and status in ("done", "length", "stopped") and self._last_stats.n_generated:
@@ -220,13 +249,17 @@ class ChatScreen(Screen):
         self.streaming = False
         self.app.save_chat(self.chat)
 
+    def _reply_grammar_dict(self) -> dict | None:
+        return self._reply_grammar.to_dict() if self._reply_grammar is not None else None
+
     def abandon_reply(self) -> None:
         """On quit: cancel the reply in flight and save what arrived, marked stopped."""
         if self._job is None:
             return
         self._job.cancel()
         self.chat.messages.append(ChatMessage("assistant", self._buffer.text, status="stopped",
-                                              created=self.app.clock(), sampling=self.sampling.to_dict()))
+                                              created=self.app.clock(), sampling=self.sampling.to_dict(),
+                                              grammar=self._reply_grammar_dict()))
         self._job = None
         self.streaming = False
         self.app.save_chat(self.chat)
@@ -287,8 +320,10 @@ class ChatScreen(Screen):
     async def open_chat(self, chat: Chat) -> None:
         self._end_edit()
         self.chat = chat
+        self.grammar, self._grammar_note = load_chat_grammar(chat)
         await self.query_one(Transcript).show_chat(chat)
         self.query_one(Composer).focus()
+        self._show_grammar_note()
 
     def action_toggle_panes(self) -> None:
         shown = self.panes_shown if self.panes_shown is not None else self.has_class("-wide")
@@ -298,6 +333,11 @@ class ChatScreen(Screen):
         self.panes_shown = True
         self.query_one(TabbedContent).active = "knobs-tab"
         self.query_one("#knob-temperature").focus()
+
+    def action_grammar(self) -> None:
+        self.panes_shown = True
+        self.query_one(TabbedContent).active = "knobs-tab"
+        self.query_one("#knob-grammar").focus()
 
     def action_chats(self) -> None:
         if self._refuse_while_streaming():
@@ -351,3 +391,11 @@ class ChatScreen(Screen):
         if self._job is not None and hasattr(self._job, "update_sampling"):
             self._job.update_sampling(event.params)  # the reply in flight takes them at its next step
         self.app.set_sampling_defaults(event.params)
+
+    @on(KnobsPane.GrammarChosen)
+    def _grammar_chosen(self, event: KnobsPane.GrammarChosen) -> None:
+        self.grammar = event.grammar
+        self.chat.grammar = event.grammar.to_dict() if event.grammar is not None else None
+        self.app.save_chat(self.chat)
+        shown = f"grammar {event.grammar.label}" if event.grammar is not None else "grammar off"
+        self.notify(f"{shown} (from the next reply on)", timeout=3, markup=False)

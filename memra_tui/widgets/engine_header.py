@@ -1,10 +1,12 @@
-"""The top line: which model runs, on what."""
+"""The top line: which model runs, on what, and the grammar the chat's replies follow."""
 from __future__ import annotations
 
+from textual.content import Content
 from textual.reactive import reactive
 from textual.widgets import Static
 
 from memra_engine.events import EngineInfo
+from memra_engine.grammar import Grammar
 
 
 def describe_params(n: int) -> str:
@@ -16,15 +18,21 @@ class EngineHeader(Static):
     EngineHeader { dock: top; height: 1; background: $panel; color: $text; padding: 0 1; text-wrap: nowrap; text-overflow: ellipsis; }
     """
     info: reactive[EngineInfo | None] = reactive(None)
+    grammar: reactive[Grammar | None] = reactive(None)  # bound to the chat screen's
 
-    def __init__(self, info: EngineInfo, **kwargs) -> None:
+    def __init__(self, info: EngineInfo, grammar: Grammar | None = None, **kwargs) -> None:
         super().__init__(**kwargs)
         self.set_reactive(EngineHeader.info, info)
+        self.set_reactive(EngineHeader.grammar, grammar)
 
-    def render(self) -> str:
+    def render(self) -> str | Content:
         i = self.info
         if i is None:
             return "memra"
         kv = f" · KV {i.kv_type}" if i.kv_type != "f16" else ""  # the default goes unsaid
-        return (f"[b]memra[/b] │ [b]{i.model_name}[/b] │ {i.arch} {describe_params(i.n_params)} │ {i.backend} · "
-                f"{i.device_name}{kv} │ {i.quant_mix}")
+        # next to the model, so a narrow terminal cuts the quant mix first, not the grammar; the
+        # label goes in as a variable because a pattern's brackets are not markup
+        label = self.grammar.label if self.grammar is not None else ""
+        grammar = " │ [b $accent]grammar $grammar[/]" if label else ""
+        return Content.from_markup(f"[b]memra[/b] │ [b]{i.model_name}[/b]{grammar} │ {i.arch} {describe_params(i.n_params)}"
+                                   f" │ {i.backend} · {i.device_name}{kv} │ {i.quant_mix}", grammar=label)

@@ -1,5 +1,7 @@
-"""The sampling knobs. Each field is validated as it is typed, using SamplingParams.validate(), so
-the pane and the engine agree on what is allowed; an invalid value is refused with the reason."""
+"""The sampling knobs and the grammar. Each field is validated as it is typed, using
+SamplingParams.validate(), so the pane and the engine agree on what is allowed; an invalid value
+is refused with the reason. The grammar is the chat screen's: the pane shows it and asks for a new
+one (GrammarChosen); a grammar that does not build is refused where it is chosen."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -12,7 +14,10 @@ from textual.reactive import reactive
 from textual.validation import ValidationResult, Validator
 from textual.widgets import Button, Input, Label, Select, Static
 
+from memra_engine.errors import GrammarError
+from memra_engine.grammar import Grammar
 from memra_engine.sampling import SamplingParams
+from memra_tui.screens.grammar_pick import GrammarPickScreen
 from memra_tui.settings import PRESETS
 
 # (field, label, parser); the parser turns the field text into the SamplingParams value.
@@ -29,6 +34,20 @@ KNOBS = [
     ("max_tokens", "max tokens", int),
 ]
 NOT_YET = "not yet supported by the engine"
+GRAMMAR_CHOICES = [("off", "off"), ("JSON", "json"), ("JSON schema file…", "json_schema"), ("regex…", "regex"),
+                   ("Lark file…", "lark"), ("GBNF file…", "gbnf")]
+PICKED_KINDS = ("json_schema", "regex", "lark", "gbnf")  # these ask which file or pattern
+
+
+def grammar_choice(grammar: Grammar | None) -> str:
+    return "off" if grammar is None else grammar.kind
+
+
+def grammar_detail(grammar: Grammar | None) -> str:
+    """What the kind alone does not say: the file's name, or the pattern."""
+    if grammar is None:
+        return ""
+    return grammar.name or (f"/{grammar.source}/" if grammar.kind == "regex" else "")
 
 
 def parse_knob(kind, text: str):
@@ -76,9 +95,15 @@ class KnobsPane(VerticalScroll):
     KnobsPane .not-yet { color: $text-disabled; text-style: italic; }
     KnobsPane #knob-grammar { height: 1; }
     KnobsPane SelectCurrent { border: none; height: 1; padding: 0 1; }
+    KnobsPane #grammar-detail { display: none; }
+    KnobsPane #grammar-detail.-shown { display: block; }
+    KnobsPane #grammar-source { width: 1fr; height: 1; padding: 0 0 0 2; color: $text-muted;
+                                text-wrap: nowrap; text-overflow: ellipsis; }
+    KnobsPane #grammar-change { min-width: 0; width: auto; height: 1; border: none; margin: 0 0 0 1; }
     """
 
     params: reactive[SamplingParams] = reactive(SamplingParams, init=False)
+    grammar: reactive[Grammar | None] = reactive(None, init=False)  # bound to the chat screen's
 
     class Changed(Message):
         """The knobs now hold a new, valid set of parameters."""
@@ -87,9 +112,17 @@ class KnobsPane(VerticalScroll):
             super().__init__()
             self.params = params
 
-    def __init__(self, params: SamplingParams, **kwargs) -> None:
+    class GrammarChosen(Message):
+        """The user chose a grammar that builds (None: off), for the replies from the next one on."""
+
+        def __init__(self, grammar: Grammar | None) -> None:
+            super().__init__()
+            self.grammar = grammar
+
+    def __init__(self, params: SamplingParams, grammar: Grammar | None = None, **kwargs) -> None:
         super().__init__(**kwargs)
         self.set_reactive(KnobsPane.params, params)
+        self.set_reactive(KnobsPane.grammar, grammar)
 
     def compose(self) -> ComposeResult:
         with Horizontal(id="presets"):
@@ -103,12 +136,19 @@ class KnobsPane(VerticalScroll):
             yield Static("", id=f"error-{field}", classes="knob-error")
         with Horizontal(classes="knob"):
             yield Label("grammar")
-            yield Select([("off", "off")], value="off", allow_blank=False, disabled=True, id="knob-grammar",
+            yield Select(GRAMMAR_CHOICES, value=grammar_choice(self.grammar), allow_blank=False, id="knob-grammar",
                          compact=True)
+        with Horizontal(classes="knob", id="grammar-detail"):
+            yield Static("", id="grammar-source", markup=False)
+            yield Button("change…", id="grammar-change", compact=True)
+        yield Static("", id="error-grammar", classes="knob-error", markup=False)
         with Horizontal(classes="knob"):
             yield Label("spec depth")
             yield Input("0", disabled=True, id="knob-spec-depth", compact=True)
-        yield Static(f"grammar and speculative depth: {NOT_YET}", classes="not-yet")
+        yield Static(f"speculative depth: {NOT_YET}", classes="not-yet")
+
+    def on_mount(self) -> None:
+        self._show_grammar(self.grammar)
 
     def _field_of(self, field_input: Input):
         field = (field_input.id or "").removeprefix("knob-")
@@ -162,3 +202,50 @@ class KnobsPane(VerticalScroll):
         self.params = params
         for field, _, _ in KNOBS:
             self.query_one(f"#knob-{field}", Input).value = show_knob(getattr(params, field))
+
+    # -- grammar ---------------------------------------------------------------------------------
+    def watch_grammar(self, grammar: Grammar | None) -> None:
+        self._show_grammar(grammar)
+
+    def _show_grammar(self, grammar: Grammar | None) -> None:
+        with self.prevent(Select.Changed):  # showing the grammar is not choosing one
+            self.query_one("#knob-grammar", Select).value = grammar_choice(grammar)
+        self.query_one("#grammar-source", Static).update(grammar_detail(grammar))
+        self.query_one("#grammar-detail").set_class(grammar is not None and grammar.kind in PICKED_KINDS, "-shown")
+
+    @on(Select.Changed, "#knob-grammar")
+    def _grammar_kind_chosen(self, event: Select.Changed) -> None:
+        event.stop()
+        if event.value == grammar_choice(self.grammar):
+            return  # the Select was set to what is already active (on mount)
+        self.query_one("#error-grammar", Static).remove_class("-shown")
+        if event.value in PICKED_KINDS:
+            self._pick_grammar(str(event.value))
+            return
+        try:
+            grammar = Grammar.json() if event.value == "json" else None
+        except GrammarError as e:
+            self._refuse_grammar(str(e))
+            return
+        self.post_message(self.GrammarChosen(grammar))
+
+    @on(Button.Pressed, "#grammar-change")
+    def _change_pressed(self, event: Button.Pressed) -> None:
+        event.stop()
+        if self.grammar is not None:
+            self._pick_grammar(self.grammar.kind)
+
+    def _pick_grammar(self, kind: str) -> None:
+        def picked(grammar: Grammar | None) -> None:
+            if grammar is None:  # cancelled: the grammar stays as it was
+                self._show_grammar(self.grammar)
+            else:
+                self.post_message(self.GrammarChosen(grammar))
+
+        self.app.push_screen(GrammarPickScreen(kind, self.grammar), picked)
+
+    def _refuse_grammar(self, message: str) -> None:
+        error = self.query_one("#error-grammar", Static)
+        error.update(f"✗ {message} (not applied)")
+        error.add_class("-shown")
+        self._show_grammar(self.grammar)

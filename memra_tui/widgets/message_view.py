@@ -99,12 +99,14 @@ class MessageView(Vertical):
     MessageView > .status.-error { color: $error; }
     """
 
-    def __init__(self, role: str, content: str = "", status: str = "done", error: str = "") -> None:
+    def __init__(self, role: str, content: str = "", status: str = "done", error: str = "",
+                 structured: bool = False) -> None:
         super().__init__(classes=f"-{role}")
         self.role = role
         self.text = content
         self._status = status
         self._error = error
+        self.structured = structured  # a grammar constrained it: cut short, it does not parse
 
     def compose(self) -> ComposeResult:
         yield Label("You" if self.role == "user" else "Assistant", classes="role")
@@ -120,6 +122,8 @@ class MessageView(Vertical):
         text = STATUS_TEXT.get(self._status, self._status)
         if self._status == "error" and self._error:
             text = f"{text}: {self._error}"
+        if self._status == "length" and self.structured:
+            text = f"{text} · structured reply incomplete"
         label.update(text)
         label.set_class(bool(text), "-shown")
         label.set_class(self._status == "error", "-error")

@@ -24,7 +24,8 @@ class Transcript(VerticalScroll):
         widgets = []
         if chat.system_prompt:
             widgets.append(Label(f"system: {chat.system_prompt}", classes="system"))
-        widgets += [MessageView(m.role, m.content, m.status, m.error) for m in chat.messages]
+        widgets += [MessageView(m.role, m.content, m.status, m.error, structured=bool(m.grammar))
+                    for m in chat.messages]
         if not widgets:
             widgets.append(Label("Type a message below; Enter sends, Ctrl+J adds a line. F1 lists every key.",
                                  classes="empty"))
@@ -33,7 +34,8 @@ class Transcript(VerticalScroll):
 
     async def add_message(self, message: ChatMessage) -> MessageView:
         await self.query(".empty").remove()
-        view = MessageView(message.role, message.content, message.status, message.error)
+        view = MessageView(message.role, message.content, message.status, message.error,
+                           structured=bool(message.grammar))
         await self.mount(view)
         self.anchor()
         return view

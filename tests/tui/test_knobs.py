@@ -1,11 +1,11 @@
 """The knobs pane: a change reaches the next job exactly, bad values are refused at the field,
-presets apply, and the knobs are the defaults at the next start."""
+presets apply, and the knobs are the defaults at the next start. (The grammar: test_grammar.py.)"""
 from __future__ import annotations
 
 import json
 
 import pytest
-from textual.widgets import Input, Static
+from textual.widgets import Input, Select, Static
 from tui_helpers import send, wait_for, wait_ready
 
 from memra_engine.sampling import SamplingParams
@@ -97,10 +97,12 @@ async def test_a_change_mid_reply_reaches_the_running_job(make_app):
         app.engine.jobs[0].release()
 
 
-async def test_grammar_and_spec_depth_are_shown_disabled(make_app):
+async def test_grammar_is_live_and_spec_depth_is_shown_disabled(make_app):
+    # the grammar selector itself is tested in test_grammar.py
     app = make_app(Script(tokens_per_s=3000))
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_ready(pilot)
-        assert app.screen.query_one("#knob-grammar").disabled
+        grammar = app.screen.query_one("#knob-grammar", Select)
+        assert not grammar.disabled and grammar.value == "off"
         assert app.screen.query_one("#knob-spec-depth").disabled
-        assert "not yet supported by the engine" in str(app.screen.query_one(".not-yet").render())
+        assert str(app.screen.query_one(".not-yet").render()) == "speculative depth: not yet supported by the engine"

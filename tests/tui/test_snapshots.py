@@ -118,3 +118,41 @@ def test_layout_80x24_with_panes(snap_compare, make_app):
         await hold_still(pilot)
 
     assert snap_compare(make_app(mid_stream_script()), terminal_size=(80, 24), run_before=run_before)
+
+
+def test_structured_reply_cut_short(snap_compare, make_app, paths):
+    """A JSON schema from the command line: the header names it, the knobs pane shows it, and a
+    reply cut at max tokens says the structured reply is incomplete."""
+    from memra_engine.grammar import Grammar
+    from memra_engine.sampling import SamplingParams
+    from memra_tui.screens.grammar_pick import example_grammars
+    from memra_tui.settings import save_sampling_defaults
+
+    save_sampling_defaults(paths, SamplingParams(max_tokens=6))
+    (person,) = example_grammars("json_schema")
+
+    async def run_before(pilot):
+        await wait_ready(pilot)
+        await send(pilot, "who are you?")
+        await pilot.press("f3")
+        await pilot.pause(0.2)
+        await hold_still(pilot)
+
+    app = make_app(Script(tokens_per_s=3000), grammar=Grammar.from_file(person, kind="json_schema"))
+    assert snap_compare(app, terminal_size=(120, 36), run_before=run_before)
+
+
+def test_grammar_picker_offers_the_examples(snap_compare, make_app):
+    async def run_before(pilot):
+        from textual.widgets import Select
+
+        await wait_ready(pilot)
+        await pilot.press("f3")
+        pilot.app.screen.query_one("#knob-grammar", Select).value = "json_schema"
+        await wait_for(pilot, lambda: pilot.app.screen.query("#grammar-text"))
+        pilot.app.screen.query_one("#grammar-text").focus()
+        await pilot.press("enter")  # nothing typed: the screen says what it needs
+        await pilot.pause(0.2)
+        await hold_still(pilot)
+
+    assert snap_compare(make_app(Script(tokens_per_s=3000)), terminal_size=(100, 30), run_before=run_before)
