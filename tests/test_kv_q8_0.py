@@ -151,7 +151,7 @@ def test_memra_chat_ui_gets_the_kv_type(monkeypatch, capsys):
     from memra_tui import cli
 
     calls = []
-    monkeypatch.setattr(memra_tui.app, "run_app", lambda *args: calls.append(args) or 0)
+    monkeypatch.setattr(memra_tui.app, "run_app", lambda *args, grammar=None: calls.append(args) or 0)
     assert cli.main(["model.gguf", "--kv-type", "q8_0"]) == 0
     assert calls == [("model.gguf", "auto", 4096, False, "q8_0")]
     assert cli.main(["model.gguf", "--kv-type", "f32"]) == 1  # refused before the UI opens
@@ -176,8 +176,8 @@ def test_header_names_a_non_default_kv_type():
     from memra_tui.widgets.engine_header import EngineHeader
 
     info = EngineInfo("m", "llama", 135_000_000, "Q8_0 x1", 4096, "cuda", "GPU", True)
-    assert "KV" not in EngineHeader(info).render()
-    assert "cuda · GPU · KV q8_0 │" in EngineHeader(replace(info, kv_type="q8_0")).render()
+    assert "KV" not in EngineHeader(info).render().plain
+    assert "cuda · GPU · KV q8_0 │" in EngineHeader(replace(info, kv_type="q8_0")).render().plain
 
 
 # --- the GPU side, without a GPU -------------------------------------------------------------------
