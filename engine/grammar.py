@@ -28,6 +28,10 @@ from memra_engine.errors import GrammarError
 KINDS = ("json", "json_schema", "regex", "lark", "gbnf")
 KIND_LABELS = {"json": "JSON", "json_schema": "JSON schema", "regex": "regex", "lark": "Lark", "gbnf": "GBNF"}
 ANY_JSON_SCHEMA = {"type": "object"}  # llama.cpp's --json: any JSON object
+# Whitespace between JSON tokens, as llama.cpp's JSON grammars bound it: one space, or a newline and
+# up to 20 spaces/tabs of indent. Unbounded whitespace lets a small model at a high temperature
+# pad a reply with blank lines until max_tokens. A schema's own "x-guidance" options override it.
+JSON_WHITESPACE = r"( |\n[ \t]{0,20})?"
 
 
 def _llg():
@@ -63,7 +67,7 @@ class Grammar:
     @classmethod
     def json(cls) -> "Grammar":
         """Any JSON object (llama.cpp's --json)."""
-        return cls._build("json", "", "", lambda llg: llg.LLMatcher.grammar_from_json_schema(ANY_JSON_SCHEMA))
+        return cls._build("json", "", "", lambda llg: json_grammar(llg, ANY_JSON_SCHEMA))
 
     @classmethod
     def json_schema(cls, schema: dict | str, name: str = "") -> "Grammar":
@@ -77,7 +81,7 @@ class Grammar:
         if not isinstance(parsed, (dict, bool)):
             raise GrammarError("a JSON schema must be a JSON object")
         source = json.dumps(parsed, separators=(",", ":"))
-        return cls._build("json_schema", source, name, lambda llg: llg.LLMatcher.grammar_from_json_schema(parsed))
+        return cls._build("json_schema", source, name, lambda llg: json_grammar(llg, parsed))
 
     @classmethod
     def regex(cls, pattern: str, name: str = "") -> "Grammar":
@@ -178,6 +182,13 @@ class Grammar:
         if kind == "gbnf":
             return cls.gbnf(source, name=name)
         raise GrammarError(f"unknown grammar kind {kind!r}")
+
+
+def json_grammar(llg, schema) -> str:
+    try:
+        return llg.LLMatcher.grammar_from_json_schema(schema, defaults={"whitespace_pattern": JSON_WHITESPACE})
+    except TypeError:  # an llguidance without compile options: its own flexible whitespace
+        return llg.LLMatcher.grammar_from_json_schema(schema)
 
 
 def kind_for_file(path: Path) -> str:
