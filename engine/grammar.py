@@ -28,10 +28,6 @@ from memra_engine.errors import GrammarError
 KINDS = ("json", "json_schema", "regex", "lark", "gbnf")
 KIND_LABELS = {"json": "JSON", "json_schema": "JSON schema", "regex": "regex", "lark": "Lark", "gbnf": "GBNF"}
 ANY_JSON_SCHEMA = {"type": "object"}  # llama.cpp's --json: any JSON object
-# Whitespace between JSON tokens, as llama.cpp's JSON grammars bound it: one space, or a newline and
-# up to 20 spaces/tabs of indent. Unbounded whitespace lets a small model at a high temperature
-# pad a reply with blank lines until max_tokens. A schema's own "x-guidance" options override it.
-JSON_WHITESPACE = r"( |\n[ \t]{0,20})?"
 
 
 def _llg():
@@ -185,10 +181,10 @@ class Grammar:
 
 
 def json_grammar(llg, schema) -> str:
-    try:
-        return llg.LLMatcher.grammar_from_json_schema(schema, defaults={"whitespace_pattern": JSON_WHITESPACE})
-    except TypeError:  # an llguidance without compile options: its own flexible whitespace
-        return llg.LLMatcher.grammar_from_json_schema(schema)
+    # llguidance's JSON options stay its defaults (flexible whitespace); a schema sets its own in
+    # "x-guidance". (A whitespace_pattern in the defaults was tried: it is a repeatable lexeme, so it
+    # does not bound whitespace runs, and it overrode a schema's whitespace_flexible: false.)
+    return llg.LLMatcher.grammar_from_json_schema(schema)
 
 
 def kind_for_file(path: Path) -> str:
