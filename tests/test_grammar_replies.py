@@ -45,8 +45,11 @@ def replies(engine, grammar, prompt, max_tokens):
 
 
 def test_any_json(engine):
-    prompt = 'What color is the sky? Reply with one JSON object, {"answer": "<one word>"}, and nothing else.'
-    for text in replies(engine, Grammar.json(), prompt, 400):  # measured: 6 to 193 tokens
+    # JSON whitespace is llguidance's flexible kind, which is unbounded: on some prompts a seed
+    # at 1.5 fills it with tabs until max_tokens (the reply is then cut, not invalid). On this one
+    # all 20 replies close; two take 270-340 tokens.
+    prompt = 'Reply with a short JSON object: {"answer": ...}. What color is the sky?'
+    for text in replies(engine, Grammar.json(), prompt, 500):
         assert isinstance(json.loads(text), dict), text
 
 
