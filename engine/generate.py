@@ -40,7 +40,7 @@ import numpy as np
 from memra_engine.backend_select import choose_backend, create_backend
 from memra_engine.errors import ContextOverflowError, GrammarError, MemraError
 from memra_engine.events import DoneEvent, EngineInfo, EngineStats, StatsEvent, TokenEvent
-from memra_engine.grammar import Grammar, GrammarTokenizer
+from memra_engine.grammar import Grammar, GrammarConstraint, GrammarTokenizer
 from memra_engine.kv_type import DEFAULT_KV_TYPE, check_kv_type
 from memra_engine.sampling import SamplingParams
 from memra_engine.steps import MaskTimer, strategy_for
@@ -470,7 +470,7 @@ class Generation:
 
     # -- decode ------------------------------------------------------------------------------------
 
-    def decode_loop(self, prompt: list[int], constraint) -> None:
+    def decode_loop(self, prompt: list[int], constraint: GrammarConstraint | None) -> None:
         """Feed a token, get the next one from the step strategy (engine/steps.py), stream it.
         A fixed seed repeats a reply on the same backend (DESIGN.md §5 rule 6), not across backends."""
         model, backend, params = self.model, self.model.backend, self.sampling

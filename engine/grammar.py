@@ -120,13 +120,7 @@ class Grammar:
             raise GrammarError(f"cannot read grammar file {path}: {getattr(err, 'strerror', None) or err}") from None
         kind = kind or kind_for_file(path)
         try:
-            if kind == "json_schema":
-                return cls.json_schema(text, name=path.name)
-            if kind == "regex":
-                return cls.regex(text.strip(), name=path.name)
-            if kind == "lark":
-                return cls.lark(text, name=path.name)
-            return cls.gbnf(text, name=path.name)
+            return cls.from_text(kind, text.strip() if kind == "regex" else text, name=path.name)
         except GrammarError as err:
             raise GrammarError(f"{path.name}: {err}") from None
 
@@ -166,18 +160,17 @@ class Grammar:
 
     @classmethod
     def from_dict(cls, data: dict) -> "Grammar":
-        kind, source, name = data.get("kind"), data.get("source", ""), data.get("name", "")
+        return cls.from_text(data.get("kind"), data.get("source", ""), data.get("name", ""))
+
+    @classmethod
+    def from_text(cls, kind: str, text: str, name: str = "") -> "Grammar":
+        """A grammar of `kind` (one of KINDS) from its text ("" for json)."""
         if kind == "json":
             return cls.json()
-        if kind == "json_schema":
-            return cls.json_schema(source, name=name)
-        if kind == "regex":
-            return cls.regex(source, name=name)
-        if kind == "lark":
-            return cls.lark(source, name=name)
-        if kind == "gbnf":
-            return cls.gbnf(source, name=name)
-        raise GrammarError(f"unknown grammar kind {kind!r}")
+        build = {"json_schema": cls.json_schema, "regex": cls.regex, "lark": cls.lark, "gbnf": cls.gbnf}.get(kind)
+        if build is None:
+            raise GrammarError(f"unknown grammar kind {kind!r}")
+        return build(text, name=name)
 
 
 def json_grammar(llg, schema) -> str:
@@ -227,19 +220,18 @@ class GrammarConstraint:
         self.matcher = llg.LLMatcher(tokenizer.ll, grammar.compiled, log_level=0)
         if self.matcher.is_error():
             raise GrammarError(f"invalid {KIND_LABELS[grammar.kind]}: {one_line(self.matcher.get_error())}")
-        self._words = np.empty(tokenizer.words, np.uint32)
-        self.n_accepted = 0
+        self.words = tokenizer.words
 
     def mask_into(self, out: np.ndarray) -> np.ndarray:
         """Write the next position's mask into `out` (uint32 [words], e.g. a pinned buffer)."""
-        assert out.dtype == np.uint32 and out.flags["C_CONTIGUOUS"] and out.size == self._words.size
+        assert out.dtype == np.uint32 and out.flags["C_CONTIGUOUS"] and out.size == self.words
         self.matcher.unsafe_compute_mask_ptr(out.ctypes.data, out.nbytes)
         self._check()
         return out
 
     def mask(self) -> np.ndarray:
         """The next position's mask as packed uint32 words (a fresh array)."""
-        return self.mask_into(np.empty_like(self._words)).copy()
+        return self.mask_into(np.empty(self.words, np.uint32))
 
     def allowed(self) -> np.ndarray:
         """The next position's mask as bool [n_vocab]."""
@@ -249,12 +241,6 @@ class GrammarConstraint:
         if not self.matcher.consume_token(int(token)):
             self._check()
             raise GrammarError(f"token {token} does not fit the grammar")
-        self.n_accepted += 1
-
-    def rollback(self, n: int) -> None:
-        if n and not self.matcher.rollback(n):
-            self._check()
-        self.n_accepted -= n
 
     @property
     def done(self) -> bool:

@@ -143,16 +143,19 @@ class DeviceSamplingBackend(ScriptedBackend):
         self.calls["decode_sample"] += 1
         return self._draw(super().decode(token))
 
-    def begin_masked_step(self, token: int) -> np.ndarray:
-        self.calls.setdefault("masked", 0)
-        self.calls["masked"] += 1
-        self._masked_logits = super().decode(token)
-        self.mask_words = np.zeros(4, np.uint32)  # 128 tokens
-        return self.mask_words
 
-    def finish_masked_step(self):
-        from memra_engine.grammar import unpack_mask
-        from memra_engine.sampling import sample
+def wrapped_engine(path, kind: str, n_ctx: int, wrap) -> tuple[Engine, list]:
+    """An Engine on a real model whose backend is wrap(backend), made on the engine thread; the
+    list receives the wrapped backend, for the test to read."""
+    from memra_engine.generate import open_model
+    from memra_engine.model.gguf_file import open_gguf
 
-        allowed = unpack_mask(self.mask_words, 128)
-        return sample(self._masked_logits, self.params, self.tokens, self.rng, allowed)
+    made = []
+
+    def opener():
+        model, info = open_model(open_gguf(path), kind, n_ctx, None, lambda msg: None)
+        model.backend = wrap(model.backend)
+        made.append(model.backend)
+        return model, info
+
+    return Engine.start(opener), made

@@ -14,7 +14,7 @@ import pytest
 
 from memra_engine.errors import GrammarError
 from memra_engine.events import DoneEvent, TokenEvent
-from memra_engine.generate import Engine, open_model
+from memra_engine.generate import Engine
 from memra_engine.grammar import Grammar, GrammarTokenizer, unpack_mask
 from memra_engine.model.gguf_file import open_gguf
 from memra_engine.sampling import SamplingParams, final_distribution, make_rng, sample
@@ -221,7 +221,6 @@ class HostAsDevice:
 
     def set_sampling(self, params, seed=None, use_mask=False):
         self.params, self.rng, self.use_mask = params, make_rng(seed), use_mask
-        self.history = []
         return 0 if seed is None else seed
 
     def decode_sample(self, token):
@@ -240,16 +239,11 @@ class HostAsDevice:
 
 
 def test_device_sampling_strategy_fills_the_mask_buffer_each_step(tiny_llama_path):
-    backends = []
-
-    def opener():
-        model, info = open_model(open_gguf(tiny_llama_path), "cpu", 256, None, lambda m: None)
-        model.backend = HostAsDevice(model.backend)
-        backends.append(model.backend)
-        return model, info
+    from fake_engine import wrapped_engine
 
     g = Grammar.regex("(red|green|blue)( (red|green|blue)){2}")
-    with Engine.start(opener) as eng:
+    eng, backends = wrapped_engine(tiny_llama_path, "cpu", 256, HostAsDevice)
+    with eng:
         for seed in range(5):
             text, done = run(eng.chat(CHAT, SamplingParams(temperature=1.5, top_k=0, seed=seed, max_tokens=40), grammar=g))
             assert done.reason == "eos" and re.fullmatch("(red|green|blue)( (red|green|blue)){2}", text), text

@@ -199,7 +199,6 @@ class CudaBackend:
         """Write the device parameter block (no recapture); returns the seed in use. use_mask: the
         sampler applies the bitmask (the masked step pair uploads it per step)."""
         self._settle()
-        self.sampler.set_mask(None)
         return self.sampler.set_params(params, seed, use_mask=use_mask)
 
     def begin_masked_step(self, token: int) -> np.ndarray:

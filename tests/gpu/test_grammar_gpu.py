@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from memra_engine.events import DoneEvent, TokenEvent
-from memra_engine.generate import Engine, open_model
+from memra_engine.generate import Engine
 from memra_engine.grammar import Grammar, GrammarTokenizer
 from memra_engine.model.gguf_file import open_gguf
 from memra_engine.sampling import SamplingParams
@@ -120,16 +120,11 @@ class MaskRecorder:
 
 
 def test_device_mask_equals_the_cpu_constraints_mask_at_every_step(tiny_path):
-    recorders = []
-
-    def opener():
-        model, info = open_model(open_gguf(tiny_path), "cuda", 512, None, lambda m: None)
-        model.backend = MaskRecorder(model.backend)
-        recorders.append(model.backend)
-        return model, info
+    from fake_engine import wrapped_engine
 
     grammar = Grammar.json_schema(SCHEMA)
-    with Engine.start(opener) as eng:
+    eng, recorders = wrapped_engine(tiny_path, "cuda", 512, MaskRecorder)
+    with eng:
         result = eng.chat(CHAT, SamplingParams(temperature=1.2, seed=9, max_tokens=120), grammar=grammar).collect()
     assert result.done.reason == "eos", result
     json.loads(result.text)
@@ -184,15 +179,10 @@ def test_cuda_engine_names_the_gpu_and_prefills_in_512_token_chunks(tiny_path):
     and prompts went in 128-token chunks."""
     import pycuda.driver as cuda
 
-    spies = []
+    from fake_engine import wrapped_engine
 
-    def opener():
-        model, info = open_model(open_gguf(tiny_path), "cuda", 4096, None, lambda m: None)
-        model.backend = PrefillSizes(model.backend)
-        spies.append(model.backend)
-        return model, info
-
-    with Engine.start(opener) as eng:
+    eng, spies = wrapped_engine(tiny_path, "cuda", 4096, PrefillSizes)
+    with eng:
         name = eng.info.device_name
         result = eng.complete("fox " * 600, SamplingParams(temperature=0.0, max_tokens=2)).collect()
     assert result.done.reason in ("eos", "length")
