@@ -21,9 +21,10 @@ from textual.message import Message
 from memra_engine.errors import MemraError
 from memra_engine.grammar import Grammar
 from memra_engine.sampling import SamplingParams
+from memra_engine.speculative import SpecConfig
 from memra_tui.chats import Chat, ChatStore
 from memra_tui.commands import MemraCommands
-from memra_tui.screens.chat import ChatScreen
+from memra_tui.screens.chat import ChatScreen, usable_spec
 from memra_tui.screens.chat_list import ChatListScreen
 from memra_tui.screens.help import HelpScreen
 from memra_tui.screens.load_error import LoadErrorScreen
@@ -33,7 +34,7 @@ from memra_tui.widgets.composer import Composer
 
 log = logging.getLogger("memra_tui")
 
-EngineLoader = Callable[..., object]  # Engine.load's signature: (path, backend=, n_ctx=, progress=) -> Engine
+EngineLoader = Callable[..., object]  # Engine.load's signature: (path, backend=, n_ctx=, draft=, progress=, kv_type=) -> Engine
 
 
 class LoadProgress(Message):
@@ -67,7 +68,8 @@ class MemraApp(App[int]):
 
     def __init__(self, model: str | None, backend: str = "auto", n_ctx: int = 4096, resume: bool = False, *,
                  paths: AppPaths, load_engine: EngineLoader, clock: Callable[[], float] = time.time,
-                 picker_root: Path | None = None, kv_type: str = "f16", grammar: Grammar | None = None) -> None:
+                 picker_root: Path | None = None, kv_type: str = "f16", grammar: Grammar | None = None,
+                 draft: str | None = None, spec: SpecConfig | None = None) -> None:
         super().__init__()
         self.model = model
         self.backend = backend
@@ -75,6 +77,8 @@ class MemraApp(App[int]):
         self.kv_type = kv_type
         self.resume = resume
         self.initial_grammar = grammar  # from the command line: the grammar of the chat it opens, and of new chats
+        self.draft = draft  # the draft model's path, loaded with every model
+        self.spec = spec or SpecConfig()  # from the command line, then the knobs: for every chat of this run
         self.paths = paths
         self.load_engine = load_engine
         self.clock = clock
@@ -105,7 +109,7 @@ class MemraApp(App[int]):
         shown = model or "default model"
         try:
             engine = self.load_engine(model, backend=self.backend, n_ctx=self.n_ctx, kv_type=self.kv_type,
-                                      progress=lambda text: self.post_message(LoadProgress(text)))
+                                      draft=self.draft, progress=lambda text: self.post_message(LoadProgress(text)))
         except MemraError as e:
             log.info("load failed: %s", e)
             self.post_message(LoadFailed(str(e).splitlines()[0] if str(e) else type(e).__name__, shown))
@@ -141,7 +145,10 @@ class MemraApp(App[int]):
                 self.notify("no saved chat to resume; starting a new one", timeout=4)
             elif self.initial_grammar is not None:  # asked for on this command line: it wins over the saved one
                 chat.grammar = self.initial_grammar.to_dict()
-        self.switch_screen(ChatScreen(chat or self.new_chat(), self.engine.info, self.sampling))
+        self.spec, spec_note = usable_spec(self.spec, self.engine.info)
+        if spec_note:
+            self.notify(spec_note, severity="warning", timeout=8)
+        self.switch_screen(ChatScreen(chat or self.new_chat(), self.engine.info, self.sampling, self.spec))
 
     # -- chats and settings --------------------------------------------------------------------
     def new_chat(self) -> Chat:
@@ -151,6 +158,7 @@ class MemraApp(App[int]):
 
     def save_chat(self, chat: Chat) -> None:
         chat.sampling = self.sampling.to_dict()
+        chat.spec = self.spec.to_dict() if self.spec.enabled else None
         try:
             self.store.save(chat)
         except OSError as e:
@@ -226,14 +234,15 @@ def setup_logging(log_file: Path) -> None:
 
 
 def run_app(model: str | None, backend: str, n_ctx: int, resume: bool, kv_type: str = "f16",
-            grammar: Grammar | None = None) -> int:
+            grammar: Grammar | None = None, draft: str | None = None, spec: SpecConfig | None = None) -> int:
     """Open the chat app on `model` (None: the default model). Returns the process exit code.
-    grammar: a memra_engine.grammar.Grammar from the command line, active for the chat's replies."""
+    grammar: a memra_engine.grammar.Grammar from the command line, active for the chat's replies.
+    draft: a draft model's path, loaded with the model; spec: the speculative decoding to start with."""
     from memra_engine.generate import Engine
 
     paths = AppPaths.default()
     setup_logging(paths.log_file)
     app = MemraApp(model, backend, n_ctx, resume, paths=paths, load_engine=Engine.load, kv_type=kv_type,
-                   grammar=grammar)
+                   grammar=grammar, draft=draft, spec=spec)
     code = app.run()
     return app.return_code if code is None else int(code)

@@ -24,6 +24,7 @@ class ChatMessage:
     created: float = 0.0
     sampling: dict | None = None  # assistant: the knobs that produced this reply
     grammar: dict | None = None  # assistant: the grammar that constrained it (Grammar.to_dict())
+    spec: dict | None = None  # assistant: the speculative decoding that drafted it (SpecConfig.to_dict()), None: off
 
     @classmethod
     def from_dict(cls, d: dict) -> "ChatMessage":
@@ -37,6 +38,7 @@ class ChatMessage:
             created=float(d.get("created", 0.0)),
             sampling=d.get("sampling"),
             grammar=d.get("grammar"),
+            spec=d.get("spec"),
         )
 
 
@@ -50,6 +52,10 @@ class Chat:
     # Grammar.to_dict() of the grammar for this chat's replies, None for off. Kept as saved: the
     # chat screen rebuilds it, and a grammar that no longer builds turns off without losing the chat.
     grammar: dict | None = None
+    # SpecConfig.to_dict() at the last save, None for off: a record, like `sampling`. Not restored:
+    # speculative decoding changes the speed, not the replies, and depends on the draft model the
+    # command line loads, so the command line decides it.
+    spec: dict | None = None
     messages: list[ChatMessage] = field(default_factory=list)
     created: float = 0.0
     updated: float = 0.0
@@ -77,6 +83,7 @@ class Chat:
             system_prompt=str(data.get("system_prompt", "")),
             sampling=dict(data.get("sampling") or {}),
             grammar=data.get("grammar"),
+            spec=data.get("spec"),
             messages=[ChatMessage.from_dict(m) for m in data.get("messages", [])],
             created=float(data.get("created", 0.0)),
             updated=float(data.get("updated", 0.0)),

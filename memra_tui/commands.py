@@ -13,7 +13,7 @@ COMMANDS = [
     ("Stop reply", "stop the reply being generated", "screen.stop"),
     ("System prompt", "set the system prompt of this chat", "screen.system_prompt"),
     ("Chats", "open, rename, delete or export saved chats", "screen.chats"),
-    ("Knobs", "edit sampling parameters", "screen.knobs"),
+    ("Knobs", "edit sampling parameters and speculative decoding", "screen.knobs"),
     ("Grammar", "constrain replies: JSON, a JSON schema, a regex, Lark or GBNF", "screen.grammar"),
     ("Toggle panes", "show or hide the engine and knobs panes", "screen.toggle_panes"),
     ("Copy reply", "copy the last reply to the clipboard", "screen.copy_reply"),

@@ -5,10 +5,14 @@ deterministic stats (decode/prefill speed, VRAM pool or process memory, an optio
 so the UI can be developed, snapshot-tested and benchmarked without a model. Every job records
 the messages, SamplingParams and Grammar it was given (job.grammar); a grammar does not change the
 scripted reply, which ends with "length" when max_tokens cuts it, as a constrained one would.
+A SpecConfig (job.spec) does not change the reply either; it makes the stats report speculative
+rounds, drafted and accepted with a seeded walk whose acceptance falls with the draft position,
+as real drafts do (lookup drafts shorter and is accepted less than a draft model).
 """
 from __future__ import annotations
 
 import queue
+import random
 import re
 import threading
 import time
@@ -16,9 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
-from memra_engine.errors import ModelFormatError
+from memra_engine.errors import MemraError, ModelFormatError
 from memra_engine.events import DoneEvent, EngineInfo, EngineStats, MoeStats, StatsEvent, TokenEvent, VramStats
 from memra_engine.sampling import SamplingParams
+from memra_engine.speculative import SpecConfig
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -52,6 +57,7 @@ class Script:
     stats_every: int = 8
     n_ctx: int | None = None  # None: the n_ctx passed to load
     fail_paths: dict[str, str] = field(default_factory=dict)  # model path -> ModelFormatError message
+    fail_drafts: dict[str, str] = field(default_factory=dict)  # draft path -> MemraError message (say, another vocabulary)
     load_delay_s: float = 0.0
 
 
@@ -66,6 +72,9 @@ class ScriptedJob:
         self.spec = spec
         self.stop = tuple(stop)
         self.sampling_updates: list[SamplingParams] = []  # from update_sampling, in order
+        self.spec_updates: list[SpecConfig] = []  # from update_spec, in order
+        self._spec_update: SpecConfig | None = None  # taken at the next round, as the engine does
+        self.spec_rounds = SpecRounds()
         self.emitted: list[str] = []  # token texts in the order they were put on the queue
         self.last_token_time = 0.0
         self.done_reason = ""
@@ -79,6 +88,11 @@ class ScriptedJob:
     def update_sampling(self, sampling: SamplingParams) -> None:
         sampling.validate()
         self.sampling_updates.append(sampling)
+
+    def update_spec(self, spec: SpecConfig) -> None:
+        spec.validate()
+        self.spec_updates.append(spec)
+        self._spec_update = spec
 
     def release(self) -> None:
         """Let a job held by Script.pause_after run to its end."""
@@ -96,9 +110,49 @@ class ScriptedJob:
                 return
 
 
+@dataclass
+class SpecRounds:
+    """The speculative counters of one reply, as EngineStats reports them."""
+
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    drafted_by_pos: list[int] = field(default_factory=list)
+    accepted_by_pos: list[int] = field(default_factory=list)
+    tokens_left: int = 0  # tokens of the current round not yet emitted
+    mean: float | None = None  # recent accepted length, for the adaptive draft length
+
+    def play_round(self, spec: SpecConfig, rng: random.Random) -> None:
+        # the draft length follows acceptance as the engine's does (about twice the recent mean)
+        if self.mean is None:
+            self.mean = spec.draft_max / 2
+        k = spec.draft_max if not spec.adaptive else min(spec.draft_max, max(spec.draft_min, round(2 * self.mean) + 1))
+        # lookup's matches run out at varied lengths and are right less often; a draft model keeps
+        # most of a draft
+        if spec.mode == "lookup":
+            k, keep, decay = 1 + (self.rounds * 5) % k, 0.7, 0.85
+        else:
+            keep, decay = 0.95, 0.95
+        accepted = 0
+        while accepted < k and rng.random() < keep * decay ** accepted:
+            accepted += 1
+        grow = k - len(self.drafted_by_pos)
+        if grow > 0:
+            self.drafted_by_pos += [0] * grow
+            self.accepted_by_pos += [0] * grow
+        for i in range(k):
+            self.drafted_by_pos[i] += 1
+            self.accepted_by_pos[i] += i < accepted
+        self.rounds += 1
+        self.drafted += k
+        self.accepted += accepted
+        self.mean = 0.7 * self.mean + 0.3 * accepted
+        self.tokens_left = accepted + 1  # the kept drafts and the target's own token
+
+
 class ScriptedEngine:
     def __init__(self, script: Script | None = None, model_path: str = "scripted-tiny.gguf", n_ctx: int = 4096,
-                 kv_type: str = "f16"):
+                 kv_type: str = "f16", draft_path: str | None = None):
         self.script = script or Script()
         n_ctx = self.script.n_ctx or n_ctx
         self.info = EngineInfo(
@@ -111,6 +165,7 @@ class ScriptedEngine:
             device_name="NVIDIA H200 (scripted)" if self.script.backend == "cuda" else "CPU (scripted)",
             has_chat_template=True,
             kv_type=kv_type,
+            draft_model_name=Path(draft_path).stem if draft_path else "",
         )
         self.jobs: list[ScriptedJob] = []
         self._stats = EngineStats(n_ctx=n_ctx, vram=self._memory(0), moe=MoeStats(total_experts=1536) if self.script.moe else None)
@@ -135,15 +190,17 @@ class ScriptedEngine:
                 time.sleep(script.load_delay_s / 3)
             if shown in script.fail_paths:
                 raise ModelFormatError(script.fail_paths[shown])
-            return cls(script, shown, n_ctx, kv_type)
+            if draft is not None and str(draft) in script.fail_drafts:
+                raise MemraError(script.fail_drafts[str(draft)])
+            return cls(script, shown, n_ctx, kv_type, str(draft) if draft is not None else None)
 
         return load
 
     def chat(self, messages: list[dict], sampling: SamplingParams, grammar=None, spec=None, stop=()) -> ScriptedJob:
         return self._submit(ScriptedJob(self, len(self.jobs), messages, None, sampling, grammar, spec, stop))
 
-    def complete(self, prompt: str, sampling: SamplingParams, stop=()) -> ScriptedJob:
-        return self._submit(ScriptedJob(self, len(self.jobs), None, prompt, sampling, None, None, stop))
+    def complete(self, prompt: str, sampling: SamplingParams, stop=(), grammar=None, spec=None) -> ScriptedJob:
+        return self._submit(ScriptedJob(self, len(self.jobs), None, prompt, sampling, grammar, spec, stop))
 
     def stats(self) -> EngineStats:
         return self._stats
@@ -179,8 +236,12 @@ class ScriptedEngine:
     def _play(self, job: ScriptedJob) -> None:
         try:
             job.sampling.validate()
+            if job.spec is not None:
+                job.spec.validate()
         except ValueError as e:
             return self._finish(job, DoneEvent("error", str(e)))
+        if job.spec is not None and job.spec.mode == "draft" and not self.info.draft_model_name:
+            return self._finish(job, DoneEvent("error", "spec mode draft: no draft model loaded (use --draft)"))
         n_prompt = self._prompt_tokens(job)
         if n_prompt >= self.info.n_ctx:
             return self._finish(job, DoneEvent("error", f"prompt of {n_prompt} tokens does not fit in n_ctx={self.info.n_ctx}"))
@@ -193,6 +254,7 @@ class ScriptedEngine:
         # A steady, deterministic speed per job so the sparkline has a shape.
         rate = self.script.tokens_per_s * (1.0 - 0.04 * (job.index % 5))
         hold_at = self.script.pause_at.get(job.index, self.script.pause_after)
+        spec, rng = job.spec, random.Random(job.index)
         start = time.perf_counter()
         for i, text in enumerate(tokens):
             if hold_at is not None and i == hold_at:
@@ -205,6 +267,12 @@ class ScriptedEngine:
                 time.sleep(min(wait, 0.005))
             if job._cancelled.is_set():
                 return self._finish(job, DoneEvent("cancelled"), n_prompt, i, rate)
+            if job.spec_rounds.tokens_left == 0:  # a round is over: a new spec applies from here
+                if job._spec_update is not None:
+                    spec, job._spec_update = job._spec_update, None
+                if spec is not None and spec.enabled:
+                    job.spec_rounds.play_round(spec, rng)
+            job.spec_rounds.tokens_left = max(0, job.spec_rounds.tokens_left - 1)
             job.emitted.append(text)
             job.last_token_time = time.perf_counter()
             job._events.put(TokenEvent(text, 1000 + i, -0.25))
@@ -224,11 +292,12 @@ class ScriptedEngine:
             n = n_prompt + n_gen
             moe = MoeStats(hits=7 * n * 24, misses=n * 24 // 2, bytes_moved=(n * 24 // 2) * 1_179_648,
                            resident_experts=384, total_experts=1536)
+        r = job.spec_rounds
         self._stats = EngineStats(
             decode_tok_s=rate, prefill_tok_s=1500.0 + 50.0 * (job.index % 3), time_to_first_token_s=0.042,
             n_prompt_tokens=n_prompt, n_generated=n_gen, n_ctx_used=n_prompt + n_gen, n_ctx=self.info.n_ctx,
-            spec_accepted=3 * n_gen // 4 if self.script.backend == "cuda" else 0,
-            spec_proposed=n_gen if self.script.backend == "cuda" else 0,
+            spec_rounds=r.rounds, spec_drafted=r.drafted, spec_accepted=r.accepted,
+            spec_drafted_by_pos=list(r.drafted_by_pos), spec_accepted_by_pos=list(r.accepted_by_pos),
             moe=moe, vram=self._memory(n_prompt + n_gen),
         )
         return self._stats

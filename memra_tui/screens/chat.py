@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import re
 import time
+from dataclasses import replace
 
 from textual import on, work
 from textual.app import ComposeResult
@@ -23,6 +24,7 @@ from memra_engine.errors import GrammarError
 from memra_engine.events import DoneEvent, EngineInfo, EngineStats, StatsEvent, TokenEvent
 from memra_engine.grammar import Grammar
 from memra_engine.sampling import SamplingParams
+from memra_engine.speculative import SpecConfig
 from memra_tui.chats import Chat, ChatMessage, title_from
 from memra_tui.screens.chat_list import ChatListScreen
 from memra_tui.screens.text_prompt import TextPromptScreen
@@ -40,11 +42,22 @@ DONE_STATUS = {"eos": "done", "stop": "done", "length": "length", "cancelled": "
 CODE_BLOCK_RE = re.compile(r"```[^\n]*\n(.*?)```", re.S)
 
 
-def describe_knobs(p: SamplingParams) -> str:
+def describe_knobs(p: SamplingParams, spec: SpecConfig | None = None) -> str:
     seed = "random" if p.seed is None else str(p.seed)
+    # speculative decoding changes the speed, not the reply: it goes last, and only when on
+    shown_spec = f" · spec {spec.mode} ≤{spec.draft_max}" if spec is not None and spec.enabled else ""
     return (f"T {p.temperature:g} · top-k {p.top_k} · top-p {p.top_p:g} · min-p {p.min_p:g} · rep {p.repeat_penalty:g}"
             f"/{p.repeat_last_n} · pres {p.presence_penalty:g} · freq {p.frequency_penalty:g} · seed {seed}"
-            f" · max {p.max_tokens}")
+            f" · max {p.max_tokens}{shown_spec}")
+
+
+def usable_spec(spec: SpecConfig | None, info: EngineInfo) -> tuple[SpecConfig, str]:
+    """The spec this engine can run; one line to show when it had to turn it off (a draft model
+    was asked for but none is loaded)."""
+    spec = spec or SpecConfig()
+    if spec.mode == "draft" and not info.draft_model_name:
+        return replace(spec, mode="off"), "no draft model is loaded; speculative decoding off"
+    return spec, ""
 
 
 def load_chat_grammar(chat: Chat) -> tuple[Grammar | None, str]:
@@ -81,11 +94,14 @@ class ChatScreen(Screen):
     grammar: reactive[Grammar | None] = reactive(None)  # for the next reply; the header and knobs show it
     panes_shown: reactive[bool | None] = reactive(None)  # None: decided by the terminal width
 
-    def __init__(self, chat: Chat, info: EngineInfo, sampling: SamplingParams) -> None:
+    def __init__(self, chat: Chat, info: EngineInfo, sampling: SamplingParams, spec: SpecConfig | None = None) -> None:
         super().__init__()
         self.chat = chat
         self.info = info
         self.sampling = sampling
+        # for the next reply and, through job.update_spec, the one in flight; the session's, like
+        # the sampling knobs (it changes the speed, never the reply), not the chat's like the grammar
+        self.spec = spec or SpecConfig()
         grammar, self._grammar_note = load_chat_grammar(chat)
         self.set_reactive(ChatScreen.grammar, grammar)
         self._reply_grammar: Grammar | None = None  # the grammar of the reply in flight
@@ -110,12 +126,13 @@ class ChatScreen(Screen):
                 yield Transcript(id="transcript")
                 yield Label("", id="edit-banner")
                 yield Composer(id="composer")
-                yield Label(describe_knobs(self.sampling), id="knob-summary")
+                yield Label(describe_knobs(self.sampling, self.spec), id="knob-summary")
             with TabbedContent(id="sidebar", initial="engine-tab"):
                 with TabPane("Engine", id="engine-tab"):
                     yield EnginePanes(self.info.n_ctx, id="engine-panes")
                 with TabPane("Knobs", id="knobs-tab"):
-                    yield KnobsPane(self.sampling, self.grammar, id="knobs").data_bind(ChatScreen.grammar)
+                    yield KnobsPane(self.sampling, self.grammar, self.spec, self.info.draft_model_name,
+                                    id="knobs").data_bind(ChatScreen.grammar)
         yield Footer()
 
     async def on_mount(self) -> None:
@@ -162,7 +179,8 @@ class ChatScreen(Screen):
             ChatMessage("assistant", "", grammar=self._reply_grammar_dict()))
         self._reply_view.start_stream()
         self._reply_started = time.perf_counter()
-        self._job = engine.chat(self.chat.engine_messages(), sampling=self.sampling, grammar=self._reply_grammar)
+        self._job = engine.chat(self.chat.engine_messages(), sampling=self.sampling, grammar=self._reply_grammar,
+                                spec=self.spec)
         self.streaming = True
         self._stream_job(self._job, self._buffer)
 
@@ -239,7 +257,7 @@ class ChatScreen(Screen):
         if view.text or status != "error":
             self.chat.messages.append(ChatMessage("assistant", view.text, status=status, error=done.error,
                                                   created=self.app.clock(), sampling=self.sampling.to_dict(),
-                                                  grammar=self._reply_grammar_dict()))
+                                                  grammar=self._reply_grammar_dict(), spec=self._spec_dict()))
         else:  # nothing came back: keep the error on screen, but do not save an empty reply
             self.notify(f"reply failed: {done.error}", severity="error", timeout=8)
         if self._last_stats is not None and status in ("done", "length", "stopped") and self._last_stats.n_generated:
@@ -252,6 +270,9 @@ class ChatScreen(Screen):
     def _reply_grammar_dict(self) -> dict | None:
         return self._reply_grammar.to_dict() if self._reply_grammar is not None else None
 
+    def _spec_dict(self) -> dict | None:
+        return self.spec.to_dict() if self.spec.enabled else None
+
     def abandon_reply(self) -> None:
         """On quit: cancel the reply in flight and save what arrived, marked stopped."""
         if self._job is None:
@@ -259,7 +280,7 @@ class ChatScreen(Screen):
         self._job.cancel()
         self.chat.messages.append(ChatMessage("assistant", self._buffer.text, status="stopped",
                                               created=self.app.clock(), sampling=self.sampling.to_dict(),
-                                              grammar=self._reply_grammar_dict()))
+                                              grammar=self._reply_grammar_dict(), spec=self._spec_dict()))
         self._job = None
         self.streaming = False
         self.app.save_chat(self.chat)
@@ -387,10 +408,17 @@ class ChatScreen(Screen):
     @on(KnobsPane.Changed)
     def _knobs_changed(self, event: KnobsPane.Changed) -> None:
         self.sampling = event.params
-        self.query_one("#knob-summary", Label).update(describe_knobs(event.params))
+        self.query_one("#knob-summary", Label).update(describe_knobs(event.params, self.spec))
         if self._job is not None and hasattr(self._job, "update_sampling"):
             self._job.update_sampling(event.params)  # the reply in flight takes them at its next step
         self.app.set_sampling_defaults(event.params)
+
+    @on(KnobsPane.SpecChanged)
+    def _spec_changed(self, event: KnobsPane.SpecChanged) -> None:
+        self.spec = self.app.spec = event.spec
+        self.query_one("#knob-summary", Label).update(describe_knobs(self.sampling, event.spec))
+        if self._job is not None and hasattr(self._job, "update_spec"):
+            self._job.update_spec(event.spec)  # the reply in flight takes it at its next round
 
     @on(KnobsPane.GrammarChosen)
     def _grammar_chosen(self, event: KnobsPane.GrammarChosen) -> None:

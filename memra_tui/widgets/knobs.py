@@ -1,7 +1,8 @@
-"""The sampling knobs and the grammar. Each field is validated as it is typed, using
-SamplingParams.validate(), so the pane and the engine agree on what is allowed; an invalid value
-is refused with the reason. The grammar is the chat screen's: the pane shows it and asks for a new
-one (GrammarChosen); a grammar that does not build is refused where it is chosen."""
+"""The sampling knobs, the grammar and speculative decoding. Each field is validated as it is
+typed, using SamplingParams.validate() (SpecConfig.validate() for the draft length), so the pane and
+the engine agree on what is allowed; an invalid value is refused with the reason. The grammar is the
+chat screen's: the pane shows it and asks for a new one (GrammarChosen); a grammar that does not
+build is refused where it is chosen. The spec mode offers a draft model only when one is loaded."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -17,6 +18,7 @@ from textual.widgets import Button, Input, Label, Select, Static
 from memra_engine.errors import GrammarError
 from memra_engine.grammar import Grammar
 from memra_engine.sampling import SamplingParams
+from memra_engine.speculative import MAX_DRAFT, SpecConfig
 from memra_tui.screens.grammar_pick import GrammarPickScreen
 from memra_tui.settings import PRESETS
 
@@ -33,10 +35,16 @@ KNOBS = [
     ("seed", "seed", "seed"),
     ("max_tokens", "max tokens", int),
 ]
-NOT_YET = "not yet supported by the engine"
+KNOB_KINDS = {field: kind for field, _, kind in KNOBS} | {"draft_max": int}  # draft_max is the SpecConfig's
 GRAMMAR_CHOICES = [("off", "off"), ("JSON", "json"), ("JSON schema file…", "json_schema"), ("regex…", "regex"),
                    ("Lark file…", "lark"), ("GBNF file…", "gbnf")]
 PICKED_KINDS = ("json_schema", "regex", "lark", "gbnf")  # these ask which file or pattern
+
+
+def spec_choices(draft_model: str) -> list[tuple[str, str]]:
+    """The spec modes this engine can run: a draft model only when one was loaded."""
+    choices = [("off", "off"), ("prompt lookup", "lookup")]
+    return choices + [(f"draft: {draft_model}", "draft")] if draft_model else choices
 
 
 def grammar_choice(grammar: Grammar | None) -> str:
@@ -62,9 +70,12 @@ def show_knob(value) -> str:
 
 
 class KnobValidator(Validator):
-    def __init__(self, pane: "KnobsPane", field: str, kind) -> None:
+    """Checks a field by putting it into the pane's current `target` ("params" or "spec") and
+    asking that object's validate(): the engine's own rule and one-line message."""
+
+    def __init__(self, pane: "KnobsPane", field: str, kind, target: str = "params") -> None:
         super().__init__()
-        self.pane, self.field, self.kind = pane, field, kind
+        self.pane, self.field, self.kind, self.target = pane, field, kind, target
 
     def validate(self, value: str) -> ValidationResult:
         try:
@@ -73,7 +84,7 @@ class KnobValidator(Validator):
             expected = "an integer or 'random'" if self.kind == "seed" else f"a{'n integer' if self.kind is int else ' number'}"
             return self.failure(f"{self.field} must be {expected}")
         try:
-            replace(self.pane.params, **{self.field: parsed}).validate()
+            replace(getattr(self.pane, self.target), **{self.field: parsed}).validate()
         except ValueError as e:
             return self.failure(str(e))
         return self.success()
@@ -92,8 +103,7 @@ class KnobsPane(VerticalScroll):
     KnobsPane #presets { height: 1; margin: 1 0 0 0; }
     KnobsPane #presets > Button { min-width: 0; width: 1fr; height: 1; border: none; margin: 0 1 0 0; }
     KnobsPane .knob > Select { width: 1fr; }
-    KnobsPane .not-yet { color: $text-disabled; text-style: italic; }
-    KnobsPane #knob-grammar { height: 1; }
+    KnobsPane #knob-grammar, KnobsPane #knob-spec { height: 1; }
     KnobsPane SelectCurrent { border: none; height: 1; padding: 0 1; }
     KnobsPane #grammar-detail { display: none; }
     KnobsPane #grammar-detail.-shown { display: block; }
@@ -104,6 +114,7 @@ class KnobsPane(VerticalScroll):
 
     params: reactive[SamplingParams] = reactive(SamplingParams, init=False)
     grammar: reactive[Grammar | None] = reactive(None, init=False)  # bound to the chat screen's
+    spec: reactive[SpecConfig] = reactive(SpecConfig, init=False)
 
     class Changed(Message):
         """The knobs now hold a new, valid set of parameters."""
@@ -119,10 +130,20 @@ class KnobsPane(VerticalScroll):
             super().__init__()
             self.grammar = grammar
 
-    def __init__(self, params: SamplingParams, grammar: Grammar | None = None, **kwargs) -> None:
+    class SpecChanged(Message):
+        """The spec mode or draft length changed to a new, valid SpecConfig."""
+
+        def __init__(self, spec: SpecConfig) -> None:
+            super().__init__()
+            self.spec = spec
+
+    def __init__(self, params: SamplingParams, grammar: Grammar | None = None, spec: SpecConfig | None = None,
+                 draft_model: str = "", **kwargs) -> None:
         super().__init__(**kwargs)
         self.set_reactive(KnobsPane.params, params)
         self.set_reactive(KnobsPane.grammar, grammar)
+        self.set_reactive(KnobsPane.spec, spec or SpecConfig())
+        self.draft_model = draft_model  # the loaded draft model's name, "" for none
 
     def compose(self) -> ComposeResult:
         with Horizontal(id="presets"):
@@ -143,16 +164,22 @@ class KnobsPane(VerticalScroll):
             yield Button("change…", id="grammar-change", compact=True)
         yield Static("", id="error-grammar", classes="knob-error", markup=False)
         with Horizontal(classes="knob"):
-            yield Label("spec depth")
-            yield Input("0", disabled=True, id="knob-spec-depth", compact=True)
-        yield Static(f"speculative depth: {NOT_YET}", classes="not-yet")
+            yield Label("speculative")
+            yield Select(spec_choices(self.draft_model), value=self.spec.mode, allow_blank=False, id="knob-spec",
+                         compact=True)
+        with Horizontal(classes="knob"):
+            yield Label("draft max")
+            yield Input(str(self.spec.draft_max), id="knob-draft_max", compact=True,
+                        validators=[KnobValidator(self, "draft_max", int, "spec")],
+                        validate_on=["changed", "submitted"], tooltip=f"most tokens drafted per round, 1 to {MAX_DRAFT}")
+        yield Static("", id="error-draft_max", classes="knob-error")
 
     def on_mount(self) -> None:
         self._show_grammar(self.grammar)
 
     def _field_of(self, field_input: Input):
         field = (field_input.id or "").removeprefix("knob-")
-        kind = dict((f, k) for f, _, k in KNOBS).get(field)
+        kind = KNOB_KINDS.get(field)
         return (field, kind) if kind is not None else (None, None)
 
     @on(Input.Changed)
@@ -182,7 +209,12 @@ class KnobsPane(VerticalScroll):
         result = event.input.validate(event.input.value)
         if result is not None and not result.is_valid:
             return
-        new = replace(self.params, **{field: parse_knob(kind, event.input.value)})
+        value = parse_knob(kind, event.input.value)
+        if field == "draft_max":
+            if value != self.spec.draft_max:
+                self.spec = replace(self.spec, draft_max=value)
+            return
+        new = replace(self.params, **{field: value})
         if new != self.params:
             self.params = new
 
@@ -249,3 +281,13 @@ class KnobsPane(VerticalScroll):
         error.update(f"✗ {message} (not applied)")
         error.add_class("-shown")
         self._show_grammar(self.grammar)
+
+    # -- speculative decoding --------------------------------------------------------------------
+    def watch_spec(self, spec: SpecConfig) -> None:
+        self.post_message(self.SpecChanged(spec))
+
+    @on(Select.Changed, "#knob-spec")
+    def _spec_mode_chosen(self, event: Select.Changed) -> None:
+        event.stop()
+        if event.value != self.spec.mode:  # not the Select being set to the current mode (on mount)
+            self.spec = replace(self.spec, mode=str(event.value))

@@ -1,5 +1,6 @@
 """The knobs pane: a change reaches the next job exactly, bad values are refused at the field,
-presets apply, and the knobs are the defaults at the next start. (The grammar: test_grammar.py.)"""
+presets apply, and the knobs are the defaults at the next start. (The grammar:
+test_grammar_picker.py; speculative decoding: test_speculative_ui.py.)"""
 from __future__ import annotations
 
 import json
@@ -97,12 +98,12 @@ async def test_a_change_mid_reply_reaches_the_running_job(make_app):
         app.engine.jobs[0].release()
 
 
-async def test_grammar_is_live_and_spec_depth_is_shown_disabled(make_app):
-    # the grammar selector itself is tested in test_grammar.py
+async def test_grammar_and_spec_mode_are_live(make_app):
+    # the grammar selector itself is tested in test_grammar_picker.py, the spec knobs in test_speculative_ui.py
     app = make_app(Script(tokens_per_s=3000))
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_ready(pilot)
-        grammar = app.screen.query_one("#knob-grammar", Select)
-        assert not grammar.disabled and grammar.value == "off"
-        assert app.screen.query_one("#knob-spec-depth").disabled
-        assert str(app.screen.query_one(".not-yet").render()) == "speculative depth: not yet supported by the engine"
+        for selector in ("#knob-grammar", "#knob-spec"):
+            select = app.screen.query_one(selector, Select)
+            assert not select.disabled and select.value == "off"
+        assert not app.screen.query_one("#knob-draft_max", Input).disabled

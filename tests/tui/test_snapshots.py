@@ -7,8 +7,11 @@ from __future__ import annotations
 from textual.widgets import Input
 from tui_helpers import EPOCH, FixedClock, hold_still, send, wait_for, wait_ready
 
+from memra_engine.speculative import SpecConfig
 from memra_tui.chats import ChatMessage, ChatStore
 from memra_tui.scripted_engine import Script
+
+DRAFT = "models/smol-draft.gguf"
 
 
 async def _chat_mid_stream(pilot) -> None:
@@ -24,8 +27,10 @@ async def _chat_mid_stream(pilot) -> None:
     await hold_still(pilot)
 
 
-def mid_stream_script() -> Script:
-    return Script(tokens_per_s=3000, backend="cuda", moe=True, pause_at={2: 4})
+def mid_stream_app(make_app):
+    """A GPU, an MoE model and a draft model drafting: every pane has numbers."""
+    return make_app(Script(tokens_per_s=3000, backend="cuda", moe=True, pause_at={2: 4}), draft=DRAFT,
+                    spec=SpecConfig("draft"))
 
 
 def test_idle_chat(snap_compare, make_app):
@@ -38,7 +43,21 @@ def test_idle_chat(snap_compare, make_app):
 
 
 def test_reply_mid_stream_with_panes(snap_compare, make_app):
-    assert snap_compare(make_app(mid_stream_script()), terminal_size=(130, 44), run_before=_chat_mid_stream)
+    assert snap_compare(mid_stream_app(make_app), terminal_size=(130, 44), run_before=_chat_mid_stream)
+
+
+def test_speculative_pane_after_many_rounds(snap_compare, make_app):
+    """A draft model well into a long reply: acceptance falls with the draft position."""
+    async def run_before(pilot):
+        await wait_ready(pilot)
+        await send(pilot, "a long one", wait_done=False)
+        await wait_for(pilot, lambda: len(pilot.app.engine.jobs[0].emitted) == 150)
+        await pilot.pause(0.3)  # past the stats throttle
+        await hold_still(pilot)
+
+    script = Script(tokens_per_s=3000, backend="cuda", n_tokens=200, pause_at={0: 150})
+    app = make_app(script, draft=DRAFT, spec=SpecConfig("draft", draft_max=6))
+    assert snap_compare(app, terminal_size=(120, 36), run_before=run_before)
 
 
 def test_cpu_backend_panes_show_process_memory(snap_compare, make_app):
@@ -107,7 +126,7 @@ def test_load_error_screen(snap_compare, make_app):
 
 
 def test_layout_80x24(snap_compare, make_app):
-    assert snap_compare(make_app(mid_stream_script()), terminal_size=(80, 24), run_before=_chat_mid_stream)
+    assert snap_compare(mid_stream_app(make_app), terminal_size=(80, 24), run_before=_chat_mid_stream)
 
 
 def test_layout_80x24_with_panes(snap_compare, make_app):
@@ -117,7 +136,7 @@ def test_layout_80x24_with_panes(snap_compare, make_app):
         await pilot.pause(0.2)
         await hold_still(pilot)
 
-    assert snap_compare(make_app(mid_stream_script()), terminal_size=(80, 24), run_before=run_before)
+    assert snap_compare(mid_stream_app(make_app), terminal_size=(80, 24), run_before=run_before)
 
 
 def test_structured_reply_cut_short(snap_compare, make_app, paths):
