@@ -15,6 +15,7 @@ from memra_engine.errors import MemraError
 from memra_engine.events import DoneEvent, StatsEvent, TokenEvent
 from memra_engine.kv_type import check_kv_type
 from memra_engine.sampling import SamplingParams
+from memra_engine.speculative import DEFAULT_DRAFT_MAX, DEFAULT_DRAFT_MIN, MAX_DRAFT, SpecConfig
 
 PROG = "memra-chat"
 DEFAULTS = SamplingParams()
@@ -66,6 +67,16 @@ def build_parser() -> argparse.ArgumentParser:
     one.add_argument("--grammar-file", metavar="FILE", help="a GBNF grammar file (a .lark file is read as Lark)")
     one.add_argument("--regex", metavar="RE", help="reply with text that matches RE as a whole")
 
+    d = p.add_argument_group("speculative decoding (faster decoding; the model still decides every token)")
+    d.add_argument("--draft", "--model-draft", "-md", metavar="FILE",
+                   help="a small draft model (a .gguf with the model's vocabulary) drafts tokens for the model to check")
+    d.add_argument("--lookup", action="store_true",
+                   help="prompt lookup: draft tokens copied from the prompt and the reply so far (no draft model)")
+    d.add_argument("--draft-max", type=int, default=DEFAULT_DRAFT_MAX, metavar="N",
+                   help=f"most tokens drafted per round, 1 to {MAX_DRAFT} (default {DEFAULT_DRAFT_MAX})")
+    d.add_argument("--draft-min", type=int, default=DEFAULT_DRAFT_MIN, metavar="N",
+                   help=f"fewest drafts worth a round; with fewer, a plain step (default {DEFAULT_DRAFT_MIN})")
+
     e = p.add_argument_group("engine")
     e.add_argument("--backend", choices=("auto", "cpu", "cuda"), default="auto",
                    help="auto takes the GPU when usable, else the CPU (default auto)")
@@ -98,6 +109,21 @@ def sampling_from(args: argparse.Namespace) -> SamplingParams:
     return params
 
 
+def spec_from(args: argparse.Namespace) -> SpecConfig:
+    """The speculative decoding the flags ask for, checked now (before the model loads)."""
+    if args.lookup and args.draft is not None:
+        raise MemraError("--lookup and --draft are two ways to draft: give one")
+    mode = "draft" if args.draft is not None else "lookup" if args.lookup else "off"
+    spec = SpecConfig(mode=mode, draft_max=args.draft_max, draft_min=args.draft_min)
+    try:
+        spec.validate()
+    except ValueError as err:  # the engine's message names the fields: say the flags instead
+        raise MemraError(str(err).replace("draft_max", "--draft-max").replace("draft_min", "--draft-min")) from None
+    if args.draft is not None and not Path(args.draft).is_file():  # before the UI opens, as the other flags
+        raise MemraError(f"draft model file not found: {args.draft}")
+    return spec
+
+
 def grammar_from(args: argparse.Namespace):
     """The grammar the flags ask for, checked now (before the model loads), or None."""
     from memra_engine.grammar import Grammar
@@ -121,22 +147,24 @@ def run_headless(args: argparse.Namespace) -> int:
 
     params = sampling_from(args)
     grammar = grammar_from(args)
-    engine = Engine.load(args.model, backend=args.backend, n_ctx=args.ctx, kv_type=args.kv_type, progress=say)
+    spec = spec_from(args)
+    engine = Engine.load(args.model, backend=args.backend, n_ctx=args.ctx, draft=args.draft, kv_type=args.kv_type,
+                         progress=say)
     try:
         if args.raw:
-            job = engine.complete(args.prompt, params, stop=args.stop, grammar=grammar)
+            job = engine.complete(args.prompt, params, stop=args.stop, grammar=grammar, spec=spec)
         else:
             if not engine.info.has_chat_template:
                 say("completion mode (model has no chat template)")
             messages = [{"role": "system", "content": args.system}] if args.system else []
             messages.append({"role": "user", "content": args.prompt})
-            job = engine.chat(messages, params, stop=args.stop, grammar=grammar)
-        return stream(job, args.stats, grammar)
+            job = engine.chat(messages, params, stop=args.stop, grammar=grammar, spec=spec)
+        return stream(job, args.stats, grammar, spec)
     finally:
         engine.close()
 
 
-def stream(job, show_stats: bool, grammar=None) -> int:
+def stream(job, show_stats: bool, grammar=None, spec: SpecConfig | None = None) -> int:
     last_text, stats = "", None
     try:
         for event in job:
@@ -159,6 +187,9 @@ def stream(job, show_stats: bool, grammar=None) -> int:
                     say(f"[{event.reason}] {stats.n_generated} tokens, decode {stats.decode_tok_s:.1f} tok/s, "
                         f"prefill {stats.prefill_tok_s:.1f} tok/s, first token {stats.time_to_first_token_s:.2f} s, "
                         f"context {stats.n_ctx_used}/{stats.n_ctx}, rss {stats.vram.process_rss / 2**20:.0f} MB")
+                    if spec is not None and spec.enabled:
+                        say(f"spec: accepted {stats.spec_accepted} of {stats.spec_drafted} drafted, "
+                            f"mean length {stats.spec_mean_length:.2f}")
     except KeyboardInterrupt:
         job.cancel()
         sys.stdout.write("\n")
@@ -175,9 +206,11 @@ def run(args: argparse.Namespace) -> int:
     check_kv_type(args.kv_type)  # before the UI opens: a bad value is one line on stderr
     if args.prompt is None:
         grammar = grammar_from(args)  # an invalid one: one line on stderr, no UI
+        spec = spec_from(args)
         from memra_tui.app import run_app  # lazy: the headless path must not load Textual
 
-        return run_app(args.model, args.backend, args.ctx, args.resume, args.kv_type, grammar=grammar)
+        return run_app(args.model, args.backend, args.ctx, args.resume, args.kv_type, grammar=grammar,
+                       draft=args.draft, spec=spec)
     return run_headless(args)
 
 
