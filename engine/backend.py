@@ -6,8 +6,8 @@ arrays on the host. A backend is created and used on one thread (the engine's).
 
 Everything engine/generate.py, engine/steps.py and engine/bench.py use is declared here; they
 never probe a backend for attributes. A backend that samples on the device (`samples_on_device`)
-implements the device-sampling methods; the cpu backend raises NotImplementedError from them,
-and the generation loop does not call them there.
+implements the device-sampling methods (and the speculative verify_sample / draft_tokens); the
+cpu backend raises NotImplementedError from them, and the generation loop does not call them there.
 """
 from __future__ import annotations
 
@@ -83,3 +83,14 @@ class Backend(Protocol):
 
     def finish_masked_step(self) -> tuple[int, float]:
         """Upload the mask, sample on the device, and return (token id, logprob)."""
+
+    def verify_sample(self, tokens: Sequence[int], masks: np.ndarray | None = None) -> list[tuple[int, float]]:
+        """Append tokens (a speculative round: the fed token and its drafts, at most 16) and sample
+        every row on the device: row i's penalty window ends at tokens[i], and with use_mask its
+        bitmask is masks[i] (uint32 [len(tokens), words]). Returns (token id, logprob) per row; each
+        row consumes one draw of the random stream."""
+
+    def draft_tokens(self, token: int, k: int) -> list[int]:
+        """Feed `token` at n_past and k - 1 of the tokens sampled after it, back to back on the
+        device with the knobs of set_sampling (a draft model's greedy drafts); returns the k
+        sampled tokens. n_past grows by k."""

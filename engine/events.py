@@ -15,6 +15,7 @@ class EngineInfo:
     device_name: str
     has_chat_template: bool
     kv_type: str = "f16"  # the KV cache's element type: "f16" | "q8_0"
+    draft_model_name: str = ""  # the draft model loaded for speculative decoding ("" = none)
 
 
 @dataclass
@@ -53,10 +54,28 @@ class EngineStats:
     n_ctx: int = 0
     grammar_mask_ms_median: float = 0.0  # host time per token to compute the grammar mask
     grammar_mask_ms_p99: float = 0.0
-    spec_accepted: int = 0
-    spec_proposed: int = 0
+    # speculative decoding (engine/speculative.py), this reply so far
+    spec_rounds: int = 0  # verify passes
+    spec_drafted: int = 0  # draft tokens verified
+    spec_accepted: int = 0  # draft tokens the target kept
+    spec_drafted_by_pos: list[int] = field(default_factory=list)  # [i]: rounds that drafted a token at position i
+    spec_accepted_by_pos: list[int] = field(default_factory=list)  # [i]: rounds that kept it
     moe: MoeStats | None = None  # None: dense model
     vram: VramStats = field(default_factory=VramStats)
+
+    @property
+    def spec_acceptance(self) -> float:
+        """Share of drafted tokens the target kept (0 when nothing was drafted)."""
+        return self.spec_accepted / self.spec_drafted if self.spec_drafted else 0.0
+
+    @property
+    def spec_mean_length(self) -> float:
+        """Draft tokens kept per verify pass (each pass also yields one token of the target's own)."""
+        return self.spec_accepted / self.spec_rounds if self.spec_rounds else 0.0
+
+    def spec_acceptance_by_pos(self) -> list[float]:
+        """[i]: of the rounds that drafted a token at position i, the share that kept it."""
+        return [a / d if d else 0.0 for a, d in zip(self.spec_accepted_by_pos, self.spec_drafted_by_pos)]
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,11 @@ Choices this module makes, so callers know what to expect:
   reply ends with "eos"; when max_tokens or the context cut it first, with "length" (the reply is
   then an incomplete structure, which the UI and the CLI say). Stop strings still apply.
 - How one step turns the fed token into the next is a step strategy (engine/steps.py).
-- Not here yet: spec= and draft= are accepted and ignored until speculative decoding lands.
+- Speculative decoding (engine/speculative.py): spec=SpecConfig(mode="lookup") drafts from the
+  prompt and the reply so far; mode="draft" uses the draft model given to Engine.load(draft=).
+  The draft model runs on the same backend and thread with its own KV cache; its vocabulary must
+  be the target's. A reply's first token is always a plain step (it is the prefill's); after
+  that a step may yield several tokens. Job.update_spec() applies new knobs from the next round.
 """
 from __future__ import annotations
 
@@ -43,7 +47,8 @@ from memra_engine.events import DoneEvent, EngineInfo, EngineStats, StatsEvent, 
 from memra_engine.grammar import Grammar, GrammarConstraint, GrammarTokenizer
 from memra_engine.kv_type import DEFAULT_KV_TYPE, check_kv_type
 from memra_engine.sampling import SamplingParams
-from memra_engine.steps import MaskTimer, strategy_for
+from memra_engine.speculative import DraftModel, PromptLookup, SpecConfig, SpecCounters, check_draft_vocab
+from memra_engine.steps import MaskTimer, speculative_for, strategy_for
 
 log = logging.getLogger("memra.engine")
 
@@ -63,7 +68,7 @@ class JobRequest:
     prompt: str | None = None  # complete: raw text
     stop: tuple[str, ...] = ()
     grammar: Grammar | None = None
-    spec: object = None
+    spec: SpecConfig | None = None  # None: off
 
 
 @dataclass
@@ -82,6 +87,7 @@ class Job:
         self._events: queue.Queue[Event] = queue.Queue()
         self._cancel = threading.Event()
         self._sampling_update: SamplingParams | None = None
+        self._spec_update: SpecConfig | None = None
 
     def __iter__(self) -> Iterator[Event]:
         while True:
@@ -98,6 +104,16 @@ class Job:
 
     def take_sampling_update(self) -> SamplingParams | None:
         update, self._sampling_update = self._sampling_update, None
+        return update
+
+    def update_spec(self, spec: SpecConfig) -> None:
+        """New speculative knobs for the rest of this job, from the next round. Raises ValueError at
+        once if they are invalid."""
+        spec.validate()
+        self._spec_update = spec
+
+    def take_spec_update(self) -> SpecConfig | None:
+        update, self._spec_update = self._spec_update, None
         return update
 
     def cancel(self) -> None:
@@ -170,6 +186,7 @@ class LoadedModel:
     template: object | None
     backend: object
     cached_tokens: list[int] = field(default_factory=list)  # exactly what the KV cache holds
+    draft: DraftModel | None = None  # the draft model for speculative decoding, if one was given
     _grammar_tokenizer: GrammarTokenizer | None = None
 
     def grammar_tokenizer(self) -> GrammarTokenizer:
@@ -180,8 +197,9 @@ class LoadedModel:
 
 
 def open_model(g, kind: str, n_ctx: int, vram_budget, say: Progress,
-               kv_type: str = DEFAULT_KV_TYPE) -> tuple[LoadedModel, EngineInfo]:
-    """Build tokenizer, template and backend for an open GGUF. Runs on the engine thread."""
+               kv_type: str = DEFAULT_KV_TYPE, draft_g=None) -> tuple[LoadedModel, EngineInfo]:
+    """Build tokenizer, template and backend for an open GGUF (and the draft model's backend on
+    the same device, draft_g given). Runs on the engine thread."""
     from memra_engine.chat_template import ChatTemplate
     from memra_engine.tokenizer import load_tokenizer
 
@@ -190,8 +208,38 @@ def open_model(g, kind: str, n_ctx: int, vram_budget, say: Progress,
     tokenizer = load_tokenizer(g)
     template = ChatTemplate.from_gguf(g)
     backend = create_backend(kind, g, n_ctx, vram_budget, kv_type)
+    draft = None
+    if draft_g is not None:
+        say(f"loading the draft model {Path(draft_g.path).name}…")
+        try:
+            draft_backend = create_backend(kind, draft_g, n_ctx, None, kv_type, share_with=backend)
+        except BaseException:
+            backend.close()
+            raise
+        draft = DraftModel(model_name(draft_g, Path(draft_g.path)), draft_backend)
     info = describe_model(g, path, n_ctx, kind, backend, template is not None)
-    return LoadedModel(g, tokenizer, template, backend), info
+    if draft is not None:
+        info = replace(info, draft_model_name=draft.name)
+    return LoadedModel(g, tokenizer, template, backend, draft=draft), info
+
+
+def open_draft(path: str | Path, target) -> object:
+    """The draft model's GGUF, checked against the target's vocabulary (MemraError if they differ)."""
+    from memra_engine.model.config import config_from_gguf
+    from memra_engine.model.gguf_file import open_gguf
+
+    path = Path(path)
+    if not path.is_file():
+        raise MemraError(f"draft model file not found: {path}")
+    draft = open_gguf(path)
+    mismatch = check_draft_vocab(target, draft, config_from_gguf(target).vocab_size, config_from_gguf(draft).vocab_size)
+    if mismatch is not None:
+        raise MemraError(f"{path.name} cannot draft for this model: {mismatch}")
+    return draft
+
+
+def model_name(g, path: Path) -> str:
+    return str(g.metadata.get("general.name") or path.stem)
 
 
 def flush_decoder(decoder) -> str:
@@ -213,9 +261,8 @@ def describe_model(g, path: Path, n_ctx: int, backend_kind: str, backend, has_te
     n_params = sum(int(np.prod(t.shape)) for t in tensors)
     mix = Counter(getattr(t.ggml_type, "name", str(t.ggml_type)) for t in tensors)
     quant_mix = ", ".join(f"{name} x{count}" for name, count in mix.most_common())
-    name = g.metadata.get("general.name") or path.stem
     return EngineInfo(
-        model_name=str(name),
+        model_name=model_name(g, path),
         arch=str(g.metadata.get("general.architecture", "?")),
         n_params=n_params,
         quant_mix=quant_mix,
@@ -248,13 +295,15 @@ class Engine:
         path: str | Path | None,
         backend: str = "auto",
         n_ctx: int = 4096,
-        draft=None,
+        draft: str | Path | None = None,
         vram_budget: int | None = None,
         progress: Progress | None = None,
         kv_type: str = DEFAULT_KV_TYPE,
     ) -> "Engine":
         """Open the model and start the engine thread. Raises MemraError with a one-line message.
-        kv_type: the KV cache's element type, "f16" or "q8_0" (engine/kv_type.py)."""
+        kv_type: the KV cache's element type, "f16" or "q8_0" (engine/kv_type.py).
+        draft: a draft model's GGUF for speculative decoding (spec mode "draft"); its vocabulary
+        must be the target's."""
         if n_ctx < 16:
             raise MemraError(f"context size {n_ctx} is too small (use --ctx 16 or more)")
         check_kv_type(kv_type)
@@ -274,14 +323,14 @@ class Engine:
             # positions past the training context give garbage without rope scaling, which we lack
             say(f"the model was trained with a {n_ctx_train}-token context: using --ctx {n_ctx_train}")
             n_ctx = n_ctx_train
+        draft_g = open_draft(draft, g) if draft is not None else None
         kind = choose_backend(backend, say)
-        return cls.start(lambda: open_model(g, kind, n_ctx, vram_budget, say, kv_type), draft=draft)
+        return cls.start(lambda: open_model(g, kind, n_ctx, vram_budget, say, kv_type, draft_g))
 
     @classmethod
-    def start(cls, opener: Callable[[], tuple["LoadedModel", EngineInfo]], draft=None) -> "Engine":
+    def start(cls, opener: Callable[[], tuple["LoadedModel", EngineInfo]]) -> "Engine":
         """Start the engine thread, which calls `opener` to build its model state (tests pass fakes)."""
         engine = cls()
-        engine.draft = draft
         ready: queue.Queue[BaseException | None] = queue.Queue()
         engine._thread = threading.Thread(target=engine._serve, args=(opener, ready), name="memra-engine", daemon=True)
         engine._thread.start()
@@ -301,8 +350,8 @@ class Engine:
         return self._submit(Job(request))
 
     def complete(self, prompt: str, sampling: SamplingParams, stop: Sequence[str] = (),
-                 grammar: Grammar | None = None) -> Job:
-        return self._submit(Job(JobRequest(sampling, prompt=prompt, stop=tuple(stop), grammar=grammar)))
+                 grammar: Grammar | None = None, spec: SpecConfig | None = None) -> Job:
+        return self._submit(Job(JobRequest(sampling, prompt=prompt, stop=tuple(stop), grammar=grammar, spec=spec)))
 
     def stats(self) -> EngineStats:
         with self._stats_lock:
@@ -361,6 +410,8 @@ class Engine:
                 if job is not None:
                     job._put(DoneEvent("cancelled"))
         finally:
+            if model.draft is not None:
+                model.draft.backend.close()  # before the target: on the GPU it shares the target's context
             model.backend.close()
 
     def _publish(self, stats: EngineStats) -> None:
@@ -388,6 +439,8 @@ class Engine:
         model.cached_tokens = []
         try:
             model.backend.truncate(0)
+            if model.draft is not None:
+                model.draft.forget()
         except Exception:
             log.exception("truncate(0) failed after an error")
 
@@ -411,10 +464,14 @@ class Generation:
         self.n_decoded = 0
         self.last_stats = self.started
         self.mask_timer = MaskTimer()
+        self.spec_counters = SpecCounters()
 
     def run(self) -> None:
         self.sampling.validate()
         request = self.job.request
+        if request.spec is not None:
+            request.spec.validate()
+            self.check_spec(request.spec)
         # the matcher first: a grammar that cannot start ends the job before any work
         constraint = None
         if request.grammar is not None:
@@ -470,14 +527,20 @@ class Generation:
 
     # -- decode ------------------------------------------------------------------------------------
 
+    def check_spec(self, spec: SpecConfig) -> None:
+        if spec.mode == "draft" and self.model.draft is None:
+            raise ValueError("spec mode 'draft' needs a draft model, and none is loaded (use --draft FILE)")
+
     def decode_loop(self, prompt: list[int], constraint: GrammarConstraint | None) -> None:
-        """Feed a token, get the next one from the step strategy (engine/steps.py), stream it.
+        """Feed a token, get the next ones from the step strategy (engine/steps.py), stream them.
         A fixed seed repeats a reply on the same backend (DESIGN.md §5 rule 6), not across backends."""
         model, backend, params = self.model, self.model.backend, self.sampling
         tokenizer = model.tokenizer
         eos_ids = set(tokenizer.eos_ids)
         history = list(prompt)
-        strategy = strategy_for(backend, params, history, constraint, self.mask_timer)
+        plain = strategy_for(backend, params, history, constraint, self.mask_timer)
+        spec = self.job.request.spec
+        strategy = self.speculative(plain, history, spec, eos_ids) if spec is not None and spec.enabled else plain
         decoder = tokenizer.stream_decoder()
         stops = StopMatcher(self.job.request.stop)
         fed, n_generated = prompt[-1], 0
@@ -488,42 +551,61 @@ class Generation:
             if update is not None:
                 params = update
                 strategy.set_params(params, n_generated)
+            new_spec = self.job.take_spec_update()
+            if new_spec is not None:
+                self.check_spec(new_spec)
+                if not new_spec.enabled:
+                    strategy = plain
+                elif strategy is not plain and new_spec.mode == spec.mode:
+                    strategy.set_spec(new_spec)
+                else:
+                    strategy = self.speculative(plain, history, new_spec, eos_ids)
+                spec = new_spec
+            # the first step feeds the prompt's last token: one token, timed as prefill
+            budget = 1 if n_generated == 0 else params.max_tokens - n_generated
             t0 = time.perf_counter()
-            token, logprob = strategy.step(fed)
+            steps = strategy.step(fed, budget)
             dt = time.perf_counter() - t0
             model.cached_tokens.append(fed)
-            if n_generated == 0:  # the prompt's last token
+            model.cached_tokens.extend(t for t, _ in steps[:-1])  # a round's kept drafts are cached too
+            if n_generated == 0:
                 self.prefill_s += dt
                 self.n_prefilled += 1
             else:
                 self.decode_s += dt
-                self.n_decoded += 1
-            n_generated += 1
-            if n_generated == 1:
-                self.stats.time_to_first_token_s = time.perf_counter() - self.started
-            self.stats.n_generated = n_generated
-            if token in eos_ids:
-                held = stops.flush() + flush_decoder(decoder)
-                if held:
-                    self.job._put(TokenEvent(held, token, logprob))
-                return self.finish("eos")
-            history.append(token)
-            text, stopped = stops.push(decoder.push(token))
-            if stopped:
-                if text:
-                    self.job._put(TokenEvent(text, token, logprob))
-                return self.finish("stop")
-            complete = constraint is not None and constraint.done  # only end-of-text may follow
-            # the sampled token is fed back at position n_past; stop when it no longer fits
-            last = complete or n_generated >= params.max_tokens or backend.n_past >= backend.n_ctx
-            if last:
-                text += stops.flush() + flush_decoder(decoder)
-            self.job._put(TokenEvent(text, token, logprob))
-            if last:
-                return self.finish("eos" if complete else "length")
-            fed = token
+                self.n_decoded += len(steps)
+            for i, (token, logprob) in enumerate(steps):
+                n_generated += 1
+                if n_generated == 1:
+                    self.stats.time_to_first_token_s = time.perf_counter() - self.started
+                self.stats.n_generated = n_generated
+                if token in eos_ids:
+                    held = stops.flush() + flush_decoder(decoder)
+                    if held:
+                        self.job._put(TokenEvent(held, token, logprob))
+                    return self.finish("eos")
+                history.append(token)
+                text, stopped = stops.push(decoder.push(token))
+                if stopped:
+                    if text:
+                        self.job._put(TokenEvent(text, token, logprob))
+                    return self.finish("stop")
+                complete = constraint is not None and constraint.done  # only end-of-text may follow
+                # the step's last token is fed back at position n_past; stop when it no longer fits
+                full = i == len(steps) - 1 and backend.n_past >= backend.n_ctx
+                last = complete or n_generated >= params.max_tokens or full
+                if last:
+                    text += stops.flush() + flush_decoder(decoder)
+                self.job._put(TokenEvent(text, token, logprob))
+                if last:
+                    return self.finish("eos" if complete else "length")
+            fed = steps[-1][0]
             if time.perf_counter() - self.last_stats >= STATS_INTERVAL_S:
                 self.job._put(StatsEvent(self.snapshot()))
+
+    def speculative(self, plain, history: list[int], spec: SpecConfig, eos_ids: set[int]):
+        drafter = self.model.draft if spec.mode == "draft" else PromptLookup()
+        return speculative_for(plain, history, drafter, spec, self.spec_counters, eos_ids)
 
     # -- stats -------------------------------------------------------------------------------------
 
@@ -535,6 +617,9 @@ class Generation:
         stats.n_ctx_used = backend.n_past
         stats.vram = backend.memory_stats()
         stats.moe = backend.moe_stats()
+        c = self.spec_counters
+        stats.spec_rounds, stats.spec_drafted, stats.spec_accepted = c.rounds, c.drafted, c.accepted
+        stats.spec_drafted_by_pos, stats.spec_accepted_by_pos = list(c.drafted_by_pos), list(c.accepted_by_pos)
         if self.mask_timer.seconds:
             ms = np.asarray(self.mask_timer.seconds) * 1e3
             stats.grammar_mask_ms_median = float(np.median(ms))

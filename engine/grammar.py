@@ -211,7 +211,8 @@ class GrammarTokenizer:
 
 
 class GrammarConstraint:
-    """One reply's matcher: mask() for the next position, accept() each token drawn."""
+    """One reply's matcher: mask() for the next position, accept() each token drawn; speculative
+    rounds also check drafts (valid_prefix) and undo tentative tokens (rollback)."""
 
     def __init__(self, tokenizer: GrammarTokenizer, grammar: Grammar):
         llg = _llg()
@@ -241,6 +242,16 @@ class GrammarConstraint:
         if not self.matcher.consume_token(int(token)):
             self._check()
             raise GrammarError(f"token {token} does not fit the grammar")
+
+    def valid_prefix(self, tokens: list[int]) -> int:
+        """How many of `tokens`, in order, the grammar accepts from here (nothing is consumed)."""
+        return int(self.matcher.validate_tokens([int(t) for t in tokens])) if tokens else 0
+
+    def rollback(self, n: int) -> None:
+        """Undo the last n accepted tokens (speculative drafts that the target did not keep)."""
+        if n and not self.matcher.rollback(int(n)):
+            self._check()
+            raise GrammarError(f"the grammar matcher cannot roll back {n} tokens")
 
     @property
     def done(self) -> bool:

@@ -111,6 +111,12 @@ class CpuBackend:
     def finish_masked_step(self) -> tuple[int, float]:
         raise NotImplementedError("the cpu backend samples on the host")
 
+    def verify_sample(self, tokens, masks=None) -> list[tuple[int, float]]:
+        raise NotImplementedError("the cpu backend samples on the host")
+
+    def draft_tokens(self, token: int, k: int) -> list[int]:
+        raise NotImplementedError("the cpu backend samples on the host")
+
     # --- internals ------------------------------------------------------------------------------
     def check_tokens(self, tokens: Sequence[int]) -> np.ndarray:
         return check_tokens(tokens, self.config.vocab_size, self.n_past, self.n_ctx)

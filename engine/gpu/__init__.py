@@ -30,8 +30,10 @@ def available() -> tuple[bool, str]:
     return True, name
 
 
-def create_backend(g, n_ctx: int, vram_budget: int | None = None, kv_type: str = "f16"):
-    """The CUDA backend for an open GGUF; call on the thread that will use it (it owns the context)."""
+def create_backend(g, n_ctx: int, vram_budget: int | None = None, kv_type: str = "f16", share_with=None):
+    """The CUDA backend for an open GGUF; call on the thread that will use it (it owns the context).
+    share_with: a CudaBackend whose runtime (context, stream, kernels) this one uses."""
     from memra_engine.gpu.backend import CudaBackend
 
-    return CudaBackend(g, n_ctx=n_ctx, vram_budget=vram_budget, kv_type=kv_type)
+    runtime = share_with.rt if share_with is not None else None
+    return CudaBackend(g, n_ctx=n_ctx, vram_budget=vram_budget, kv_type=kv_type, runtime=runtime)

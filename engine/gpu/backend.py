@@ -47,6 +47,7 @@ from memra_engine.sampling import SamplingParams
 PREFILL_CHUNK = 512      # tokens per prefill forward (bounds the scratch arena)
 ALL_LOGITS_CHUNK = 64    # tokens per forward when every row's logits come back
 HEAD_DIMS = (64, 128, 256)
+VERIFY_ROWS = 16         # most rows of a speculative verify pass (ops.BATCHED_MATVEC_MAX)
 AHEAD_STEPS = 2          # decode_sample steps queued past the one returned (one hides the host's
                          # work per token; the second also the wake-up and launch after the sync)
 SCRATCH_SLACK = 4 * MIB
@@ -54,7 +55,9 @@ SCRATCH_SLACK = 4 * MIB
 
 class CudaBackend:
     def __init__(self, g, n_ctx: int, vram_budget: int | None = None, progress=None, use_graphs: bool = True,
-                 kv_type: str = DEFAULT_KV_TYPE):
+                 kv_type: str = DEFAULT_KV_TYPE, runtime: GpuRuntime | None = None):
+        """runtime: another backend's (a draft model beside its target shares the context and
+        stream, since one thread has one current context); closing this one leaves it open."""
         cfg = self.config = config_from_gguf(g)
         self.kv_type = check_kv_type(kv_type, cfg.head_dim)
         if not isinstance(n_ctx, int) or n_ctx < 1:
@@ -70,7 +73,8 @@ class CudaBackend:
         self._forward_ahead: tuple[int, int] | None = None  # masked path: (position, token) queued
         self._queued_logits_ptr = 0  # where the last queued forward leaves its logits
         self.pool = None
-        self.rt = GpuRuntime(progress=progress)
+        self._owns_rt = runtime is None
+        self.rt = runtime if runtime is not None else GpuRuntime(progress=progress)
         try:
             self._build(g, vram_budget, progress)
         except BaseException:
@@ -84,7 +88,8 @@ class CudaBackend:
             "weights": weights.nbytes(),
             "kv": GpuKvCache.bytes_needed(cfg.n_layer, cfg.n_kv_head, self.n_ctx, cfg.head_dim, self.kv_type),
             "scratch": self._scratch_bytes(g),
-            "graph": GpuSampler.nbytes(cfg.vocab_size) + 4 * (self.n_ctx + 2 * PREFILL_CHUNK) + 16 * 256,
+            "graph": GpuSampler.nbytes(cfg.vocab_size) + 4 * (self.n_ctx + 2 * PREFILL_CHUNK) + 16 * 256
+                     + VERIFY_ROWS * (4 * -(-cfg.vocab_size // 32) + OUT_DTYPE.itemsize) + 2 * 256,
         }
         self.pool = VramPool(regions, budget=vram_budget, oom_hint=OOM_HINT_Q8_0 if self.kv_type == "q8_0" else OOM_HINT)
         if progress:
@@ -105,6 +110,13 @@ class CudaBackend:
         self.out_events = [rt.cuda.Event() for _ in range(AHEAD_STEPS)]
         self.logits_host = rt.pinned((1, cfg.vocab_size), np.float32)
         self.mask_host = rt.pinned(self.sampler.mask_words, np.uint32)  # the masked step's bitmask
+        # speculative rounds: per-row masks and results of a verify pass, a draft model's tokens
+        self.verify_masks_ptr = alloc(VERIFY_ROWS * self.sampler.mask_words * 4, "verify_masks")
+        self.verify_out_ptr = alloc(VERIFY_ROWS * OUT_DTYPE.itemsize, "verify_out")
+        self.verify_tokens_host = rt.pinned(VERIFY_ROWS, np.int32)
+        self.verify_positions_host = rt.pinned(VERIFY_ROWS, np.int32)
+        self.verify_masks_host = rt.pinned((VERIFY_ROWS, self.sampler.mask_words), np.uint32)
+        self.verify_out_host = rt.pinned(VERIFY_ROWS, OUT_DTYPE)
         self.device_name = rt.device_name
         rt.resolve_all()
         rt.synchronize()
@@ -185,7 +197,8 @@ class CudaBackend:
             if self.pool is not None:
                 self.pool.close()
                 self.pool = None
-            rt.close()
+            if self._owns_rt:
+                rt.close()
             self.rt = None
 
     prefill_chunk = PREFILL_CHUNK
@@ -279,6 +292,68 @@ class CudaBackend:
         self._fed = token_out
         self._fill_queue()
         return token_out, logprob
+
+    # ---- speculative rounds ------------------------------------------------------------------
+    def verify_sample(self, tokens: Sequence[int], masks: np.ndarray | None = None) -> list[tuple[int, float]]:
+        """One graph: the forward of the round's tokens (rows computed as decode computes them,
+        like verify) and the device sampler on each row, row i's penalty window ending at
+        tokens[i] (the embed records the tokens in the device history) and its mask masks[i].
+        Only the rows' (token, logprob) come back."""
+        self._settle()
+        ids = self._check(tokens)
+        T, rt = len(ids), self.rt
+        if T > VERIFY_ROWS:
+            raise ValueError(f"a verify pass takes at most {VERIFY_ROWS} tokens, got {T}")
+        self.verify_tokens_host[:T] = ids
+        self.verify_positions_host[:T] = np.arange(self.n_past, self.n_past + T, dtype=np.int32)
+        rt.upload_async(self.tokens_ptr, self.verify_tokens_host)
+        rt.upload_async(self.positions_ptr, self.verify_positions_host)
+        if masks is not None:
+            self.verify_masks_host[:T] = masks
+            rt.upload_async(self.verify_masks_ptr, self.verify_masks_host[:T])
+        n_keys = self.n_past + T
+        splits, prefill_splits = self.splits_for(n_keys), self.prefill_splits_for(n_keys)
+        if self.use_graphs:
+            key = ("verify", T, splits, prefill_splits)
+            graph = self.graphs.get(key)
+            if graph is None:
+                graph = CudaGraph()
+                rt.synchronize()
+                with graph.capture(rt):
+                    self._verify_launches(T, splits, prefill_splits)
+                self.graphs[key] = graph
+            graph.launch(rt)
+        else:
+            self._verify_launches(T, splits, prefill_splits)
+        rt.cuda.memcpy_dtoh_async(self.verify_out_host, self.verify_out_ptr, rt.stream)
+        rt.synchronize()
+        self.n_past += T
+        return [(int(o["token"]), float(o["logprob"])) for o in self.verify_out_host[:T]]
+
+    def _verify_launches(self, T: int, splits: int, prefill_splits: int) -> None:
+        logits = self._forward(T, self.tokens_ptr, self.positions_ptr, splits, last_only=False,
+                               prefill_splits=prefill_splits)
+        row_bytes, words = 4 * self.config.vocab_size, self.sampler.mask_words
+        for i in range(T):
+            self.sampler.launch(logits.ptr + i * row_bytes, self.history_ptr, self.positions_ptr + 4 * i,
+                                mask_ptr=self.verify_masks_ptr + 4 * words * i,
+                                out_ptr=self.verify_out_ptr + OUT_DTYPE.itemsize * i)
+
+    def draft_tokens(self, token: int, k: int) -> list[int]:
+        """k decode+sample graph launches back to back (each writes the next step's token on the
+        device) and one wait: a draft model's drafts with no host round trip between them."""
+        self._settle()
+        self._check([token] * k)
+        if k > VERIFY_ROWS:
+            raise ValueError(f"at most {VERIFY_ROWS} draft tokens a call, got {k}")
+        rt = self.rt
+        self._write_step(int(token))
+        for i in range(k):
+            self._graph(self.splits_for(self.n_past + i + 1), sample=True).launch(rt)
+            rt.cuda.memcpy_dtoh_async(self.verify_out_host[i:i + 1], self.sampler.out_ptr, rt.stream)
+        rt.synchronize()
+        self.n_past += k
+        return [int(t) for t in self.verify_out_host["token"][:k]]
 
     def _fill_queue(self) -> None:
         while self.run_ahead and 0 < len(self._ahead) < AHEAD_STEPS and self._ahead[-1][0] + 1 < self.n_ctx:

@@ -114,15 +114,19 @@ class GpuSampler:
             allowed = words.view(np.uint32)
         self.rt.upload(self.mask_ptr, np.ascontiguousarray(allowed, dtype=np.uint32))
 
-    def launch(self, logits_ptr: int, history_ptr: int, pos_ptr: int, token_io_ptr: int = 0, pos_io_ptr: int = 0) -> None:
+    def launch(self, logits_ptr: int, history_ptr: int, pos_ptr: int, token_io_ptr: int = 0, pos_io_ptr: int = 0,
+               mask_ptr: int | None = None, out_ptr: int | None = None) -> None:
         """Sample from logits (penalised in place). pos_ptr: device int, the position of the last
         token in the history (penalty window ends there). token_io/pos_io: the decode graph's
-        step state, updated for the next step (0: leave alone)."""
+        step state, updated for the next step (0: leave alone). mask_ptr / out_ptr: another
+        bitmask and result slot than the sampler's own (a verify pass has one per row)."""
         rt = self.rt
+        mask_ptr = self.mask_ptr if mask_ptr is None else mask_ptr
+        out_ptr = self.out_ptr if out_ptr is None else out_ptr
         rt.launch("sample_penalize", 1, 256, (logits_ptr, self.params_ptr, history_ptr, pos_ptr, self.vocab))
         rt.launch("sample_stage1", self.n_blocks, 1024,
-                  (logits_ptr, self.mask_ptr, self.params_ptr, self.part_ptr, self.cand_v, self.cand_i,
+                  (logits_ptr, mask_ptr, self.params_ptr, self.part_ptr, self.cand_v, self.cand_i,
                    self.vocab, self.local_k))
         rt.launch("sample_finish", 1, 1024,
                   (logits_ptr, self.params_ptr, self.part_ptr, self.cand_v, self.cand_i, self.n_blocks,
-                   self.local_k, self.vocab, token_io_ptr, pos_io_ptr, self.out_ptr), shared=self.finish_shared)
+                   self.local_k, self.vocab, token_io_ptr, pos_io_ptr, out_ptr), shared=self.finish_shared)
