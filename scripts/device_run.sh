@@ -8,7 +8,9 @@
 #        MEMRA_TESTS=0 skips the tests, MEMRA_BENCH_FIRST=1 runs the benchmarks before the tests,
 #        MEMRA_BENCH_SAMPLER=1 times the sampler alone (scripts/bench_sampler.py),
 #        MEMRA_BENCH_GRAMMAR=1 runs scripts/bench_grammar.py (decode with / without a JSON schema)
-#        on each benchmark shape (MEMRA_BENCH_SHAPES="smollm2-135m llama-8b" picks the shapes).
+#        on each benchmark shape (MEMRA_BENCH_SHAPES="smollm2-135m llama-8b" picks the shapes),
+#        MEMRA_BENCH_SPEC=1 runs scripts/bench_spec.py: the verify cost on each shape, prompt lookup
+#        on the real SmolLM2 (when carried) and draft-model pairs (MEMRA_BENCH_TOOLS=0 skips memra-bench).
 #        Model parts in .models/ (scripts/model_parts.py) are joined first, for tests/gpu/test_real_model_gpu.py.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -53,10 +55,16 @@ run_bench() {
       stamp "synthetic $shape"
       [ -f "/tmp/models/$shape.gguf" ] || python3 -m memra_engine.model.synthetic "/tmp/models/$shape.gguf" \
           --preset "$shape" --quiet >> "$OUT/misc.log" 2>&1 || { tail -5 "$OUT/misc.log"; continue; }
-      stamp "memra-bench --backend cuda $shape"
-      python3 -m memra_engine.bench "/tmp/models/$shape.gguf" --backend cuda --ctx-depth 4096 --runs 5 --json \
-        > "$OUT/bench-$shape.json" 2>> "$OUT/misc.log" || { tail -5 "$OUT/misc.log"; continue; }
-      bench_rows+=("$shape")
+      if [ "${MEMRA_BENCH_TOOLS:-1}" != 0 ]; then
+        stamp "memra-bench --backend cuda $shape"
+        python3 -m memra_engine.bench "/tmp/models/$shape.gguf" --backend cuda --ctx-depth 4096 --runs 5 --json \
+          > "$OUT/bench-$shape.json" 2>> "$OUT/misc.log" || { tail -5 "$OUT/misc.log"; continue; }
+        bench_rows+=("$shape")
+      fi
+      if [ "${MEMRA_BENCH_SPEC:-0}" != 0 ]; then
+        stamp "spec verify cost $shape"
+        python3 scripts/bench_spec.py verify "/tmp/models/$shape.gguf" > "$OUT/spec-verify-$shape.txt" 2>&1
+      fi
       if [ "${MEMRA_BENCH_GRAMMAR:-0}" != 0 ]; then
         stamp "grammar bench $shape"
         python3 scripts/bench_grammar.py "/tmp/models/$shape.gguf" --backend cuda --runs 5 > "$OUT/grammar-$shape.txt" 2>&1
@@ -66,6 +74,18 @@ run_bench() {
         python3 scripts/profile_decode.py "/tmp/models/$shape.gguf" --ctx 128 --ctx 4096 > "$OUT/profile-$shape.txt" 2>&1
       fi
     done
+    if [ "${MEMRA_BENCH_SPEC:-0}" != 0 ] && [ -n "${MEMRA_REAL_SMOLLM2:-}" ]; then
+      stamp "spec lookup, real SmolLM2"
+      python3 scripts/bench_spec.py lookup "$MEMRA_REAL_SMOLLM2" > "$OUT/spec-lookup.txt" 2>&1
+      stamp "spec draft, real SmolLM2 drafting for itself"
+      python3 scripts/bench_spec.py draft "$MEMRA_REAL_SMOLLM2" --draft "$MEMRA_REAL_SMOLLM2" \
+        > "$OUT/spec-draft-self.txt" 2>&1
+    fi
+    if [ "${MEMRA_BENCH_SPEC:-0}" != 0 ] && [ -f /tmp/models/llama-8b.gguf ] && [ -f /tmp/models/smollm2-135m.gguf ]; then
+      stamp "spec draft, llama-8b shape with the smollm2-135m shape (random weights)"
+      python3 scripts/bench_spec.py draft /tmp/models/llama-8b.gguf --draft /tmp/models/smollm2-135m.gguf \
+        --max-tokens 128 --runs 1 > "$OUT/spec-draft-8b.txt" 2>&1
+    fi
     if [ "${MEMRA_BENCH_SAMPLER:-0}" != 0 ]; then
       stamp "sampler alone"
       python3 scripts/bench_sampler.py > "$OUT/sampler.txt" 2>&1
@@ -83,6 +103,7 @@ echo "== memra on $(nvidia-smi --query-gpu=name --format=csv,noheader) =="
 for f in "$OUT"/profile-*.txt; do [ -f "$f" ] && head -14 "$f"; done
 [ -f "$OUT/sampler.txt" ] && tail -12 "$OUT/sampler.txt"
 for f in "$OUT"/grammar-*.txt; do [ -f "$f" ] && echo "${f##*/}" && tail -6 "$f"; done
+for f in "$OUT"/spec-*.txt; do [ -f "$f" ] && echo "${f##*/}" && tail -9 "$f"; done
 for shape in "${bench_rows[@]}"; do
   python3 - "$OUT/bench-$shape.json" "$shape" <<'PY'
 import json, sys
