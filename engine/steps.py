@@ -216,21 +216,35 @@ class DeviceSpeculative(_Rounds):
     """Rounds on the GPU: one captured graph runs the verify forward and the device sampler on
     every row (row i's mask and penalty window are its own), and only the rows' tokens come back.
     Drafts are point masses (prompt lookup, or the draft model's greedy tokens, drafted on the
-    device back to back), so y_i == x_i is the whole acceptance test (module doc of
-    engine/speculative.py)."""
+    device back to back; with a grammar, one masked step each), so y_i == x_i is the whole
+    acceptance test (module doc of engine/speculative.py)."""
 
     def __init__(self, *args):
         super().__init__(*args)
-        if isinstance(self.drafter, DraftModel):
-            self.drafter.backend.set_sampling(SamplingParams(temperature=0.0), seed=0)
+        if isinstance(self.drafter, DraftModel):  # greedy drafts: a point mass, under the reply's grammar
+            self.drafter.backend.set_sampling(SamplingParams(temperature=0.0), seed=0,
+                                              use_mask=self.constraint is not None)
 
     def draft(self, k: int) -> tuple[list[int], None]:
         history = self.history
         if isinstance(self.drafter, PromptLookup):
             return self.cut(self.drafter.propose(history, k)), None
-        dm = self.drafter
+        dm, constraint = self.drafter, self.constraint
         dm.catch_up(history)
-        drafts = dm.backend.draft_tokens(history[-1], k)
+        if constraint is None:
+            drafts = dm.backend.draft_tokens(history[-1], k)
+        else:  # each draft under its grammar mask, or most drafts would be cut at once
+            drafts, token = [], history[-1]
+            for _ in range(k):
+                mask = dm.backend.begin_masked_step(token)
+                with self.plain.mask_timer:
+                    constraint.mask_into(mask)
+                token, _ = dm.backend.finish_masked_step()
+                drafts.append(token)
+                if token in self.stop_ids:
+                    break
+                constraint.accept(token)
+            constraint.rollback(len(drafts) - (drafts[-1] in self.stop_ids))
         dm.cached += [history[-1]] + drafts[:-1]
         return self.cut(drafts), None
 

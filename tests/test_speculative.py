@@ -179,6 +179,10 @@ def test_device_rounds_greedy_equal_plain(paths, grammar):
             got = chat(eng, spec=spec, grammar=g)
             assert got.token_ids == plain.token_ids, spec
             assert got.stats.spec_rounds > 0
+    with device_logic_engine(paths["tiny-llama"], paths["tiny-llama"]) as eng:
+        same = chat(eng, spec=SpecConfig(mode="draft"), grammar=g)  # greedy drafts under the grammar's masks
+        assert same.token_ids == plain.token_ids
+        assert same.stats.spec_accepted == same.stats.spec_drafted > 0
 
 
 @pytest.mark.slow
