@@ -91,33 +91,33 @@ def bench_replies(args, mode: str) -> None:
     from memra_engine.speculative import SpecConfig
 
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
-    spec = SpecConfig(mode=mode, draft_max=args.draft_max)
     table = []
     with Engine.load(args.model, backend=args.backend, n_ctx=4096, draft=args.draft) as eng:
         for i, prompt in enumerate(PROMPTS):
             msgs = [{"role": "user", "content": prompt}]
             eng.chat(msgs, SamplingParams(temperature=0.0, max_tokens=8)).collect()  # warm the graphs
-            plain_runs, spec_runs = [], []
-            for _ in range(args.runs):
-                plain_runs.append(eng.chat(msgs, params).collect())
-                spec_runs.append(eng.chat(msgs, params, spec=spec).collect())
-            for r in plain_runs + spec_runs:
-                if r.done.reason == "error":
-                    raise SystemExit(f"prompt {i}: {r.done.error}")
-            plain, sp = plain_runs[-1], spec_runs[-1]
+            plain_runs = [eng.chat(msgs, params).collect() for _ in range(args.runs)]
             p_tok_s = statistics.median(r.stats.decode_tok_s for r in plain_runs)
-            s_tok_s = statistics.median(r.stats.decode_tok_s for r in spec_runs)
-            st = sp.stats
-            table.append((i, len(plain.token_ids), p_tok_s, s_tok_s, plain.token_ids == sp.token_ids,
-                          st.spec_acceptance, st.spec_mean_length, st.spec_rounds))
+            for draft_max in args.draft_max:
+                spec = SpecConfig(mode=mode, draft_max=draft_max)
+                spec_runs = [eng.chat(msgs, params, spec=spec).collect() for _ in range(args.runs)]
+                for r in plain_runs + spec_runs:
+                    if r.done.reason == "error":
+                        raise SystemExit(f"prompt {i}: {r.done.error}")
+                plain, sp = plain_runs[-1], spec_runs[-1]
+                s_tok_s = statistics.median(r.stats.decode_tok_s for r in spec_runs)
+                st = sp.stats
+                table.append((i, draft_max, len(plain.token_ids), p_tok_s, s_tok_s, plain.token_ids == sp.token_ids,
+                              st.spec_acceptance, st.spec_mean_length, st.spec_rounds))
     print(f"{mode}, {args.model}" + (f", draft {args.draft}" if args.draft else "") +
-          f", greedy, max {args.max_tokens} tokens, draft_max {args.draft_max}, median of {args.runs}")
-    print("| prompt | tokens | plain tok/s | spec tok/s | speedup | same tokens | acceptance | mean kept/round | rounds |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for i, n, p, s, same, acc, mean, rounds in table:
-        print(f"| {i} | {n} | {p:.0f} | {s:.0f} | {s / p:.2f}x | {same} | {acc:.0%} | {mean:.2f} | {rounds} |")
-    speedups = [s / p for _, _, p, s, *_ in table]
-    print(f"median speedup {statistics.median(speedups):.2f}x")
+          f", greedy, max {args.max_tokens} tokens, median of {args.runs}")
+    print("| prompt | draft_max | tokens | plain tok/s | spec tok/s | speedup | same tokens | acceptance | mean kept/round | rounds |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for i, k, n, p, s, same, acc, mean, rounds in table:
+        print(f"| {i} | {k} | {n} | {p:.0f} | {s:.0f} | {s / p:.2f}x | {same} | {acc:.0%} | {mean:.2f} | {rounds} |")
+    for k in args.draft_max:
+        speedups = [s / p for _, kk, _, p, s, *_ in table if kk == k]
+        print(f"draft_max {k}: median speedup {statistics.median(speedups):.2f}x")
 
 
 def main() -> None:
@@ -128,12 +128,13 @@ def main() -> None:
     p.add_argument("--backend", default="cuda")
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--max-tokens", type=int, default=256)
-    p.add_argument("--draft-max", type=int, default=None)
+    p.add_argument("--draft-max", default=None, help="comma-separated draft_max values (default: the engine's)")
     args = p.parse_args()
     if args.draft_max is None:
         from memra_engine.speculative import DEFAULT_DRAFT_MAX
 
-        args.draft_max = DEFAULT_DRAFT_MAX
+        args.draft_max = str(DEFAULT_DRAFT_MAX)
+    args.draft_max = [int(k) for k in args.draft_max.split(",")]
     if args.what == "verify":
         args.runs = max(args.runs, 30)
         bench_verify(args)

@@ -76,7 +76,8 @@ run_bench() {
     done
     if [ "${MEMRA_BENCH_SPEC:-0}" != 0 ] && [ -n "${MEMRA_REAL_SMOLLM2:-}" ]; then
       stamp "spec lookup, real SmolLM2"
-      python3 scripts/bench_spec.py lookup "$MEMRA_REAL_SMOLLM2" > "$OUT/spec-lookup.txt" 2>&1
+      python3 scripts/bench_spec.py lookup "$MEMRA_REAL_SMOLLM2" --draft-max "${MEMRA_SPEC_DRAFT_MAX:-4,8}" \
+        > "$OUT/spec-lookup.txt" 2>&1
       stamp "spec draft, real SmolLM2 drafting for itself"
       python3 scripts/bench_spec.py draft "$MEMRA_REAL_SMOLLM2" --draft "$MEMRA_REAL_SMOLLM2" \
         > "$OUT/spec-draft-self.txt" 2>&1
@@ -103,7 +104,7 @@ echo "== memra on $(nvidia-smi --query-gpu=name --format=csv,noheader) =="
 for f in "$OUT"/profile-*.txt; do [ -f "$f" ] && head -14 "$f"; done
 [ -f "$OUT/sampler.txt" ] && tail -12 "$OUT/sampler.txt"
 for f in "$OUT"/grammar-*.txt; do [ -f "$f" ] && echo "${f##*/}" && tail -6 "$f"; done
-for f in "$OUT"/spec-*.txt; do [ -f "$f" ] && echo "${f##*/}" && tail -9 "$f"; done
+for f in "$OUT"/spec-*.txt; do [ -f "$f" ] && echo "${f##*/}" && tail -14 "$f"; done
 for shape in "${bench_rows[@]}"; do
   python3 - "$OUT/bench-$shape.json" "$shape" <<'PY'
 import json, sys

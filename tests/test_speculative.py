@@ -63,7 +63,8 @@ def test_prompt_lookup_drafts_the_continuation_of_the_longest_latest_match():
     assert lookup.propose(history, 3) == [6, 7, 8]  # "2 3 4" last seen before 6 7 8
     assert lookup.propose(history + [6], 2) == [7, 8]  # the index grows with the history
     assert PromptLookup().propose([1, 2, 3], 4) == []  # nothing repeats (a lookup follows one history)
-    assert PromptLookup().propose([5, 1, 2, 9, 9, 2], 2) == [9, 9]  # a 1-gram when no longer one matches
+    assert PromptLookup().propose([5, 1, 2, 9, 9, 2], 2) == []  # one repeated token is no match
+    assert PromptLookup(ngram_min=1).propose([5, 1, 2, 9, 9, 2], 2) == [9, 9]  # unless asked for
 
 
 def test_spec_config_validates_with_one_line_messages():
