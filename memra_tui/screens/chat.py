@@ -409,7 +409,7 @@ class ChatScreen(Screen):
     def _knobs_changed(self, event: KnobsPane.Changed) -> None:
         self.sampling = event.params
         self.query_one("#knob-summary", Label).update(describe_knobs(event.params, self.spec))
-        if self._job is not None and hasattr(self._job, "update_sampling"):
+        if self._job is not None:
             self._job.update_sampling(event.params)  # the reply in flight takes them at its next step
         self.app.set_sampling_defaults(event.params)
 
@@ -417,7 +417,7 @@ class ChatScreen(Screen):
     def _spec_changed(self, event: KnobsPane.SpecChanged) -> None:
         self.spec = self.app.spec = event.spec
         self.query_one("#knob-summary", Label).update(describe_knobs(self.sampling, event.spec))
-        if self._job is not None and hasattr(self._job, "update_spec"):
+        if self._job is not None:
             self._job.update_spec(event.spec)  # the reply in flight takes it at its next round
 
     @on(KnobsPane.GrammarChosen)
