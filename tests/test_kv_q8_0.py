@@ -151,7 +151,7 @@ def test_memra_chat_ui_gets_the_kv_type(monkeypatch, capsys):
     from memra_tui import cli
 
     calls = []
-    monkeypatch.setattr(memra_tui.app, "run_app", lambda *args, grammar=None: calls.append(args) or 0)
+    monkeypatch.setattr(memra_tui.app, "run_app", lambda *args, **options: calls.append(args) or 0)
     assert cli.main(["model.gguf", "--kv-type", "q8_0"]) == 0
     assert calls == [("model.gguf", "auto", 4096, False, "q8_0")]
     assert cli.main(["model.gguf", "--kv-type", "f32"]) == 1  # refused before the UI opens

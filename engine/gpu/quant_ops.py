@@ -11,6 +11,8 @@ of 8 values. numpy references for all of it are in memra_engine.gpu.quant_ref.
 """
 from __future__ import annotations
 
+import os
+
 from dataclasses import dataclass
 
 import numpy as np
@@ -167,6 +169,7 @@ def quantize_q8_1(rt, x_ptr: int, xq_ptr: int, n_cols: int, n_tokens: int = 1) -
 # ---- matvec (decode, verify) -------------------------------------------------------------------
 ONE_COLUMN_VARIANTS = ((1, 1), (1, 2), (1, 4), (2, 1), (2, 2), (4, 1))  # (rows per warp, units per step)
 FUSED_VARIANTS = ((1, 1), (2, 1))
+BATCHED_VARIANTS = ((1, 1), (2, 1), (4, 1))  # verify: rows per warp share each column's activation loads
 
 
 def _columns_variant(n: int) -> int:
@@ -196,6 +199,20 @@ def matvec_variant(w: GpuWeight, fused: bool = False) -> tuple[int, int]:
     if w.cols <= 4096:
         return (2, 2) if kind in ("q4_0", "q4_1") else (1, 2)
     return (1, 4) if kind == "q8_0" else (1, 2)
+
+
+def batched_variant(w: GpuWeight) -> tuple[int, int]:
+    """(rows per warp, units per step) for 2-16 columns. A warp loads each column's activation
+    unit once for its R rows, so R rows per warp divide the activation traffic, which at 8
+    columns outweighs the weight's (docs/gpu-notes.md, "Speculative decoding"). Each row's sums
+    do not depend on R: rows stay bit-identical to decode's.
+    MEMRA_BATCHED_R=1|2|4 forces R (A/B runs)."""
+    forced = os.environ.get("MEMRA_BATCHED_R")
+    if forced:
+        return (int(forced), 1)
+    # H200, verify of 8 rows against a decode step: SmolLM2 shape (K = 576) R1 2.47x, R2 2.29x,
+    # R4 2.39x; Llama-8B shape (K = 4096) R1 5.68x, R2 3.47x, R4 2.81x
+    return (4, 1) if w.cols >= 2048 else (2, 1)
 
 
 def matvec(rt, w: GpuWeight, x_ptr: int, xq_ptr: int | None, y_ptr: int, n_tokens: int = 1,
@@ -228,7 +245,7 @@ def matvec(rt, w: GpuWeight, x_ptr: int, xq_ptr: int | None, y_ptr: int, n_token
     for t0 in range(0, n_tokens, MATVEC_MAX_COLUMNS):
         n = min(MATVEC_MAX_COLUMNS, n_tokens - t0)
         c = _columns_variant(n)
-        r, u = (variant or matvec_variant(w)) if c == 1 else (1, 1)
+        r, u = variant or (matvec_variant(w) if c == 1 else batched_variant(w))
         rt.launch(f"matvec_{lay.kernel_type}_r{r}u{u}_c{c}", -(-w.rows // (MATVEC_WARPS * r)), 32 * MATVEC_WARPS,
                   (w.q_ptr, w.meta_ptr, int(xq_ptr) + t0 * stride, int(y_ptr) + t0 * w.rows * 4, w.rows, w.cols, n, stride))
 
@@ -277,7 +294,7 @@ def kernel_names() -> list[str]:
     names = ["quantize_q8_1"]
     for name, _, _ in QUANT_PLANES.values():
         names += [f"matvec_{name}_r{r}u{u}_c1" for r, u in ONE_COLUMN_VARIANTS]
-        names += [f"matvec_{name}_r1u1_c{c}" for c in (2, 4, 8, 16)]
+        names += [f"matvec_{name}_r{r}u{u}_c{c}" for r, u in BATCHED_VARIANTS for c in (2, 4, 8, 16)]
         names += [f"matvec_{name}_fused_r{r}u{u}" for r, u in FUSED_VARIANTS]
         names.append(f"matvec_{name}_qkv_rope")
         names += [f"{prefix}_{name}" for prefix in GEMM_TILES]

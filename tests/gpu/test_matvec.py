@@ -135,6 +135,9 @@ def test_batched_columns_bit_identical_to_single(gpu, ggml_type):
     for n in (2, 3, 4, 7, 8, 16, 19):
         assert np.array_equal(run_matvec(rt, pool, w, x[:n]), singles[:n]), f"{n} columns differ"
     if not w.layout.is_float:
+        for v in quant_ops.BATCHED_VARIANTS:  # rows per warp: each row's sums are the same
+            for n in (2, 3, 8, 16):
+                assert np.array_equal(run_matvec(rt, pool, w, x[:n], variant=v), singles[:n]), f"{v}, {n} columns"
         for v in quant_ops.ONE_COLUMN_VARIANTS:
             assert np.array_equal(run_matvec(rt, pool, w, x[:1], variant=v), singles[:1]), f"variant {v} differs"
         for v in quant_ops.FUSED_VARIANTS:  # quantize inside the matvec: same bytes, same sums
