@@ -151,7 +151,7 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
 class DraftLength:
     """How many tokens the next round drafts: the recent mean accepted length plus two, within
     [draft_min, draft_max] (fixed at draft_max when not adaptive). A verify pass grows with k
-    (on the H200, SmolLM2: 1.25x a decode step at k = 2, 1.5x at 4, 2.6x at 8), so drafts much
+    (on the H200, SmolLM2: 1.2x a decode step at k = 2, 1.5x at 4, 2.3x at 8), so drafts much
     longer than what is kept cost more than they bring."""
 
     def __init__(self, spec: SpecConfig):

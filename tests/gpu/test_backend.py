@@ -122,7 +122,7 @@ def test_graph_replay_is_bit_identical_to_eager(backends, name):
     assert np.array_equal(runs[0], runs[2])
 
 
-@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2"])  # decode fuses q|k|v + bias + rope, verify does not
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-gemma3"])  # decode fuses q|k|v + bias + rope, verify does not
 def test_verify_rows_equal_decode_rows(backends, name):
     _, gpu = backends(name)
     prompt = list(range(10, 60))

@@ -103,7 +103,9 @@ def test_greedy_speculative_replies_equal_plain_replies(paths, name, grammar):
     with Engine.load(paths[name], backend="cuda", n_ctx=1024, draft=paths[name]) as eng:
         got = eng.chat(messages, GREEDY, grammar=g, spec=SpecConfig(mode="draft")).collect()
         assert got.token_ids == plain.token_ids
-        assert got.stats.spec_accepted == got.stats.spec_drafted > 0  # the same model drafts its own argmax
+        # the same model drafts its own argmax; not always bit for bit: its cache of the prompt comes
+        # from a GEMM prefill chunked differently from the target's, so near-ties may flip
+        assert got.stats.spec_accepted >= 0.9 * got.stats.spec_drafted > 0
 
 
 def test_sampled_speculative_reply_repeats_with_its_seed(paths):
