@@ -590,9 +590,12 @@ class Generation:
                     if text:
                         self.job._put(TokenEvent(text, token, logprob))
                     return self.finish("stop")
-                complete = constraint is not None and constraint.done  # only end-of-text may follow
-                # the step's last token is fed back at position n_past; stop when it no longer fits
-                full = i == len(steps) - 1 and backend.n_past >= backend.n_ctx
+                # The constraint has taken the whole step (a round's tokens), so whether it is
+                # complete (only end-of-text may follow) is known at the step's last token; the last
+                # token is also the one fed back at position n_past: stop when it no longer fits.
+                end_of_step = i == len(steps) - 1
+                complete = end_of_step and constraint is not None and constraint.done
+                full = end_of_step and backend.n_past >= backend.n_ctx
                 last = complete or n_generated >= params.max_tokens or full
                 if last:
                     text += stops.flush() + flush_decoder(decoder)

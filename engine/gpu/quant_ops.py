@@ -169,7 +169,7 @@ def quantize_q8_1(rt, x_ptr: int, xq_ptr: int, n_cols: int, n_tokens: int = 1) -
 # ---- matvec (decode, verify) -------------------------------------------------------------------
 ONE_COLUMN_VARIANTS = ((1, 1), (1, 2), (1, 4), (2, 1), (2, 2), (4, 1))  # (rows per warp, units per step)
 FUSED_VARIANTS = ((1, 1), (2, 1))
-BATCHED_VARIANTS = ((1, 1), (2, 1), (4, 1))  # verify: rows per warp share each column's activation loads
+BATCHED_VARIANTS = ((2, 1), (4, 1))  # verify: rows per warp share each column's activation loads
 
 
 def _columns_variant(n: int) -> int:
@@ -206,7 +206,7 @@ def batched_variant(w: GpuWeight) -> tuple[int, int]:
     unit once for its R rows, so R rows per warp divide the activation traffic, which at 8
     columns outweighs the weight's (docs/gpu-notes.md, "Speculative decoding"). Each row's sums
     do not depend on R: rows stay bit-identical to decode's.
-    MEMRA_BATCHED_R=1|2|4 forces R (A/B runs)."""
+    MEMRA_BATCHED_R=2|4 forces R (A/B runs; one row per warp, R1, was slower on every shape)."""
     forced = os.environ.get("MEMRA_BATCHED_R")
     if forced:
         return (int(forced), 1)
