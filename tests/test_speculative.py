@@ -20,7 +20,7 @@ import pytest
 
 from memra_engine.cpu.backend import CpuBackend
 from memra_engine.errors import MemraError
-from memra_engine.events import TokenEvent
+from memra_engine.events import DoneEvent, TokenEvent
 from memra_engine.generate import Engine, open_draft, open_model
 from memra_engine.grammar import Grammar
 from memra_engine.model.gguf_file import open_gguf
@@ -324,3 +324,28 @@ def test_spec_can_be_switched_on_in_a_running_reply(paths):
     assert got.stats.spec_rounds > 0
     assert sum(got.stats.spec_drafted_by_pos) == got.stats.spec_drafted
     assert max(len(got.stats.spec_drafted_by_pos), 1) <= 6
+
+
+def test_cancel_storm_in_speculative_replies_leaves_the_caches_exact(paths):
+    """30 cancels at random points of lookup / draft-model replies, with and without a grammar;
+    then greedy replies, plain and speculative, equal a fresh engine's token for token."""
+    rng = np.random.default_rng(4)
+    sampled = SamplingParams(temperature=1.0, max_tokens=120)
+    with Engine.load(paths["tiny-llama"], backend="cpu", n_ctx=1024, draft=paths["tiny-llama-other"]) as eng:
+        for i in range(30):
+            spec = SpecConfig(mode=("lookup", "draft")[i % 2], draft_max=int(rng.integers(1, 9)))
+            job = eng.chat([{"role": "user", "content": repeating_prompt()[: int(rng.integers(20, 140))]}], sampled,
+                           spec=spec, grammar=Grammar.json() if i % 3 == 0 else None)
+            stop_after, done = int(rng.integers(0, 12)), None
+            for n, event in enumerate(job):
+                if isinstance(event, DoneEvent):
+                    done = event
+                elif n >= stop_after:
+                    job.cancel()
+                    done = job.collect().done
+                    break
+            assert done is not None and done.reason in ("cancelled", "eos", "length")
+        after = [chat(eng, spec=s) for s in (None, SpecConfig(mode="lookup"), SpecConfig(mode="draft"))]
+    with Engine.load(paths["tiny-llama"], backend="cpu", n_ctx=1024) as fresh:
+        expected = chat(fresh).token_ids
+    assert all(r.token_ids == expected for r in after)
