@@ -34,6 +34,15 @@ def check_tokens(tokens: Sequence[int], vocab_size: int, n_past: int, n_ctx: int
     return ids.astype(np.int32)
 
 
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens two sequences share: what a KV cache holding `a` keeps for `b`."""
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    diff = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
+    return int(diff[0]) if diff.size else n
+
+
 class Backend(Protocol):
     config: ModelConfig
     n_ctx: int

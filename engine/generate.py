@@ -41,6 +41,7 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
+from memra_engine.backend import common_prefix_len
 from memra_engine.backend_select import choose_backend, create_backend
 from memra_engine.errors import ContextOverflowError, GrammarError, MemraError
 from memra_engine.events import DoneEvent, EngineInfo, EngineStats, StatsEvent, TokenEvent
@@ -246,14 +247,6 @@ def flush_decoder(decoder) -> str:
     """The decoder's leftover bytes at the end of a reply (an incomplete character shows as U+FFFD)."""
     flush = getattr(decoder, "flush", None)
     return flush() if flush is not None else ""
-
-
-def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    if n == 0:
-        return 0
-    diff = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
-    return int(diff[0]) if diff.size else n
 
 
 def describe_model(g, path: Path, n_ctx: int, backend_kind: str, backend, has_template: bool) -> EngineInfo:

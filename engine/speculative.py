@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from memra_engine.backend import common_prefix_len
 from memra_engine.model.gguf_file import GGUFFile
 
 SPEC_MODES = ("off", "lookup", "draft")
@@ -110,7 +111,7 @@ class DraftModel:
         """Bring the cache to history[:-1] (the common prefix is kept); the last token is fed by
         the first draft step."""
         head = history[:-1]
-        keep = _common_prefix(self.cached, head)
+        keep = common_prefix_len(self.cached, head)
         self.backend.truncate(keep)
         self.cached = self.cached[:keep]
         step = self.backend.prefill_chunk
@@ -135,14 +136,6 @@ def check_draft_vocab(target: GGUFFile, draft: GGUFFile, target_vocab: int, draf
         if x != y:
             return f"the vocabularies differ at token {i}: {y!r} in the draft model, {x!r} in the target"
     return None
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 # ---------------------------------------------------------------------------------------- draft length

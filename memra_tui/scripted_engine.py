@@ -23,7 +23,7 @@ from typing import Callable, Iterator
 from memra_engine.errors import MemraError, ModelFormatError
 from memra_engine.events import DoneEvent, EngineInfo, EngineStats, MoeStats, StatsEvent, TokenEvent, VramStats
 from memra_engine.sampling import SamplingParams
-from memra_engine.speculative import SpecConfig
+from memra_engine.speculative import DraftLength, SpecConfig, SpecCounters
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -112,41 +112,29 @@ class ScriptedJob:
 
 @dataclass
 class SpecRounds:
-    """The speculative counters of one reply, as EngineStats reports them."""
+    """The speculative rounds of one reply: the engine's own counters and draft length, with a
+    seeded acceptance walk instead of a model."""
 
-    rounds: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    drafted_by_pos: list[int] = field(default_factory=list)
-    accepted_by_pos: list[int] = field(default_factory=list)
+    counters: SpecCounters = field(default_factory=SpecCounters)
+    length: DraftLength | None = None
     tokens_left: int = 0  # tokens of the current round not yet emitted
-    mean: float | None = None  # recent accepted length, for the adaptive draft length
 
     def play_round(self, spec: SpecConfig, rng: random.Random) -> None:
-        # the draft length follows acceptance as the engine's does (about twice the recent mean)
-        if self.mean is None:
-            self.mean = spec.draft_max / 2
-        k = spec.draft_max if not spec.adaptive else min(spec.draft_max, max(spec.draft_min, round(2 * self.mean) + 1))
+        if self.length is None:
+            self.length = DraftLength(spec)
+        self.length.spec = spec
+        k = self.length.next()
         # lookup's matches run out at varied lengths and are right less often; a draft model keeps
         # most of a draft
         if spec.mode == "lookup":
-            k, keep, decay = 1 + (self.rounds * 5) % k, 0.7, 0.85
+            k, keep, decay = 1 + (self.counters.rounds * 5) % k, 0.7, 0.85
         else:
             keep, decay = 0.95, 0.95
         accepted = 0
         while accepted < k and rng.random() < keep * decay ** accepted:
             accepted += 1
-        grow = k - len(self.drafted_by_pos)
-        if grow > 0:
-            self.drafted_by_pos += [0] * grow
-            self.accepted_by_pos += [0] * grow
-        for i in range(k):
-            self.drafted_by_pos[i] += 1
-            self.accepted_by_pos[i] += i < accepted
-        self.rounds += 1
-        self.drafted += k
-        self.accepted += accepted
-        self.mean = 0.7 * self.mean + 0.3 * accepted
+        self.counters.record(k, accepted)
+        self.length.update(accepted)
         self.tokens_left = accepted + 1  # the kept drafts and the target's own token
 
 
@@ -292,7 +280,7 @@ class ScriptedEngine:
             n = n_prompt + n_gen
             moe = MoeStats(hits=7 * n * 24, misses=n * 24 // 2, bytes_moved=(n * 24 // 2) * 1_179_648,
                            resident_experts=384, total_experts=1536)
-        r = job.spec_rounds
+        r = job.spec_rounds.counters
         self._stats = EngineStats(
             decode_tok_s=rate, prefill_tok_s=1500.0 + 50.0 * (job.index % 3), time_to_first_token_s=0.042,
             n_prompt_tokens=n_prompt, n_generated=n_gen, n_ctx_used=n_prompt + n_gen, n_ctx=self.info.n_ctx,

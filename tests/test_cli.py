@@ -180,7 +180,7 @@ def test_a_draft_model_reaches_the_load_and_drafts_the_reply(scripted_load, draf
     assert job.spec == SpecConfig("draft", draft_max=5, draft_min=DEFAULT_DRAFT_MIN)
     out = capsys.readouterr()
     assert out.out == job.emitted_text + "\n"
-    r = job.spec_rounds
+    r = job.spec_rounds.counters
     assert r.rounds > 0
     assert spec_line(out.err) == f"spec: accepted {r.accepted} of {r.drafted} drafted, mean length {r.accepted / r.rounds:.2f}"
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 from textual.widgets import Input, Select, Static
-from tui_helpers import send, wait_for, wait_ready
+from tui_helpers import send, set_field, wait_for, wait_ready
 
 from memra_engine.sampling import SamplingParams
 from memra_tui.scripted_engine import Script
@@ -16,13 +16,6 @@ from memra_tui.settings import PRESETS
 pytestmark = pytest.mark.anyio
 
 
-async def set_field(pilot, field: str, text: str) -> None:
-    """Type into a knob field the way a user does: focus, clear, type."""
-    field_input = pilot.app.screen.query_one(f"#knob-{field}", Input)
-    field_input.focus()
-    field_input.value = ""
-    await pilot.press(*text)
-    await pilot.pause()
 
 
 async def test_a_knob_change_reaches_the_next_job_exactly(make_app, paths):

@@ -68,3 +68,14 @@ async def hold_still(pilot) -> None:
         transcript.scroll_end(animate=False, immediate=True)
     await pilot.pause(0.1)
     await pilot.wait_for_scheduled_animations()
+
+
+async def set_field(pilot, field: str, text: str) -> None:
+    """Type into a knob field the way a user does: focus, clear, type."""
+    from textual.widgets import Input
+
+    field_input = pilot.app.screen.query_one(f"#knob-{field}", Input)
+    field_input.focus()
+    field_input.value = ""
+    await pilot.press(*text)
+    await pilot.pause()
