@@ -3,7 +3,8 @@
 The GPU package provides two functions (they may be absent in a CPU-only install):
     memra_engine.gpu.available() -> tuple[bool, str]        # (usable, reason when not)
     memra_engine.gpu.create_backend(g: GGUFFile, n_ctx: int, vram_budget: int | None, kv_type: str,
-                                    share_with: Backend | None) -> Backend
+                                    share_with: Backend | None, moe_vram: int | None,
+                                    say: Callable[[str], None] | None) -> Backend
 create_backend must be called on the thread that will use the backend (it owns the CUDA context).
 """
 from __future__ import annotations
@@ -48,11 +49,13 @@ def choose_backend(kind: str, progress: Callable[[str], None] | None = None) -> 
 
 
 def create_backend(kind: str, g, n_ctx: int, vram_budget: int | None = None, kv_type: str = DEFAULT_KV_TYPE,
-                   share_with=None):
+                   share_with=None, moe_vram: int | None = None, say: Callable[[str], None] | None = None):
     """Build the backend for a resolved kind ("cpu" or "cuda") on the calling thread.
     kv_type: "f16" or "q8_0" (engine/kv_type.py); an unknown one is a one-line MemraError.
     share_with: a backend of the same kind whose device context the new one uses (a draft model
-    beside its target: one thread has one current CUDA context). Close the new one first."""
+    beside its target: one thread has one current CUDA context). Close the new one first.
+    moe_vram: VRAM bytes for MoE experts (cuda only; the cpu backend keeps every expert in RAM).
+    say: where load notices go (e.g. the expert budget chosen when experts exceed free VRAM)."""
     check_kv_type(kv_type)
     if kind == "cpu":
         from memra_engine.cpu.backend import CpuBackend
@@ -60,4 +63,5 @@ def create_backend(kind: str, g, n_ctx: int, vram_budget: int | None = None, kv_
         return CpuBackend(g, n_ctx, kv_type=kv_type)
     from memra_engine import gpu
 
-    return gpu.create_backend(g, n_ctx=n_ctx, vram_budget=vram_budget, kv_type=kv_type, share_with=share_with)
+    return gpu.create_backend(g, n_ctx=n_ctx, vram_budget=vram_budget, kv_type=kv_type, share_with=share_with,
+                              moe_vram=moe_vram, say=say)

@@ -31,16 +31,35 @@ class VramStats:
 
 @dataclass
 class MoeStats:
+    """The MoE expert cache (engine/gpu/expert_cache.py). A hit is one routed (token, expert)
+    whose weights were in a VRAM slot; a miss read them from host memory and queued a copy-in.
+    Fields without `total_` count this reply; `total_` ones count since the model loaded."""
+
     hits: int = 0
     misses: int = 0
-    bytes_moved: int = 0
-    resident_experts: int = 0
-    total_experts: int = 0
+    bytes_moved: int = 0  # expert bytes copied host -> VRAM slots
+    copy_seconds: float = 0.0  # time those copies took on the copy stream
+    resident_experts: int = 0  # experts in VRAM now (all of them when the cache is off)
+    total_experts: int = 0  # n_layer * n_expert
+    slot_bytes: int = 0  # VRAM reserved for expert slots (0: every expert resident with the weights)
+    total_hits: int = 0
+    total_misses: int = 0
+    total_bytes_moved: int = 0
 
     @property
     def hit_rate(self) -> float:
         n = self.hits + self.misses
         return self.hits / n if n else 0.0
+
+    @property
+    def total_hit_rate(self) -> float:
+        n = self.total_hits + self.total_misses
+        return self.total_hits / n if n else 0.0
+
+    @property
+    def copy_gb_s(self) -> float:
+        """Host -> VRAM copy rate of this reply's misses (0 when nothing was copied)."""
+        return self.bytes_moved / self.copy_seconds / 1e9 if self.copy_seconds > 0 else 0.0
 
 
 @dataclass

@@ -198,7 +198,8 @@ class LoadedModel:
 
 
 def open_model(g, kind: str, n_ctx: int, vram_budget, say: Progress,
-               kv_type: str = DEFAULT_KV_TYPE, draft_g=None) -> tuple[LoadedModel, EngineInfo]:
+               kv_type: str = DEFAULT_KV_TYPE, draft_g=None,
+               moe_vram: int | None = None) -> tuple[LoadedModel, EngineInfo]:
     """Build tokenizer, template and backend for an open GGUF (and the draft model's backend on
     the same device, draft_g given). Runs on the engine thread."""
     from memra_engine.chat_template import ChatTemplate
@@ -208,7 +209,7 @@ def open_model(g, kind: str, n_ctx: int, vram_budget, say: Progress,
     say(f"loading {path.name} on the {kind} backend…")
     tokenizer = load_tokenizer(g)
     template = ChatTemplate.from_gguf(g)
-    backend = create_backend(kind, g, n_ctx, vram_budget, kv_type)
+    backend = create_backend(kind, g, n_ctx, vram_budget, kv_type, moe_vram=moe_vram, say=say)
     draft = None
     if draft_g is not None:
         say(f"loading the draft model {Path(draft_g.path).name}…")
@@ -292,11 +293,14 @@ class Engine:
         vram_budget: int | None = None,
         progress: Progress | None = None,
         kv_type: str = DEFAULT_KV_TYPE,
+        moe_vram: int | None = None,
     ) -> "Engine":
         """Open the model and start the engine thread. Raises MemraError with a one-line message.
         kv_type: the KV cache's element type, "f16" or "q8_0" (engine/kv_type.py).
         draft: a draft model's GGUF for speculative decoding (spec mode "draft"); its vocabulary
-        must be the target's."""
+        must be the target's.
+        moe_vram: bytes of VRAM for MoE experts (the expert cache, engine/gpu/expert_cache.py);
+        None: all experts resident when they fit, else a budget that fits (said through progress)."""
         if n_ctx < 16:
             raise MemraError(f"context size {n_ctx} is too small (use --ctx 16 or more)")
         check_kv_type(kv_type)
@@ -318,7 +322,9 @@ class Engine:
             n_ctx = n_ctx_train
         draft_g = open_draft(draft, g) if draft is not None else None
         kind = choose_backend(backend, say)
-        return cls.start(lambda: open_model(g, kind, n_ctx, vram_budget, say, kv_type, draft_g))
+        if moe_vram is not None and moe_vram <= 0:
+            raise MemraError(f"--moe-vram must be a positive size, not {moe_vram} bytes")
+        return cls.start(lambda: open_model(g, kind, n_ctx, vram_budget, say, kv_type, draft_g, moe_vram))
 
     @classmethod
     def start(cls, opener: Callable[[], tuple["LoadedModel", EngineInfo]]) -> "Engine":

@@ -30,9 +30,11 @@ def available() -> tuple[bool, str]:
     return True, name
 
 
-def create_backend(g, n_ctx: int, vram_budget: int | None = None, kv_type: str = "f16", share_with=None):
+def create_backend(g, n_ctx: int, vram_budget: int | None = None, kv_type: str = "f16", share_with=None,
+                   moe_vram: int | None = None, say=None):
     """The CUDA backend for an open GGUF; call on the thread that will use it (it owns the context).
-    share_with: a CudaBackend whose runtime (context, stream, kernels) this one uses."""
+    share_with: a CudaBackend whose runtime (context, stream, kernels) this one uses.
+    moe_vram: VRAM bytes for MoE experts; say: load notices."""
     from memra_engine.gpu.backend import CudaBackend
 
     runtime = share_with.rt if share_with is not None else None
