@@ -1,7 +1,7 @@
 """Plain data that crosses the seam between the engine and the UI (DESIGN.md §3)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,7 @@ class MoeStats:
     total_hits: int = 0
     total_misses: int = 0
     total_bytes_moved: int = 0
+    total_copy_seconds: float = 0.0
 
     @property
     def hit_rate(self) -> float:
@@ -55,6 +56,12 @@ class MoeStats:
     def total_hit_rate(self) -> float:
         n = self.total_hits + self.total_misses
         return self.total_hits / n if n else 0.0
+
+    def since(self, base: "MoeStats") -> "MoeStats":
+        """This reply's counters: the totals now less the totals `base` had when it began."""
+        return replace(self, hits=self.total_hits - base.total_hits, misses=self.total_misses - base.total_misses,
+                       bytes_moved=self.total_bytes_moved - base.total_bytes_moved,
+                       copy_seconds=self.total_copy_seconds - base.total_copy_seconds)
 
     @property
     def copy_gb_s(self) -> float:

@@ -257,7 +257,7 @@ def describe_model(g, path: Path, n_ctx: int, backend_kind: str, backend, has_te
     quant_mix = ", ".join(f"{name} x{count}" for name, count in mix.most_common())
     return EngineInfo(
         model_name=model_name(g, path),
-        arch=str(g.metadata.get("general.architecture", "?")),
+        arch=backend.config.arch,  # the forward program: "mixtral" for a llama file with experts
         n_params=n_params,
         quant_mix=quant_mix,
         n_ctx=n_ctx,
@@ -464,6 +464,7 @@ class Generation:
         self.last_stats = self.started
         self.mask_timer = MaskTimer()
         self.spec_counters = SpecCounters()
+        self.moe_base = model.backend.moe_stats()  # the expert-cache totals when this reply began
 
     def run(self) -> None:
         self.sampling.validate()
@@ -618,7 +619,8 @@ class Generation:
         stats.decode_tok_s = self.n_decoded / self.decode_s if self.decode_s > 0 else 0.0
         stats.n_ctx_used = backend.n_past
         stats.vram = backend.memory_stats()
-        stats.moe = backend.moe_stats()
+        moe = backend.moe_stats()
+        stats.moe = moe.since(self.moe_base) if moe is not None and self.moe_base is not None else moe
         c = self.spec_counters
         stats.spec_rounds, stats.spec_drafted, stats.spec_accepted = c.rounds, c.drafted, c.accepted
         stats.spec_drafted_by_pos, stats.spec_accepted_by_pos = list(c.drafted_by_pos), list(c.accepted_by_pos)

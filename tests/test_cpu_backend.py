@@ -197,7 +197,7 @@ def test_unknown_architecture(tiny, tmp_path):
     g = patched(tiny["tiny-llama"], tmp_path, old, old[:-5] + b"xyzzy")
     with pytest.raises(UnsupportedModelError) as err:
         CpuBackend(g, n_ctx=16)
-    assert str(err.value) == "unsupported architecture 'xyzzy' (supported: llama, qwen2, qwen3, gemma3)"
+    assert str(err.value) == "unsupported architecture 'xyzzy' (supported: llama, qwen2, qwen3, gemma3, qwen3moe, olmoe)"
 
 
 def test_missing_tensor_is_named(tiny, tmp_path):

@@ -102,7 +102,8 @@ def test_tiny_preset_has_expected_metadata(preset, tiny_files):
     assert m["general.architecture"] == a
     assert m[f"{a}.block_count"] == spec.n_layer
     assert m[f"{a}.embedding_length"] == spec.d_model
-    assert m[f"{a}.feed_forward_length"] == spec.d_ff
+    # olmoe and Mixtral (llama with experts) store the expert width there, as llama.cpp reads it
+    assert m[f"{a}.feed_forward_length"] == (spec.d_ff_expert if spec.n_expert and a != "qwen3moe" else spec.d_ff)
     assert m[f"{a}.attention.head_count"] == spec.n_head
     assert m[f"{a}.attention.head_count_kv"] == spec.n_kv_head
     assert m[f"{a}.attention.key_length"] == m[f"{a}.attention.value_length"] == spec.head_dim
@@ -112,9 +113,10 @@ def test_tiny_preset_has_expected_metadata(preset, tiny_files):
     if a == "gemma3":
         assert m["gemma3.attention.sliding_window"] == spec.sliding_window
         assert m["gemma3.rope.freq_base_swa"] == pytest.approx(spec.rope_base_local)
+    if spec.n_expert:
+        assert m[f"{a}.expert_count"] == spec.n_expert
+        assert m[f"{a}.expert_used_count"] == spec.n_expert_used
     if a == "qwen3moe":
-        assert m["qwen3moe.expert_count"] == spec.n_expert
-        assert m["qwen3moe.expert_used_count"] == spec.n_expert_used
         assert m["qwen3moe.expert_feed_forward_length"] == spec.d_ff_expert
     # Tokenizer: byte-level BPE with ChatML control tokens, padded to the vocab size.
     tokens = m["tokenizer.ggml.tokens"]
@@ -148,9 +150,11 @@ def test_tiny_preset_has_expected_tensors(preset, tiny_files):
                          f"{b}.attn_v.bias": (spec.n_kv_head * hd,)}
         if spec.arch in ("qwen3", "qwen3moe", "gemma3"):
             expected |= {f"{b}.attn_q_norm.weight": (hd,), f"{b}.attn_k_norm.weight": (hd,)}
+        if spec.arch == "olmoe":
+            expected |= {f"{b}.attn_q_norm.weight": (spec.n_head * hd,), f"{b}.attn_k_norm.weight": (spec.n_kv_head * hd,)}
         if spec.arch == "gemma3":
             expected |= {f"{b}.post_attention_norm.weight": (d,), f"{b}.post_ffw_norm.weight": (d,)}
-        if spec.arch == "qwen3moe":
+        if spec.n_expert:
             e, f = spec.n_expert, spec.d_ff_expert
             expected |= {f"{b}.ffn_gate_inp.weight": (e, d), f"{b}.ffn_gate_exps.weight": (e, f, d),
                          f"{b}.ffn_up_exps.weight": (e, f, d), f"{b}.ffn_down_exps.weight": (e, d, f)}

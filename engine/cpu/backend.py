@@ -90,7 +90,13 @@ class CpuBackend:
         return VramStats(process_rss=psutil.Process().memory_info().rss)
 
     def moe_stats(self) -> MoeStats | None:
-        return None
+        """Every expert sits in host memory here, so each routed (token, expert) is a hit."""
+        cfg = self.config
+        if not cfg.is_moe or self.ops is None:
+            return None
+        n = self.ops.routed
+        experts = cfg.n_layer * cfg.n_expert
+        return MoeStats(hits=n, total_hits=n, resident_experts=experts, total_experts=experts)
 
     def bench_extras(self, runs: int) -> dict:
         return {}

@@ -19,6 +19,7 @@ SQRT_2_OVER_PI = np.float32(np.sqrt(2.0 / np.pi))
 class CpuOps:
     def __init__(self, kv: KvCache):
         self.kv = kv
+        self.routed = 0  # (token, expert) pairs the MoE routers chose, since load
         self._rope_tables: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
 
     def embed(self, table, tokens: np.ndarray) -> np.ndarray:
@@ -120,6 +121,27 @@ class CpuOps:
 
     def softcap(self, x: np.ndarray, cap: float) -> np.ndarray:
         return np.float32(cap) * np.tanh(x / np.float32(cap))
+
+    def moe_ffn(self, layer: int, x: np.ndarray, router, gate_up, down, n_used: int,
+                renormalize: bool) -> np.ndarray:
+        logits = self.matmul(x, router)                                   # [T, n_expert]
+        logits = logits - logits.max(axis=-1, keepdims=True)
+        probs = np.exp(logits)
+        probs /= probs.sum(axis=-1, keepdims=True)
+        top = np.argsort(-probs, axis=-1, kind="stable")[:, :n_used]      # ties: the lower id
+        weights = np.take_along_axis(probs, top, axis=-1)
+        if renormalize:
+            weights = weights / weights.sum(axis=-1, keepdims=True)
+        self.routed += top.size
+        out = np.zeros_like(x)
+        # expert by expert over the tokens routed to it: one matmul per expert, not per token
+        for e in np.unique(top):
+            rows, slot = np.nonzero(top == e)
+            gu = x[rows] @ gate_up[e].T
+            gate, up = np.split(gu, 2, axis=-1)
+            y = self.swiglu(gate, up) @ down[e].T
+            out[rows] += weights[rows, slot][:, None] * y
+        return out
 
     def last_row(self, x: np.ndarray) -> np.ndarray:
         return x[-1:]

@@ -59,12 +59,42 @@ def dequantize_into(t: TensorInfo, out: np.ndarray) -> None:
 
 
 def dequantize_stacked(parts: list[TensorInfo], out: np.ndarray) -> np.ndarray:
-    """The parts' rows stacked into out (rows = the parts' rows summed)."""
+    """The parts' rows stacked into out (rows = the parts' rows summed). 3-D parts (experts)
+    stack per expert: out[e] holds the rows of every part's expert e."""
     a = 0
     for p in parts:
-        dequantize_into(p, out[a:a + p.shape[0]])
-        a += p.shape[0]
+        if len(p.shape) == 3:
+            for e in range(p.shape[0]):
+                out[e, a:a + p.shape[1]] = dequantize(dataclasses.replace(p, data=p.data[e], shape=p.shape[1:]))
+            a += p.shape[1]
+        else:
+            dequantize_into(p, out[a:a + p.shape[0]])
+            a += p.shape[0]
     return out
+
+
+class QuantizedExperts:
+    """[n_expert, rows, cols] experts left quantized in the memory map (parts stacked per expert,
+    as dequantize_stacked does); expert e is dequantized when a token routes to it, and the
+    last `keep` are kept. For MoE models too big to hold in float32 (the CPU's expert cache)."""
+
+    def __init__(self, parts: list[TensorInfo], keep: int):
+        self.parts, self.keep = parts, keep
+        self.shape = (parts[0].shape[0], sum(p.shape[1] for p in parts), parts[0].shape[2])
+        self._cache: OrderedDict[int, np.ndarray] = OrderedDict()
+
+    def __getitem__(self, e) -> np.ndarray:
+        e = int(e)
+        m = self._cache.get(e)
+        if m is not None:
+            self._cache.move_to_end(e)
+            return m
+        m = np.concatenate([dequantize(dataclasses.replace(p, data=p.data[e], shape=p.shape[1:]))
+                            for p in self.parts])
+        self._cache[e] = m
+        while len(self._cache) > self.keep:
+            self._cache.popitem(last=False)
+        return m
 
 
 class Arena:
@@ -101,6 +131,10 @@ class CpuWeights:
             [name for name in shapes if name.startswith(f"blk.{i}.")] for i in range(cfg.n_layer)
         ]
         layer_bytes = max(sum(f32_bytes(g.tensors[n]) for n in names) for names in self.layer_tensors)
+        # experts of a model too big for float32 stay quantized (QuantizedExperts), so they do
+        # not count against the layer LRU; a few per layer are kept dequantized instead
+        expert_bytes = max(sum(f32_bytes(g.tensors[n]) for n in names if n.endswith("_exps.weight"))
+                           for names in self.layer_tensors)
         embd = g.tensors["token_embd.weight"]
         head = embd if cfg.tied_embeddings else g.tensors["output.weight"]
         global_bytes = f32_bytes(head) + (0 if cfg.tied_embeddings else f32_bytes(embd))
@@ -123,7 +157,9 @@ class CpuWeights:
             head_fits = f32_bytes(head) <= budget_bytes // 2
             self.output = self.load_matrix(head) if head_fits else QuantizedMatrix(head)
             left = budget_bytes - (f32_bytes(head) if head_fits else 0)
-            self.max_cached_layers = max(1, min(cfg.n_layer, left // layer_bytes))
+            self.max_cached_layers = max(1, min(cfg.n_layer, left // max(1, layer_bytes - expert_bytes)))
+            # 2 x top-k dequantized experts per layer: a token's experts, and the last token's
+            self.experts_kept = 2 * max(1, cfg.n_expert_used)
         self._layers: OrderedDict[int, SimpleNamespace] = OrderedDict()
         if self.all_resident:
             for i in range(cfg.n_layer):
@@ -134,6 +170,16 @@ class CpuWeights:
         out = self.allocate(t.shape)
         dequantize_into(t, out)
         return out
+
+    def load_stack(self, parts: list[TensorInfo]):
+        """The parts stacked along rows (per expert for 3-D expert tensors)."""
+        if len(parts[0].shape) == 3:
+            if not self.all_resident:
+                return QuantizedExperts(parts, self.experts_kept)
+            shape = (parts[0].shape[0], sum(t.shape[1] for t in parts), parts[0].shape[2])
+        else:
+            shape = (sum(t.shape[0] for t in parts),) + parts[0].shape[1:]
+        return dequantize_stacked(parts, self.allocate(shape))
 
     def layer(self, i: int) -> SimpleNamespace:
         layer = self._layers.get(i)
@@ -154,8 +200,7 @@ class CpuWeights:
         arrays = {}
         for fused_name, parts in self.fused.items():
             stacked = [tensors.pop(p) for p in parts]
-            shape = (sum(t.shape[0] for t in stacked),) + stacked[0].shape[1:]
-            arrays[fused_name] = dequantize_stacked(stacked, self.allocate(shape))
+            arrays[fused_name] = self.load_stack(stacked)
         for short, t in tensors.items():
-            arrays[short] = self.load_matrix(t)
+            arrays[short] = self.load_stack([t]) if len(t.shape) == 3 else self.load_matrix(t)
         return SimpleNamespace(**arrays)

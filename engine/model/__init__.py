@@ -9,13 +9,16 @@ from __future__ import annotations
 from types import ModuleType
 
 from memra_engine.errors import UnsupportedModelError
-from memra_engine.model import gemma3, llama, qwen2, qwen3
+from memra_engine.model import gemma3, llama, mixtral, olmoe, qwen2, qwen3, qwen3moe
 
 ARCHITECTURES: dict[str, ModuleType] = {
     "llama": llama,
     "qwen2": qwen2,
     "qwen3": qwen3,
     "gemma3": gemma3,
+    "qwen3moe": qwen3moe,
+    "mixtral": mixtral,  # a llama GGUF with experts (config.py names it)
+    "olmoe": olmoe,
 }
 
 

@@ -13,7 +13,8 @@ from typing import Any
 from memra_engine.errors import ModelFormatError, UnsupportedModelError
 from memra_engine.model.gguf_file import GGUFFile
 
-SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "olmoe")
+MOE_ARCHS = ("qwen3moe", "olmoe")  # plus llama files with experts, which run as "mixtral"
 
 # Upper bounds far above any real model; they only stop absurd headers from sizing allocations.
 MAX_LAYERS = 1024
@@ -23,6 +24,7 @@ MAX_HEAD_DIM = 1024
 MAX_D_FF = 1 << 20
 MAX_VOCAB = 1 << 22
 MAX_CTX = 1 << 24
+MAX_EXPERTS = 1 << 12
 
 # gemma3: llama.cpp and transformers hard-code these; the GGUF only stores the window size.
 GEMMA3_SLIDING_WINDOW_PATTERN = 6      # every 6th layer is global
@@ -31,7 +33,7 @@ GEMMA3_ROPE_BASE_LOCAL = 10000.0
 
 @dataclass(frozen=True)
 class ModelConfig:
-    arch: str
+    arch: str                     # the forward program: general.architecture, but "mixtral" for llama files with experts
     name: str
     n_layer: int
     d_model: int
@@ -54,6 +56,15 @@ class ModelConfig:
     attn_logit_softcap: float     # 0: off
     final_logit_softcap: float    # 0: off
     embed_scale: float            # multiplies the embedding (gemma: sqrt(d_model))
+    # MoE (0 experts: a dense FFN). Every layer routes; router: softmax over all experts, then top-k.
+    n_expert: int = 0
+    n_expert_used: int = 0        # top-k
+    d_ff_expert: int = 0          # each expert's FFN width
+    expert_weights_norm: bool = False  # divide the top-k probabilities by their sum
+
+    @property
+    def is_moe(self) -> bool:
+        return self.n_expert > 0
 
     @property
     def q_dim(self) -> int:
@@ -139,11 +150,14 @@ def config_from_gguf(g: GGUFFile) -> ModelConfig:
         final_logit_softcap=field.number("final_logit_softcapping", default=0.0),
         embed_scale=1.0,
     )
+    moe = _moe_fields(field, arch, d_ff)
     if arch == "llama":
         # llama.cpp's converter permutes q/k rows so that adjacent-pair rope is right for llama GGUFs.
-        cfg = ModelConfig(**common, rope_neox=False)
-    elif arch in ("qwen2", "qwen3"):
-        cfg = ModelConfig(**common, rope_neox=True)
+        if moe:
+            common["arch"] = "mixtral"
+        cfg = ModelConfig(**common, **moe, rope_neox=False)
+    elif arch in ("qwen2", "qwen3", "qwen3moe", "olmoe"):
+        cfg = ModelConfig(**common, **moe, rope_neox=True)
     else:  # gemma3
         common.update(
             sliding_window=field.integer("attention.sliding_window", MAX_CTX),
@@ -158,6 +172,23 @@ def config_from_gguf(g: GGUFFile) -> ModelConfig:
 
     check_tensors(cfg, g)
     return cfg
+
+
+def _moe_fields(field: "_FieldReader", arch: str, d_ff: int) -> dict[str, Any]:
+    """Expert count, top-k and expert width; {} for a dense model. llama files carry experts
+    for Mixtral; qwen3moe and olmoe must. Router math follows llama.cpp per architecture:
+    qwen3moe and mixtral renormalize the top-k probabilities, olmoe does not."""
+    if arch not in MOE_ARCHS and field.get("expert_count", 0) == 0:
+        return {}
+    if arch not in MOE_ARCHS + ("llama",):
+        raise UnsupportedModelError(f"experts in a '{arch}' model are not supported")
+    n_expert = field.integer("expert_count", MAX_EXPERTS)
+    n_used = field.integer("expert_used_count", MAX_EXPERTS)
+    if n_used > n_expert:
+        raise field.bad(f"expert_used_count {n_used} is more than expert_count {n_expert}")
+    d_ff_expert = field.integer("expert_feed_forward_length", MAX_D_FF) if arch == "qwen3moe" else d_ff
+    return dict(n_expert=n_expert, n_expert_used=n_used, d_ff_expert=d_ff_expert,
+                expert_weights_norm=arch != "olmoe")
 
 
 def check_tensors(cfg: ModelConfig, g: GGUFFile) -> None:

@@ -89,5 +89,16 @@ class Ops(Protocol):
     def softcap(self, x: Array, cap: float) -> Array:
         """cap * tanh(x / cap)."""
 
+    def moe_ffn(self, layer: int, x: Array, router: Weight, gate_up: Weight, down: Weight,
+                n_used: int, renormalize: bool) -> Array:
+        """The routed SwiGLU FFN of an MoE layer: x [T, d] -> [T, d].
+
+        p = softmax(x @ router.T) over the experts (router [n_expert, d]); the n_used experts of
+        highest p (ties: the lower id) get weights p_e, divided by their sum if renormalize.
+        gate_up [n_expert, 2 * ff, d] stacks each expert's gate rows then up rows; down
+        [n_expert, d, ff]. out = sum_e w_e * down_e @ silu(gate_e @ x) * (up_e @ x).
+        `layer` names the layer for a backend that caches experts.
+        """
+
     def last_row(self, x: Array) -> Array:
         """[T, n] -> [1, n]: the last token's row (prefill only needs its logits)."""

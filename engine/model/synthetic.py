@@ -41,7 +41,8 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as QT, GGUFVal
 from memra_engine.errors import MemraError
 from memra_engine.model.kquants import ENCODABLE_TYPES, quantize
 
-ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "qwen3moe")
+ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "olmoe")
+MOE_ARCHS = ("qwen3moe", "olmoe")   # llama too, with n_expert > 0 (Mixtral)
 MIXES = ("Q4_K_M",)   # llama.cpp-style mixes; every other quant name is one ggml type
 QUANT_NAMES = tuple(t.name for t in ENCODABLE_TYPES) + MIXES
 
@@ -89,9 +90,9 @@ class SyntheticSpec:
     rope_base_local: float = 10000.0  # gemma3 sliding-window layers
     sliding_window: int = 512         # gemma3
     rms_eps: float = 1e-5
-    n_expert: int = 0                 # qwen3moe
+    n_expert: int = 0                 # MoE: qwen3moe, olmoe, and llama with experts (Mixtral)
     n_expert_used: int = 0
-    d_ff_expert: int = 0
+    d_ff_expert: int = 0              # olmoe and Mixtral write it as feed_forward_length
     chat_template: bool = True
     name: str = "synthetic"
 
@@ -108,9 +109,12 @@ class SyntheticSpec:
         for q in (self.quant, self.embed_type):
             if q is not None and q not in QUANT_NAMES:
                 raise ValueError(f"unknown quant {q!r} (choose from {', '.join(QUANT_NAMES)})")
-        if self.arch == "qwen3moe":
+        if self.arch in MOE_ARCHS or self.n_expert:
+            if self.arch not in MOE_ARCHS + ("llama",):
+                raise ValueError(f"{self.arch} has no experts (MoE archs: llama, {', '.join(MOE_ARCHS)})")
             if not (self.n_expert > 0 and 0 < self.n_expert_used <= self.n_expert and self.d_ff_expert > 0):
-                raise ValueError("qwen3moe needs n_expert > 0, 0 < n_expert_used <= n_expert, d_ff_expert > 0")
+                raise ValueError(f"{self.arch} with experts needs n_expert > 0, 0 < n_expert_used <= n_expert, "
+                                 "d_ff_expert > 0")
         if self.vocab < min_vocab():
             raise ValueError(f"vocab {self.vocab} is below the tokenizer's minimum {min_vocab()}")
 
@@ -150,6 +154,9 @@ PRESETS: dict[str, SyntheticSpec] = {
                          rope_base=1e6, sliding_window=16, rms_eps=1e-6),
     "tiny-qwen3moe": _tiny("qwen3moe", head_dim=32, d_ff=128, n_expert=4, n_expert_used=2,
                            d_ff_expert=32, rope_base=1e6, rms_eps=1e-6),
+    # 8 experts, top 2 as Mixtral; top 3 of 6 for olmoe (no renormalization, so top-k > 1 matters).
+    "tiny-mixtral": _tiny("llama", n_expert=8, n_expert_used=2, d_ff_expert=64, name="tiny-mixtral"),
+    "tiny-olmoe": _tiny("olmoe", n_expert=6, n_expert_used=3, d_ff_expert=32),
 }
 
 
@@ -321,11 +328,14 @@ def plan_tensors(spec: SyntheticSpec, control_ids: Sequence[int] = ()) -> list[T
         if spec.arch in ("qwen3", "qwen3moe", "gemma3"):
             vector(f"{blk}.attn_q_norm.weight", hd, 1.0, 0.1)
             vector(f"{blk}.attn_k_norm.weight", hd, 1.0, 0.1)
+        if spec.arch == "olmoe":   # over the whole projection, not per head
+            vector(f"{blk}.attn_q_norm.weight", q_dim, 1.0, 0.1)
+            vector(f"{blk}.attn_k_norm.weight", kv_dim, 1.0, 0.1)
         matrix(f"{blk}.attn_output.weight", (d, q_dim), _matrix_type(spec, "attn_output", i))
         if spec.arch == "gemma3":
             vector(f"{blk}.post_attention_norm.weight", d, 4.0, 0.4)
         vector(f"{blk}.ffn_norm.weight", d, 1.0, 0.1)
-        if spec.arch == "qwen3moe":
+        if spec.n_expert:
             e, eff = spec.n_expert, spec.d_ff_expert
             # The router stays F32, as in real Qwen3-MoE files.
             matrix(f"{blk}.ffn_gate_inp.weight", (e, d), QT.F32, 1.0 / np.sqrt(d))
@@ -412,7 +422,7 @@ def _model_metadata(spec: SyntheticSpec) -> dict[str, tuple[Any, GGUFValueType]]
         f"{a}.block_count": (spec.n_layer, u32),
         f"{a}.context_length": (spec.ctx, u32),
         f"{a}.embedding_length": (spec.d_model, u32),
-        f"{a}.feed_forward_length": (spec.d_ff, u32),
+        f"{a}.feed_forward_length": (spec.d_ff_expert if spec.n_expert and a != "qwen3moe" else spec.d_ff, u32),
         f"{a}.attention.head_count": (spec.n_head, u32),
         f"{a}.attention.head_count_kv": (spec.n_kv_head, u32),
         f"{a}.attention.key_length": (spec.head_dim, u32),
@@ -427,9 +437,10 @@ def _model_metadata(spec: SyntheticSpec) -> dict[str, tuple[Any, GGUFValueType]]
         meta[f"{a}.attention.sliding_window"] = (spec.sliding_window, u32)
         # llama.cpp hard-codes 10000 for gemma3's local layers; freq_base_swa is its key for it.
         meta[f"{a}.rope.freq_base_swa"] = (spec.rope_base_local, f32)
-    if a == "qwen3moe":
+    if spec.n_expert:
         meta[f"{a}.expert_count"] = (spec.n_expert, u32)
         meta[f"{a}.expert_used_count"] = (spec.n_expert_used, u32)
+    if a == "qwen3moe":
         meta[f"{a}.expert_feed_forward_length"] = (spec.d_ff_expert, u32)
     return meta
 
@@ -549,9 +560,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--rope-base-local", type=float, help="gemma3: rope base of sliding-window layers")
     p.add_argument("--sliding-window", type=int, help="gemma3: sliding-window size")
     p.add_argument("--rms-eps", type=float, help="RMSNorm epsilon")
-    p.add_argument("--experts", dest="n_expert", type=int, help="qwen3moe: experts per layer")
-    p.add_argument("--experts-used", dest="n_expert_used", type=int, help="qwen3moe: experts per token (top-k)")
-    p.add_argument("--d-ff-expert", type=int, help="qwen3moe: feed-forward width of each expert")
+    p.add_argument("--experts", dest="n_expert", type=int, help="MoE: experts per layer (llama: Mixtral)")
+    p.add_argument("--experts-used", dest="n_expert_used", type=int, help="MoE: experts per token (top-k)")
+    p.add_argument("--d-ff-expert", type=int, help="MoE: feed-forward width of each expert")
     p.add_argument("--no-chat-template", dest="chat_template", action="store_false", default=None,
                    help="omit tokenizer.chat_template (the model then runs in completion mode)")
     p.add_argument("--tokenizer-from", type=Path, metavar="REAL.gguf",
