@@ -34,7 +34,7 @@ from memra_tui.widgets.composer import Composer
 
 log = logging.getLogger("memra_tui")
 
-EngineLoader = Callable[..., object]  # Engine.load's signature: (path, backend=, n_ctx=, draft=, progress=, kv_type=) -> Engine
+EngineLoader = Callable[..., object]  # Engine.load's signature: (path, backend=, n_ctx=, draft=, progress=, kv_type=, moe_vram=) -> Engine
 
 
 class LoadProgress(Message):
@@ -69,7 +69,7 @@ class MemraApp(App[int]):
     def __init__(self, model: str | None, backend: str = "auto", n_ctx: int = 4096, resume: bool = False, *,
                  paths: AppPaths, load_engine: EngineLoader, clock: Callable[[], float] = time.time,
                  picker_root: Path | None = None, kv_type: str = "f16", grammar: Grammar | None = None,
-                 draft: str | None = None, spec: SpecConfig | None = None) -> None:
+                 draft: str | None = None, spec: SpecConfig | None = None, moe_vram: int | None = None) -> None:
         super().__init__()
         self.model = model
         self.backend = backend
@@ -78,6 +78,7 @@ class MemraApp(App[int]):
         self.resume = resume
         self.initial_grammar = grammar  # from the command line: the grammar of the chat it opens, and of new chats
         self.draft = draft  # the draft model's path, loaded with every model
+        self.moe_vram = moe_vram  # bytes of VRAM for MoE experts (--moe-vram), for every model loaded
         self.spec = spec or SpecConfig()  # from the command line, then the knobs: for every chat of this run
         self.paths = paths
         self.load_engine = load_engine
@@ -109,7 +110,8 @@ class MemraApp(App[int]):
         shown = model or "default model"
         try:
             engine = self.load_engine(model, backend=self.backend, n_ctx=self.n_ctx, kv_type=self.kv_type,
-                                      draft=self.draft, progress=lambda text: self.post_message(LoadProgress(text)))
+                                      draft=self.draft, moe_vram=self.moe_vram,
+                                      progress=lambda text: self.post_message(LoadProgress(text)))
         except MemraError as e:
             log.info("load failed: %s", e)
             self.post_message(LoadFailed(str(e).splitlines()[0] if str(e) else type(e).__name__, shown))
@@ -234,15 +236,17 @@ def setup_logging(log_file: Path) -> None:
 
 
 def run_app(model: str | None, backend: str, n_ctx: int, resume: bool, kv_type: str = "f16",
-            grammar: Grammar | None = None, draft: str | None = None, spec: SpecConfig | None = None) -> int:
+            grammar: Grammar | None = None, draft: str | None = None, spec: SpecConfig | None = None,
+            moe_vram: int | None = None) -> int:
     """Open the chat app on `model` (None: the default model). Returns the process exit code.
     grammar: a memra_engine.grammar.Grammar from the command line, active for the chat's replies.
-    draft: a draft model's path, loaded with the model; spec: the speculative decoding to start with."""
+    draft: a draft model's path, loaded with the model; spec: the speculative decoding to start with;
+    moe_vram: bytes of VRAM for MoE experts (None: the engine decides)."""
     from memra_engine.generate import Engine
 
     paths = AppPaths.default()
     setup_logging(paths.log_file)
     app = MemraApp(model, backend, n_ctx, resume, paths=paths, load_engine=Engine.load, kv_type=kv_type,
-                   grammar=grammar, draft=draft, spec=spec)
+                   grammar=grammar, draft=draft, spec=spec, moe_vram=moe_vram)
     code = app.run()
     return app.return_code if code is None else int(code)

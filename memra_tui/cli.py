@@ -12,10 +12,11 @@ import traceback
 from pathlib import Path
 
 from memra_engine.errors import MemraError
-from memra_engine.events import DoneEvent, StatsEvent, TokenEvent
+from memra_engine.events import DoneEvent, MoeStats, StatsEvent, TokenEvent
 from memra_engine.kv_type import check_kv_type
 from memra_engine.sampling import SamplingParams
 from memra_engine.speculative import DEFAULT_DRAFT_MAX, DEFAULT_DRAFT_MIN, MAX_DRAFT, SpecConfig
+from memra_tui.format import fmt_bytes, parse_size
 
 PROG = "memra-chat"
 DEFAULTS = SamplingParams()
@@ -83,12 +84,23 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--ctx", type=int, default=4096, metavar="N", help="context size in tokens (default 4096)")
     e.add_argument("--kv-type", default="f16", metavar="f16|q8_0",
                    help="KV cache element type: f16, or q8_0 for about half the memory (default f16)")
+    e.add_argument("--moe-vram", type=size_arg, default=None, metavar="SIZE",
+                   help="VRAM for MoE experts (the expert cache), e.g. 6GiB, 512MiB, 6G (binary) or 1.5GB "
+                   "(decimal); default: all experts when they fit, else what fits")
     e.add_argument("--stats", action="store_true", help="print speed and memory to stderr after the reply")
 
     m = p.add_argument_group("other")
     m.add_argument("--pull-default", action="store_true", help="only fetch the default model into the cache, then exit")
     m.add_argument("--resume", action="store_true", help="UI only: reopen the last conversation")
     return p
+
+
+def size_arg(text: str) -> int:
+    """argparse type for sizes: a bad one is argparse's one-line error (exit 2)."""
+    try:
+        return parse_size(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def say(message: str) -> None:
@@ -149,7 +161,7 @@ def run_headless(args: argparse.Namespace) -> int:
     grammar = grammar_from(args)
     spec = spec_from(args)
     engine = Engine.load(args.model, backend=args.backend, n_ctx=args.ctx, draft=args.draft, kv_type=args.kv_type,
-                         progress=say)
+                         moe_vram=args.moe_vram, progress=say)
     try:
         if args.raw:
             job = engine.complete(args.prompt, params, stop=args.stop, grammar=grammar, spec=spec)
@@ -190,11 +202,20 @@ def stream(job, show_stats: bool, grammar=None, spec: SpecConfig | None = None) 
                     if spec is not None and spec.enabled:
                         say(f"spec: accepted {stats.spec_accepted} of {stats.spec_drafted} drafted, "
                             f"mean length {stats.spec_mean_length:.2f}")
+                    if stats.moe is not None:
+                        say(moe_line(stats.moe))
     except KeyboardInterrupt:
         job.cancel()
         sys.stdout.write("\n")
         return 130
     return 0
+
+
+def moe_line(m: MoeStats) -> str:
+    """The --stats line of the expert cache: this reply's counters, and the hit rate since load."""
+    return (f"moe: hits {m.hits} of {m.hits + m.misses} ({m.hit_rate:.1%}; {m.total_hit_rate:.1%} since load), "
+            f"copied {fmt_bytes(m.bytes_moved)} at {m.copy_gb_s:.1f} GB/s, "
+            f"resident {m.resident_experts}/{m.total_experts} experts")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -210,7 +231,7 @@ def run(args: argparse.Namespace) -> int:
         from memra_tui.app import run_app  # lazy: the headless path must not load Textual
 
         return run_app(args.model, args.backend, args.ctx, args.resume, args.kv_type, grammar=grammar,
-                       draft=args.draft, spec=spec)
+                       draft=args.draft, spec=spec, moe_vram=args.moe_vram)
     return run_headless(args)
 
 

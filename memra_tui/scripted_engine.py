@@ -1,10 +1,11 @@
 """A stand-in for memra_engine.generate.Engine that follows the seam (DESIGN.md §3) exactly.
 
 It plays scripted replies at a set token rate from its own background thread, with fake but
-deterministic stats (decode/prefill speed, VRAM pool or process memory, an optional MoE cache),
-so the UI can be developed, snapshot-tested and benchmarked without a model. Every job records
-the messages, SamplingParams and Grammar it was given (job.grammar); a grammar does not change the
-scripted reply, which ends with "length" when max_tokens cuts it, as a constrained one would.
+deterministic stats (decode/prefill speed, VRAM pool or process memory, an optional MoE expert
+cache whose hit rate climbs as it warms up), so the UI can be developed, snapshot-tested and
+benchmarked without a model. Every job records the messages, SamplingParams and Grammar it was
+given (job.grammar); a grammar does not change the scripted reply, which ends with "length" when
+max_tokens cuts it, as a constrained one would.
 A SpecConfig (job.spec) does not change the reply either; it makes the stats report speculative
 rounds, drafted and accepted with a seeded walk whose acceptance falls with the draft position,
 as real drafts do (lookup drafts shorter and is accepted less than a draft model).
@@ -16,7 +17,7 @@ import random
 import re
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -27,6 +28,11 @@ from memra_engine.speculative import DraftLength, SpecConfig, SpecCounters
 
 MiB = 1 << 20
 GiB = 1 << 30
+
+# The scripted MoE model: 24 layers of 64 experts, 8 routed per token, and an expert cache of 384
+# VRAM slots (a quarter of the experts) filled by the misses.
+MOE_LAYERS, MOE_EXPERTS, MOE_TOP_K, MOE_SLOTS = 24, 64, 8, 384
+EXPERT_BYTES = 1_179_648  # one expert's gate, up and down matrices
 
 DEFAULT_REPLIES = [
     "Hello! I am a **scripted** engine. Here is a tiny function:\n\n"
@@ -75,6 +81,7 @@ class ScriptedJob:
         self.spec_updates: list[SpecConfig] = []  # from update_spec, in order
         self._spec_update: SpecConfig | None = None  # taken at the next round, as the engine does
         self.spec_rounds = SpecRounds()
+        self.moe_base: MoeStats | None = None  # the expert-cache totals when the job began
         self.emitted: list[str] = []  # token texts in the order they were put on the queue
         self.last_token_time = 0.0
         self.done_reason = ""
@@ -140,8 +147,9 @@ class SpecRounds:
 
 class ScriptedEngine:
     def __init__(self, script: Script | None = None, model_path: str = "scripted-tiny.gguf", n_ctx: int = 4096,
-                 kv_type: str = "f16", draft_path: str | None = None):
+                 kv_type: str = "f16", draft_path: str | None = None, moe_vram: int | None = None):
         self.script = script or Script()
+        self.moe_vram = moe_vram  # recorded for tests; the scripted cache keeps its MOE_SLOTS
         n_ctx = self.script.n_ctx or n_ctx
         self.info = EngineInfo(
             model_name=Path(model_path).stem,
@@ -156,7 +164,11 @@ class ScriptedEngine:
             draft_model_name=Path(draft_path).stem if draft_path else "",
         )
         self.jobs: list[ScriptedJob] = []
-        self._stats = EngineStats(n_ctx=n_ctx, vram=self._memory(0), moe=MoeStats(total_experts=1536) if self.script.moe else None)
+        # the expert cache's totals since load (the engine thread's); None: a dense model
+        self._moe = (MoeStats(total_experts=MOE_LAYERS * MOE_EXPERTS, slot_bytes=MOE_SLOTS * EXPERT_BYTES)
+                     if self.script.moe else None)
+        self._moe_tokens = 0  # tokens routed since load
+        self._stats = EngineStats(n_ctx=n_ctx, vram=self._memory(0), moe=replace(self._moe) if self._moe else None)
         self._inbox: queue.Queue = queue.Queue()
         self._current: ScriptedJob | None = None
         self._closed = False
@@ -169,7 +181,8 @@ class ScriptedEngine:
         """A function with Engine.load's signature that builds a ScriptedEngine."""
         script = script or Script()
 
-        def load(path=None, backend="auto", n_ctx=4096, draft=None, vram_budget=None, progress=None, kv_type="f16"):
+        def load(path=None, backend="auto", n_ctx=4096, draft=None, vram_budget=None, progress=None, kv_type="f16",
+                 moe_vram=None):
             report = progress or (lambda msg: None)
             shown = str(path) if path else "scripted-tiny.gguf"
             for step in ("fetch: using " + shown, "kernel build: nothing to build (scripted)",
@@ -180,7 +193,7 @@ class ScriptedEngine:
                 raise ModelFormatError(script.fail_paths[shown])
             if draft is not None and str(draft) in script.fail_drafts:
                 raise MemraError(script.fail_drafts[str(draft)])
-            return cls(script, shown, n_ctx, kv_type, str(draft) if draft is not None else None)
+            return cls(script, shown, n_ctx, kv_type, str(draft) if draft is not None else None, moe_vram)
 
         return load
 
@@ -222,6 +235,7 @@ class ScriptedEngine:
         return len(split_tokens(text)) + 4 * len(job.messages or [])
 
     def _play(self, job: ScriptedJob) -> None:
+        job.moe_base = replace(self._moe) if self._moe else None
         try:
             job.sampling.validate()
             if job.spec is not None:
@@ -243,6 +257,7 @@ class ScriptedEngine:
         rate = self.script.tokens_per_s * (1.0 - 0.04 * (job.index % 5))
         hold_at = self.script.pause_at.get(job.index, self.script.pause_after)
         spec, rng = job.spec, random.Random(job.index)
+        self._route(job, n_prompt)
         start = time.perf_counter()
         for i, text in enumerate(tokens):
             if hold_at is not None and i == hold_at:
@@ -264,6 +279,7 @@ class ScriptedEngine:
             job.emitted.append(text)
             job.last_token_time = time.perf_counter()
             job._events.put(TokenEvent(text, 1000 + i, -0.25))
+            self._route(job, 1)
             if (i + 1) % self.script.stats_every == 0:
                 job._events.put(StatsEvent(self._make_stats(job, n_prompt, i + 1, rate)))
         self._finish(job, DoneEvent(reason), n_prompt, len(tokens), rate)
@@ -274,12 +290,28 @@ class ScriptedEngine:
         job.done_reason = done.reason
         job._events.put(done)
 
+    def _route(self, job: ScriptedJob, n_tokens: int) -> None:
+        """Route n tokens through the scripted expert cache. The miss share falls from about a third
+        as the cache warms up, with a wobble (the topic shifts); each miss copies one expert in, at
+        24-27 GB/s (a plausible pinned host -> VRAM rate), into a free slot while there is one."""
+        m = self._moe
+        if m is None:
+            return
+        gb_s = 24.0 + 1.5 * (job.index % 3)
+        for _ in range(n_tokens):
+            t = self._moe_tokens
+            share = 0.03 + 0.3 * 0.5 ** (t / 64) + 0.02 * (t // 16 % 3)
+            lookups = MOE_LAYERS * MOE_TOP_K
+            misses = round(lookups * share)
+            m.total_hits += lookups - misses
+            m.total_misses += misses
+            m.total_bytes_moved += misses * EXPERT_BYTES
+            m.total_copy_seconds += misses * EXPERT_BYTES / (gb_s * 1e9)
+            m.resident_experts = min(MOE_SLOTS, m.total_misses)
+            self._moe_tokens += 1
+
     def _make_stats(self, job: ScriptedJob, n_prompt: int, n_gen: int, rate: float) -> EngineStats:
-        moe = None
-        if self.script.moe:
-            n = n_prompt + n_gen
-            moe = MoeStats(hits=7 * n * 24, misses=n * 24 // 2, bytes_moved=(n * 24 // 2) * 1_179_648,
-                           resident_experts=384, total_experts=1536)
+        moe = self._moe.since(job.moe_base) if self._moe else None  # this reply's counters, as the engine's
         r = job.spec_rounds.counters
         self._stats = EngineStats(
             decode_tok_s=rate, prefill_tok_s=1500.0 + 50.0 * (job.index % 3), time_to_first_token_s=0.042,
@@ -295,6 +327,9 @@ class ScriptedEngine:
             return VramStats(process_rss=412 * MiB)
         reserved = {"weights": 4258 * MiB, "kv": 512 * MiB, "scratch": 96 * MiB, "graph": 8 * MiB}
         used = dict(reserved, kv=min(reserved["kv"], n_tokens * 128 * 1024))
+        if self._moe is not None:  # the expert cache's slots: a region of their own, used as they fill
+            reserved["experts"] = self._moe.slot_bytes
+            used["experts"] = self._moe.resident_experts * EXPERT_BYTES
         total = 141 * GiB
         return VramStats(reserved=reserved, used=used, device_total=total,
                          device_free=total - sum(reserved.values()) - 600 * MiB)

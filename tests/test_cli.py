@@ -38,7 +38,7 @@ def test_help_documents_every_flag():
     for flag in ("--prompt", "--raw", "--max-tokens", "--temperature", "--top-k", "--top-p", "--min-p",
                  "--repeat-penalty", "--repeat-last-n", "--presence-penalty", "--frequency-penalty",
                  "--seed", "--backend", "--ctx", "--pull-default", "--resume", "--system", "--stop", "MODEL",
-                 "--draft", "-md", "--lookup", "--draft-max", "--draft-min"):
+                 "--draft", "-md", "--lookup", "--draft-max", "--draft-min", "--moe-vram"):
         assert flag in run.stdout, flag
 
 
@@ -125,25 +125,28 @@ def test_no_prompt_hands_over_to_the_ui(monkeypatch):
     calls = []
     monkeypatch.setattr(memra_tui.app, "run_app", lambda *args, **kw: calls.append((args, kw)) or 7)
     assert cli.main(["model.gguf", "--backend", "cpu", "--ctx", "2048", "--resume"]) == 7
-    assert calls == [(("model.gguf", "cpu", 2048, True, "f16"), {"grammar": None, "draft": None, "spec": SpecConfig()})]
+    assert calls == [(("model.gguf", "cpu", 2048, True, "f16"),
+                      {"grammar": None, "draft": None, "spec": SpecConfig(), "moe_vram": None})]
     calls.clear()
     assert cli.main(["model.gguf", "--regex", "[0-9]+"]) == 7
     assert calls[0][1]["grammar"].kind == "regex" and calls[0][1]["grammar"].source == "[0-9]+"
     calls.clear()
     assert cli.main(["model.gguf", "--lookup", "--draft-max", "4"]) == 7
     assert calls[0][1]["spec"] == SpecConfig("lookup", draft_max=4) and calls[0][1]["draft"] is None
+    calls.clear()
+    assert cli.main(["model.gguf", "--moe-vram", "6GiB"]) == 7
+    assert calls[0][1]["moe_vram"] == 6 << 30
 
 
 # -- speculative decoding: the flags, in-process on the scripted engine --------------------------
 
 
-@pytest.fixture
-def scripted_load(monkeypatch):
+def record_loads(monkeypatch, script: Script) -> list:
     """Engine.load replaced by the scripted engine's; the list gets (kwargs, engine) per load."""
     from memra_engine.generate import Engine
 
     loads = []
-    load = ScriptedEngine.loader(Script(tokens_per_s=5000, n_tokens=60))
+    load = ScriptedEngine.loader(script)
 
     def recording_load(path=None, **kw):
         engine = load(path, **kw)
@@ -152,6 +155,11 @@ def scripted_load(monkeypatch):
 
     monkeypatch.setattr(Engine, "load", staticmethod(recording_load))
     return loads
+
+
+@pytest.fixture
+def scripted_load(monkeypatch):
+    return record_loads(monkeypatch, Script(tokens_per_s=5000, n_tokens=60))
 
 
 @pytest.fixture
@@ -257,3 +265,78 @@ def test_speculative_decoding_on_a_tiny_model(tiny_llama_path, flags):
     assert run.stdout == plain.stdout  # greedy: the same reply, drafted or not
     match = re.fullmatch(r"spec: accepted (\d+) of (\d+) drafted, mean length (\d+\.\d\d)", spec_line(run.stderr))
     assert match and int(match[1]) <= int(match[2])
+
+
+# -- the MoE expert cache: --moe-vram and the --stats line ---------------------------------------
+
+
+@pytest.mark.parametrize("text, n", [
+    ("6GiB", 6 << 30), ("512MiB", 512 << 20), ("64KiB", 64 << 10), ("1TiB", 1 << 40),
+    ("6G", 6 << 30), ("800M", 800 << 20), ("4k", 4 << 10),  # bare letters are binary, as in llama.cpp
+    ("1.5GB", 1_500_000_000), ("800MB", 800_000_000), ("2kb", 2000),  # KB/MB/GB are decimal
+    ("4096", 4096), ("4096B", 4096), ("1.5GiB", 3 << 29), (" 6 gib ", 6 << 30), (".5M", 1 << 19),
+])
+def test_parse_size(text, n):
+    from memra_tui.format import parse_size
+
+    assert parse_size(text) == n
+
+
+@pytest.mark.parametrize("text", ["", "GiB", "6XB", "6 GiBs", "-1G", "1e9", "six", "6G6", "0", "0.0GiB", "1,5G"])
+def test_parse_size_refuses(text):
+    from memra_tui.format import parse_size
+
+    with pytest.raises(ValueError):
+        parse_size(text)
+
+
+@pytest.mark.parametrize("mode", [["--prompt", "hi"], []])  # headless, and before the UI opens
+def test_a_bad_moe_vram_is_argparse_s_one_line_error(scripted_load, monkeypatch, capsys, mode):
+    import memra_tui.app
+    from memra_tui import cli
+
+    monkeypatch.setattr(memra_tui.app, "run_app", lambda *a, **kw: pytest.fail("the UI opened"))
+    for size, says in (("6XB", "not a size: '6XB' (say 6GiB, 512MiB, 6G or 1.5GB; K/M/G and KiB/MiB/GiB are "
+                                "binary, KB/MB/GB decimal)"),
+                       ("0", "the size must be more than 0 bytes, not '0'")):
+        with pytest.raises(SystemExit) as exit:
+            cli.main([*mode, "--moe-vram", size])
+        assert exit.value.code == 2
+        err = capsys.readouterr().err
+        assert err.splitlines()[-1] == f"memra-chat: error: argument --moe-vram: {says}"
+        assert err.startswith("usage: memra-chat") and "Traceback" not in err
+    assert scripted_load == []
+
+
+def test_a_bad_moe_vram_exits_2_without_a_traceback():
+    run = memra_chat("--moe-vram", "lots", "--prompt", "hi", timeout=60)
+    assert run.returncode == 2
+    assert run.stderr.splitlines()[-1].startswith("memra-chat: error: argument --moe-vram: not a size: 'lots'")
+    assert "Traceback" not in run.stderr
+
+
+def test_moe_vram_reaches_the_load_and_stats_prints_the_moe_line(monkeypatch, capsys):
+    from memra_tui import cli
+
+    loads = record_loads(monkeypatch, Script(tokens_per_s=5000, n_tokens=60, moe=True, backend="cuda"))
+    assert cli.main(["--prompt", "hi", "--moe-vram", "1.5GB", "--stats"]) == 0
+    assert cli.main(["--prompt", "again", "--stats"]) == 0
+    (kw, first), (kw2, second) = loads
+    assert kw["moe_vram"] == 1_500_000_000 and first.moe_vram == 1_500_000_000
+    assert kw2["moe_vram"] is None
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("moe:")]
+    assert len(lines) == 2
+    m = first.stats().moe  # the last stats of the reply, which --stats prints
+    assert lines[0] == cli.moe_line(m)
+    assert re.fullmatch(r"moe: hits \d+ of \d+ \(\d+\.\d%; \d+\.\d% since load\), copied \d+\.\d [KMG]iB at \d+\.\d GB/s, "
+                        r"resident \d+/\d+ experts", lines[0]), lines[0]
+    assert f"hits {m.hits} of {m.hits + m.misses} ({m.hit_rate:.1%}; {m.total_hit_rate:.1%} since load)" in lines[0]
+    assert f"at {m.copy_gb_s:.1f} GB/s, resident {m.resident_experts}/{m.total_experts} experts" in lines[0]
+
+
+def test_stats_on_a_dense_model_prints_no_moe_line(scripted_load, capsys):
+    from memra_tui import cli
+
+    assert cli.main(["--prompt", "hi", "--stats"]) == 0
+    err = capsys.readouterr().err
+    assert "tok/s" in err and "moe:" not in err

@@ -1,4 +1,4 @@
-"""The VRAM pool as one bar (weights, KV, scratch, other, free) with numbers; process memory on cpu."""
+"""The VRAM pool as one bar (weights, KV, MoE experts, scratch, other, free) with numbers; process memory on cpu."""
 from __future__ import annotations
 
 from rich.text import Text
@@ -8,17 +8,20 @@ from textual.widgets import Static
 from memra_engine.events import EngineStats
 from memra_tui.format import fmt_bytes
 
-SEGMENTS = [("weights", "#5f87d7"), ("kv", "#5fafaf"), ("scratch", "#d7af5f"), ("other", "#875f87"), ("free", "#3a3a3a")]
+COLORS = {"weights": "#5f87d7", "kv": "#5fafaf", "experts": "#87af5f", "scratch": "#d7af5f", "other": "#875f87",
+          "free": "#3a3a3a"}
 
 
 def pool_segments(s: EngineStats) -> list[tuple[str, int]]:
-    """Bytes per bar segment. `other` is what the device uses outside our pool (context, other processes)."""
+    """Bytes per bar segment. `other` is what the device uses outside our pool (context, other processes).
+    `experts` (the MoE expert cache's slots) is a segment only when the backend reports the region."""
     v = s.vram
     reserved = dict(v.reserved)
     weights, kv = reserved.pop("weights", 0), reserved.pop("kv", 0)
+    experts = [("experts", reserved.pop("experts"))] if "experts" in reserved else []
     scratch = sum(reserved.values())  # scratch, graph and any other named region
-    other = max(0, v.device_total - v.device_free - weights - kv - scratch)
-    return [("weights", weights), ("kv", kv), ("scratch", scratch), ("other", other), ("free", v.device_free)]
+    other = max(0, v.device_total - v.device_free - weights - kv - sum(n for _, n in experts) - scratch)
+    return [("weights", weights), ("kv", kv), *experts, ("scratch", scratch), ("other", other), ("free", v.device_free)]
 
 
 class MemoryPoolPane(Static):
@@ -41,14 +44,14 @@ class MemoryPoolPane(Static):
         total = sum(n for _, n in segments) or 1
         bar = Text()
         cells_left = width
-        for i, ((name, n), (_, color)) in enumerate(zip(segments, SEGMENTS)):
+        for i, (name, n) in enumerate(segments):
             cells = cells_left if i == len(segments) - 1 else min(cells_left, round(width * n / total))
             cells = max(cells, 1 if n and cells_left else 0)
-            bar.append("█" * cells, style=color)
+            bar.append("█" * cells, style=COLORS[name])
             cells_left -= cells
         legend = Text()
-        for (name, n), (_, color) in zip(segments, SEGMENTS):
-            legend.append("■ ", style=color)
+        for name, n in segments:
+            legend.append("■ ", style=COLORS[name])
             legend.append(f"{name} {fmt_bytes(n)}\n")
         kv_used = s.vram.used.get("kv", 0)
         legend.append(f"KV used {fmt_bytes(kv_used)} of {fmt_bytes(s.vram.reserved.get('kv', 0))}", style="dim")

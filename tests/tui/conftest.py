@@ -24,9 +24,11 @@ def paths(tmp_path: Path) -> AppPaths:
 @pytest.fixture
 def make_app(paths: AppPaths):
     def make(script: Script | None = None, model: str | None = None, resume: bool = False,
-             clock: FixedClock | None = None, grammar=None, draft: str | None = None, spec=None) -> MemraApp:
+             clock: FixedClock | None = None, grammar=None, draft: str | None = None, spec=None,
+             moe_vram: int | None = None) -> MemraApp:
         return MemraApp(model, "cpu", 4096, resume, paths=paths, load_engine=ScriptedEngine.loader(script or Script()),
-                        clock=clock or FixedClock(), picker_root=MODELS_DIR, grammar=grammar, draft=draft, spec=spec)
+                        clock=clock or FixedClock(), picker_root=MODELS_DIR, grammar=grammar, draft=draft, spec=spec,
+                        moe_vram=moe_vram)
 
     return make
 
