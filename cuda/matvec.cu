@@ -322,6 +322,45 @@ MATVEC_Q_ALL(q2_K)
 MATVEC_Q_ALL(q3_K)
 MATVEC_Q_ALL(iq4_xs)
 
+// ---- MoE: the routed experts' matvec ------------------------------------------------------------
+// One launch for every (token, chosen expert) slot: grid (ceil(rows / MV_WARPS), n_slots), slot s
+// = t * top_k + j runs expert ids[s] on its input row, as the one-token kernel (r1u1) would:
+// the same units per lane and warp tree, so a slot's rows equal a plain matvec of that expert.
+// table[e]: the base of expert e's repacked weight (q plane, its meta plane at meta_offset), in
+// a VRAM slot or, under the expert cache, in host memory mapped for the device (a miss read in
+// place: engine/gpu/expert_cache.py). x_per_slot: slot s reads xq row s (down: each slot has its
+// own activation), else row s / top_k (gate|up: the token's). y: [n_slots][rows].
+template <class T>
+__device__ __forceinline__ void moe_matvec(const unsigned long long* __restrict__ table, long long meta_offset,
+                                           const int* __restrict__ ids, const int8_t* __restrict__ xq,
+                                           float* __restrict__ y, int rows, int cols, int stride, int top_k,
+                                           int x_per_slot) {
+    pdl_entry();  // ids come from the router kernel just before
+    const int s = blockIdx.y;
+    const uint8_t* wq = reinterpret_cast<const uint8_t*>(table[ids[s]]);
+    const int8_t* x = xq + (size_t)(x_per_slot ? s : s / top_k) * stride;
+    matvec_q<T, 1, 1, 1, false>(wq, wq + meta_offset, x, y + (size_t)s * rows, rows, cols, 1, stride);
+}
+
+#define MOE_MATVEC(TYPE)                                                                                     \
+    extern "C" __global__ __launch_bounds__(MV_WARPS * 32) void moe_matvec_##TYPE(                               \
+        const unsigned long long* table, long long meta_offset, const int* ids, const int8_t* xq, float* y,     \
+        int rows, int cols, int stride, int top_k, int x_per_slot) {                                          \
+        moe_matvec<TYPE##_t>(table, meta_offset, ids, xq, y, rows, cols, stride, top_k, x_per_slot);            \
+    }
+
+MOE_MATVEC(q4_0)
+MOE_MATVEC(q4_1)
+MOE_MATVEC(q5_0)
+MOE_MATVEC(q5_1)
+MOE_MATVEC(q8_0)
+MOE_MATVEC(q4_K)
+MOE_MATVEC(q5_K)
+MOE_MATVEC(q6_K)
+MOE_MATVEC(q2_K)
+MOE_MATVEC(q3_K)
+MOE_MATVEC(iq4_xs)
+
 // matvec_<type>_c<C>(w, x, y, rows, cols, n_tokens): grid ceil(rows / 4), block 128.
 #define MATVEC_F(TYPE, C)                                                                                  \
     extern "C" __global__ __launch_bounds__(MV_WARPS * 32) void matvec_##TYPE##_c##C(                      \
@@ -545,3 +584,14 @@ MATVEC_F_ALL(f32)
 // memra-kernel: matvec_f32_c4(PPPiii)
 // memra-kernel: matvec_f32_c8(PPPiii)
 // memra-kernel: matvec_f32_c16(PPPiii)
+// memra-kernel: moe_matvec_q4_0(PqPPPiiiii)
+// memra-kernel: moe_matvec_q4_1(PqPPPiiiii)
+// memra-kernel: moe_matvec_q5_0(PqPPPiiiii)
+// memra-kernel: moe_matvec_q5_1(PqPPPiiiii)
+// memra-kernel: moe_matvec_q8_0(PqPPPiiiii)
+// memra-kernel: moe_matvec_q4_K(PqPPPiiiii)
+// memra-kernel: moe_matvec_q5_K(PqPPPiiiii)
+// memra-kernel: moe_matvec_q6_K(PqPPPiiiii)
+// memra-kernel: moe_matvec_q2_K(PqPPPiiiii)
+// memra-kernel: moe_matvec_q3_K(PqPPPiiiii)
+// memra-kernel: moe_matvec_iq4_xs(PqPPPiiiii)

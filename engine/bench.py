@@ -63,14 +63,17 @@ def time_decode(backend, context: list[int], n: int) -> float:
 
 
 def run_bench(model: Path, kind: str, runs: int, n_prompt: int, n_gen: int, ctx_depth: int | None,
-              progress=lambda msg: None, kv_type: str = "f16") -> dict:
+              progress=lambda msg: None, kv_type: str = "f16", moe_share: float | None = None) -> dict:
     from memra_engine.backend_select import choose_backend, create_backend
     from memra_engine.model.gguf_file import open_gguf
 
     kind = choose_backend(kind, progress)
     g = open_gguf(model)
     n_ctx = max(n_prompt, (ctx_depth or 0) + n_gen + 1, n_gen + 2) + 16
-    backend = create_backend(kind, g, n_ctx, kv_type=kv_type)
+    moe_vram = None
+    if moe_share is not None:  # that share of the experts' bytes in VRAM: the expert cache
+        moe_vram = int(moe_share * sum(t.n_bytes for n, t in g.tensors.items() if n.endswith("_exps.weight")))
+    backend = create_backend(kind, g, n_ctx, kv_type=kv_type, moe_vram=moe_vram)
     try:
         vocab = backend.config.vocab_size
         progress("warming up…")
@@ -86,6 +89,10 @@ def run_bench(model: Path, kind: str, runs: int, n_prompt: int, n_gen: int, ctx_
             progress(f"tg{n_gen} at depth {ctx_depth} x{runs}…")
             result[f"tg{n_gen}_at_{ctx_depth}_tok_s"] = statistics.median(
                 time_decode(backend, random_tokens(vocab, ctx_depth, seed), n_gen) for seed in range(runs))
+        moe = backend.moe_stats()
+        if moe is not None:  # over pp and tg above (the graph-only figures below do not update the cache)
+            result.update(moe_hit_rate=round(moe.total_hit_rate, 4), moe_copy_gb_s=round(moe.copy_gb_s, 2),
+                          moe_resident=f"{moe.resident_experts}/{moe.total_experts}")
         extras = getattr(backend, "bench_extras", None)
         if extras is not None:
             result.update(extras(runs))
@@ -106,6 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ctx-depth", type=int, default=None, metavar="N", help="also time tg after N tokens of context")
     p.add_argument("--n-prompt", type=int, default=512, metavar="N", help="prompt tokens for pp (default 512)")
     p.add_argument("--n-gen", type=int, default=128, metavar="N", help="decoded tokens for tg (default 128)")
+    p.add_argument("--moe-share", type=float, default=None, metavar="F",
+                   help="MoE: keep this share (0-1) of the experts' bytes in VRAM, the rest behind the expert cache")
     return p
 
 
@@ -140,7 +149,10 @@ def main(argv: list[str] | None = None) -> int:
             from memra_engine.backend_select import choose_backend
 
             runs = 5 if choose_backend(args.backend) == "cuda" else 3
-        result = run_bench(model, args.backend, runs, args.n_prompt, args.n_gen, args.ctx_depth, say, args.kv_type)
+        if args.moe_share is not None and not 0 < args.moe_share <= 1:
+            raise MemraError("--moe-share must be in (0, 1]")
+        result = run_bench(model, args.backend, runs, args.n_prompt, args.n_gen, args.ctx_depth, say, args.kv_type,
+                           args.moe_share)
     except MemraError as err:
         print(f"{PROG}: error: {err}", file=sys.stderr)
         return 1

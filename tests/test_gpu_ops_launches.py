@@ -284,3 +284,33 @@ def test_attention_partials_are_one_buffer_per_forward(model_paths, name):
     ops.flush()
     parts = {(args[6], args[7]) for kernel, args in rt.calls if kernel.startswith("attn_hd")}
     assert cfg.n_layer >= 2 and len(parts) == 1
+
+
+MOE_MODELS = {  # head_dim 64: the GPU attention kernels' smallest
+    "tiny-qwen3moe": dict(preset="tiny-qwen3moe", head_dim=64),
+    "tiny-mixtral": dict(preset="tiny-mixtral", head_dim=64, n_head=4, n_kv_head=2, d_model=256),
+    "tiny-olmoe": dict(preset="tiny-olmoe", head_dim=64, quant="Q4_0"),
+}
+
+
+@pytest.fixture(scope="module")
+def moe_paths(tmp_path_factory):
+    from memra_engine.model.synthetic import write_synthetic_gguf
+
+    root = tmp_path_factory.mktemp("moe")
+    return {name: write_synthetic_gguf(root / f"{name}.gguf", **kw) for name, kw in MOE_MODELS.items()}
+
+
+@pytest.mark.parametrize("name", list(MOE_MODELS))
+@pytest.mark.parametrize("T", [1, 5, 40])
+def test_moe_layers_route_on_the_device(moe_paths, name, T):
+    """Per layer: the router matmul, moe_topk, one expert matvec for gate|up and one for down
+    over all T * top_k slots, silu, and moe_combine; no host round trip in between."""
+    launches = run_forward(moe_paths[name], T)
+    cfg = config_from_gguf(open_gguf(moe_paths[name]))
+    assert launches.count("moe_topk") == launches.count("moe_combine") == cfg.n_layer
+    assert sum(n.startswith("moe_matvec_") for n in launches) == 2 * cfg.n_layer
+    # the F32 router never takes the f16 GEMM (close calls between experts would flip)
+    assert launches.count("matvec_f32_c16") + launches.count("matvec_f32_c8") + launches.count("matvec_f32_c1") \
+        + launches.count("matvec_f32_c2") + launches.count("matvec_f32_c4") >= cfg.n_layer
+    assert "gemm_f32" not in launches and "gemm2_f32" not in launches

@@ -20,6 +20,7 @@ class CpuOps:
     def __init__(self, kv: KvCache):
         self.kv = kv
         self.routed = 0  # (token, expert) pairs the MoE routers chose, since load
+        self.routes: list | None = None  # a list: moe_ffn appends (layer, top-k ids, margin) (tests)
         self._rope_tables: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
 
     def embed(self, table, tokens: np.ndarray) -> np.ndarray:
@@ -130,6 +131,10 @@ class CpuOps:
         probs /= probs.sum(axis=-1, keepdims=True)
         top = np.argsort(-probs, axis=-1, kind="stable")[:, :n_used]      # ties: the lower id
         weights = np.take_along_axis(probs, top, axis=-1)
+        if self.routes is not None:  # margin: how far the k-th expert's logit leads the next one
+            ranked = np.sort(logits, axis=-1)[:, ::-1]
+            margin = ranked[:, n_used - 1] - ranked[:, n_used] if n_used < ranked.shape[1] else np.full(len(x), np.inf)
+            self.routes.append((layer, top, margin))
         if renormalize:
             weights = weights / weights.sum(axis=-1, keepdims=True)
         self.routed += top.size

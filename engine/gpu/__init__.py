@@ -38,4 +38,5 @@ def create_backend(g, n_ctx: int, vram_budget: int | None = None, kv_type: str =
     from memra_engine.gpu.backend import CudaBackend
 
     runtime = share_with.rt if share_with is not None else None
-    return CudaBackend(g, n_ctx=n_ctx, vram_budget=vram_budget, kv_type=kv_type, runtime=runtime)
+    return CudaBackend(g, n_ctx=n_ctx, vram_budget=vram_budget, kv_type=kv_type, runtime=runtime,
+                       moe_vram=moe_vram, progress=say)

@@ -31,7 +31,8 @@ import numpy as np
 
 from memra_engine.backend import check_tokens
 from memra_engine.errors import ContextOverflowError, UnsupportedModelError
-from memra_engine.events import VramStats
+from memra_engine.events import MoeStats, VramStats
+from memra_engine.gpu.expert_cache import ExpertCache
 from memra_engine.gpu.graph import CudaGraph
 from memra_engine.gpu.kv_cache import GpuKvCache
 from memra_engine.gpu.memory import MIB, OOM_HINT, OOM_HINT_Q8_0, VramPool
@@ -51,13 +52,16 @@ VERIFY_ROWS = 16         # most rows of a speculative verify pass (ops.BATCHED_M
 AHEAD_STEPS = 2          # decode_sample steps queued past the one returned (one hides the host's
                          # work per token; the second also the wake-up and launch after the sync)
 SCRATCH_SLACK = 4 * MIB
+EXPERT_HEADROOM = 512 * MIB  # VRAM left free when choosing an expert budget (the driver, graphs, other users)
 
 
 class CudaBackend:
     def __init__(self, g, n_ctx: int, vram_budget: int | None = None, progress=None, use_graphs: bool = True,
-                 kv_type: str = DEFAULT_KV_TYPE, runtime: GpuRuntime | None = None):
+                 kv_type: str = DEFAULT_KV_TYPE, runtime: GpuRuntime | None = None, moe_vram: int | None = None):
         """runtime: another backend's (a draft model beside its target shares the context and
-        stream, since one thread has one current context); closing this one leaves it open."""
+        stream, since one thread has one current context); closing this one leaves it open.
+        moe_vram: VRAM bytes for MoE experts: fewer than all of them turns the expert cache on
+        (engine/gpu/expert_cache.py); None: all resident if they fit, else a budget that fits."""
         cfg = self.config = config_from_gguf(g)
         self.kv_type = check_kv_type(kv_type, cfg.head_dim)
         if not isinstance(n_ctx, int) or n_ctx < 1:
@@ -73,17 +77,20 @@ class CudaBackend:
         self._forward_ahead: tuple[int, int] | None = None  # masked path: (position, token) queued
         self._queued_logits_ptr = 0  # where the last queued forward leaves its logits
         self.pool = None
+        self.experts: ExpertCache | None = None
+        self.tokens_run = 0  # tokens forwarded and kept (MoE counters when every expert is resident)
         self._owns_rt = runtime is None
         self.rt = runtime if runtime is not None else GpuRuntime(progress=progress)
         try:
-            self._build(g, vram_budget, progress)
+            self._build(g, vram_budget, progress, moe_vram)
         except BaseException:
             self.close()
             raise
 
-    def _build(self, g, vram_budget, progress) -> None:
+    def _build(self, g, vram_budget, progress, moe_vram=None) -> None:
         cfg, rt = self.config, self.rt
-        weights = GpuWeights(g, cfg)
+        n_slots = self._expert_slots(g, moe_vram, progress) if cfg.is_moe else 0
+        weights = GpuWeights(g, cfg, experts_resident=not n_slots)
         regions = {
             "weights": weights.nbytes(),
             "kv": GpuKvCache.bytes_needed(cfg.n_layer, cfg.n_kv_head, self.n_ctx, cfg.head_dim, self.kv_type),
@@ -91,6 +98,9 @@ class CudaBackend:
             "graph": GpuSampler.nbytes(cfg.vocab_size) + 4 * (self.n_ctx + 2 * PREFILL_CHUNK) + 16 * 256
                      + VERIFY_ROWS * (4 * -(-cfg.vocab_size // 32) + OUT_DTYPE.itemsize) + 2 * 256,
         }
+        if n_slots:
+            regions["experts"] = cfg.n_layer * n_slots * self._slot_bytes
+            regions["graph"] += 4 * cfg.n_layer * PREFILL_CHUNK * cfg.n_expert_used  # the routing log
         self.pool = VramPool(regions, budget=vram_budget, oom_hint=OOM_HINT_Q8_0 if self.kv_type == "q8_0" else OOM_HINT)
         if progress:
             progress(f"uploading weights ({regions['weights'] / MIB:.0f} MiB)")
@@ -99,6 +109,14 @@ class CudaBackend:
         scratch = self.pool.alloc("scratch", regions["scratch"], "arena")
         self.ops = GpuOps(rt, cfg, self.kv, Arena(scratch.ptr, scratch.nbytes), cluster=rt.cluster_attention)
         alloc = lambda n, name: self.pool.alloc("graph", n, name).ptr  # noqa: E731
+        if n_slots:
+            log = alloc(4 * cfg.n_layer * PREFILL_CHUNK * cfg.n_expert_used, "routing log")
+            self.ops.moe_log_ptr, self.ops.moe_log_tokens = log, PREFILL_CHUNK
+            if progress:
+                progress(f"expert cache: {n_slots} of {cfg.n_expert} experts per layer in VRAM")
+            stacks = [(L.ffn_gate_up_exps, L.ffn_down_exps) for L in self.weights.layers]
+            self.experts = ExpertCache(rt, self.pool, cfg, stacks, n_slots, log, PREFILL_CHUNK)
+            self.run_ahead = False  # the cache acts between steps: after each one, before the next
         self.history_ptr = alloc(4 * self.n_ctx, "token_history")
         self.tokens_ptr = alloc(4 * PREFILL_CHUNK, "tokens")
         self.positions_ptr = alloc(4 * PREFILL_CHUNK, "positions")
@@ -120,6 +138,38 @@ class CudaBackend:
         self.device_name = rt.device_name
         rt.resolve_all()
         rt.synchronize()
+
+    def _expert_slots(self, g, moe_vram: int | None, progress) -> int:
+        """Slots per layer for the expert cache, 0 for all experts resident. Without moe_vram,
+        experts that do not fit in free VRAM (beside everything else) get the budget that fits."""
+        from memra_engine.gpu.expert_cache import slots_for_budget
+        from memra_engine.gpu.moe import check_routing
+
+        cfg = self.config
+        check_routing(cfg)
+        dry = GpuWeights(g, cfg).upload(None, None, dry=True)
+        self._slot_bytes = sum(s.expert_bytes for s in (dry.layers[0].ffn_gate_up_exps, dry.layers[0].ffn_down_exps))
+        all_bytes = cfg.n_layer * cfg.n_expert * self._slot_bytes
+        if moe_vram is None:
+            free, _ = self.rt.mem_info()
+            others = (GpuWeights(g, cfg, experts_resident=False).nbytes() + self._scratch_bytes(g)
+                      + GpuKvCache.bytes_needed(cfg.n_layer, cfg.n_kv_head, self.n_ctx, cfg.head_dim, self.kv_type))
+            room = free - others - EXPERT_HEADROOM
+            if all_bytes <= room:
+                return 0
+            moe_vram = max(room, 0)
+            if progress:
+                progress(f"the experts ({all_bytes / 2**30:.1f} GiB) do not fit in free VRAM: caching "
+                         f"{moe_vram / 2**30:.1f} GiB of them (--moe-vram sets the budget)")
+        if moe_vram >= all_bytes:
+            return 0
+        return slots_for_budget(moe_vram, cfg.n_layer, cfg.n_expert, cfg.n_expert_used, self._slot_bytes)
+
+    def _ran(self, n_tokens: int, logged: int | None = None) -> None:
+        """A forward of n_tokens finished and the host has synchronized: MoE bookkeeping."""
+        self.tokens_run += n_tokens
+        if self.experts is not None:
+            self.experts.after_forward(n_tokens if logged is None else logged)
 
     def _scratch_bytes(self, g) -> int:
         """Run the forward dry (no launches) at the largest shapes and take the arena's peak."""
@@ -162,6 +212,7 @@ class CudaBackend:
         self.rt.cuda.memcpy_dtoh_async(self.logits_host, graph.logits_ptr, self.rt.stream)
         self.rt.synchronize()
         self.n_past += 1
+        self._ran(1)
         return self.logits_host[0].copy()
 
     def verify(self, tokens: Sequence[int]) -> np.ndarray:
@@ -194,6 +245,7 @@ class CudaBackend:
             for graph in self.graphs.values():
                 graph.destroy()
             self.graphs.clear()
+            self.experts = None  # its pinned host memory goes while the context is alive
             if self.pool is not None:
                 self.pool.close()
                 self.pool = None
@@ -204,8 +256,21 @@ class CudaBackend:
     prefill_chunk = PREFILL_CHUNK
     samples_on_device = True
 
-    def moe_stats(self):
-        return None  # dense models only, so far
+    def moe_stats(self) -> MoeStats | None:
+        """Totals since load (the generation loop takes each reply's share)."""
+        cfg = self.config
+        if not cfg.is_moe:
+            return None
+        experts = cfg.n_layer * cfg.n_expert
+        c = self.experts
+        if c is None:  # every expert resident: each routed (token, expert) is a hit
+            n = self.tokens_run * cfg.n_layer * cfg.n_expert_used
+            return MoeStats(hits=n, total_hits=n, resident_experts=experts, total_experts=experts)
+        p = c.policy
+        return MoeStats(hits=p.hits, misses=p.misses, bytes_moved=c.bytes_moved, copy_seconds=c.copy_seconds,
+                        resident_experts=p.resident, total_experts=experts,
+                        slot_bytes=self.pool.region_size("experts"), total_hits=p.hits, total_misses=p.misses,
+                        total_bytes_moved=c.bytes_moved, total_copy_seconds=c.copy_seconds)
 
     # ---- sampling on the device --------------------------------------------------------------
     def set_sampling(self, params: SamplingParams, seed: int | None = None, use_mask: bool = False) -> int:
@@ -242,6 +307,7 @@ class CudaBackend:
             self._launch_forward(pos)
         self.out_events[0].synchronize()
         self.n_past = pos
+        self._ran(1)
         token, logprob = int(self.out_host[0]["token"]), float(self.out_host[0]["logprob"])
         self._forward_ahead = (pos, token) if ahead else None
         return token, logprob
@@ -287,6 +353,7 @@ class CudaBackend:
         _, slot = self._ahead.pop(0)
         self.out_events[slot].synchronize()
         self.n_past += 1
+        self._ran(1)
         out = self.out_slots[slot][0]
         token_out, logprob = int(out["token"]), float(out["logprob"])
         self._fed = token_out
@@ -328,6 +395,7 @@ class CudaBackend:
         rt.cuda.memcpy_dtoh_async(self.verify_out_host, self.verify_out_ptr, rt.stream)
         rt.synchronize()
         self.n_past += T
+        self._ran(T)
         return [(int(o["token"]), float(o["logprob"])) for o in self.verify_out_host[:T]]
 
     def _verify_launches(self, T: int, splits: int, prefill_splits: int) -> None:
@@ -353,6 +421,7 @@ class CudaBackend:
             rt.cuda.memcpy_dtoh_async(self.verify_out_host[i:i + 1], self.sampler.out_ptr, rt.stream)
         rt.synchronize()
         self.n_past += k
+        self._ran(k, logged=1)  # the log holds the last of the k steps only
         return [int(t) for t in self.verify_out_host["token"][:k]]
 
     def _fill_queue(self) -> None:
@@ -429,6 +498,7 @@ class CudaBackend:
         out = self.rt.download(logits.ptr, (logits.rows, self.config.vocab_size), np.float32) if want_logits else None
         self.rt.synchronize()
         self.n_past += T
+        self._ran(T)
         return out
 
     def _graph(self, n_splits: int, sample: bool) -> CudaGraph:

@@ -29,7 +29,7 @@ from typing import Sequence
 import numpy as np
 
 from memra_engine.errors import DeviceOutOfMemory
-from memra_engine.gpu import quant_ops
+from memra_engine.gpu import moe, quant_ops
 from memra_engine.gpu.quant_ops import GpuWeight
 
 ARENA_ALIGN = 256
@@ -214,6 +214,9 @@ class GpuOps:
         self.rt = _DryRuntime() if dry else rt
         self.cfg, self.kv, self.arena, self.dry, self.cluster = cfg, kv, arena, dry, cluster
         self.history_ptr = 0  # device token history the embed kernel records into (0: none)
+        # MoE routing log: moe_topk also writes layer l's ids at moe_log_ptr + 4 * k * l * moe_log_tokens
+        # (forwards of up to moe_log_tokens tokens; the expert cache reads it; 0: off)
+        self.moe_log_ptr, self.moe_log_tokens = 0, 0
         self.n_splits = 1  # attention grid.y of this forward (attn_splits; set per forward by begin)
         self.prefill_splits = 0  # the split path's grid.y, for prefill forwards on the cluster path
         self._xq: dict[tuple[int, int], int] = {}
@@ -502,6 +505,34 @@ class GpuOps:
 
     def last_row(self, x: DArray) -> DArray:
         return DArray(x.ptr + (x.rows - 1) * x.ld * 4, (1,) + x.shape[1:], x.ld)
+
+    def moe_ffn(self, layer: int, x: DArray, router, gate_up, down, n_used: int, renormalize: bool) -> DArray:
+        """Router matmul, moe_topk (ids stay on the device), one expert matvec over every (token,
+        expert) slot for gate|up and one for down, then the weighted sum (engine/gpu/moe.py).
+        Each slot's rows are a plain one-token matvec of its expert, at any number of tokens."""
+        T, k = x.rows, n_used
+        S = T * k
+        self.flush()
+        x = self._contiguous(x)
+        # The router always takes the matvec path, f32 (or two-term q8_1) like decode, never the
+        # f16 GEMM: f16 operands moved router logits by ~1e-2 and flipped the choice of expert
+        # on close calls, so a prompt token's experts differed from the same token's in decode.
+        logits = self.new((T, router.rows))
+        xq = 0 if router.layout.is_float else self._q8_1_of(x, router.cols)
+        quant_ops.matvec(self.rt, router, x.ptr, xq, logits.ptr, T)
+        ids, weights = self.new((S,)), self.new((S,))
+        log = self.moe_log_ptr + 4 * k * (layer * self.moe_log_tokens) if self.moe_log_ptr and T <= self.moe_log_tokens else 0
+        moe.topk(self.rt, logits.ptr, ids.ptr, weights.ptr, log, T, router.rows, k, renormalize)
+        ff = gate_up.rows // 2
+        gu = self.new((S, 2 * ff))
+        moe.expert_matvec(self.rt, gate_up, ids.ptr, self._q8_1_of(x, x.width), gu.ptr, S, k, x_per_slot=False)
+        gate, up = self.split(gu, (ff, ff))
+        h = self._gated("silu_mul_f32", gate, up)
+        y = self.new((S, down.rows))
+        moe.expert_matvec(self.rt, down, ids.ptr, self._q8_1_of(h, ff), y.ptr, S, k, x_per_slot=True)
+        out = self.new((T, down.rows))
+        moe.combine(self.rt, y.ptr, weights.ptr, out.ptr, T, down.rows, k)
+        return out
 
     # ---- helpers ---------------------------------------------------------------------------
     _positions_ptr = 0  # set by the backend: positions of this forward (the embed kernel records history)

@@ -15,6 +15,7 @@ import numpy as np
 
 from memra_engine.gpu import quant_ops
 from memra_engine.gpu.memory import ALIGN
+from memra_engine.gpu.moe import ExpertStack
 from memra_engine.gpu.ops import FusedWeight, Vector
 from memra_engine.model import arch_module
 from memra_engine.model.gguf_file import TensorInfo, dequantize
@@ -35,6 +36,10 @@ def _layout_bytes(t: TensorInfo) -> int:
     return lay.meta_offset + rows * (cols // lay.block_values) * lay.meta_bytes
 
 
+def _kind(t: TensorInfo) -> str:
+    return {1: "vector", 3: "experts"}.get(len(t.shape), "matrix")
+
+
 def _aligned(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
 
@@ -42,10 +47,14 @@ def _aligned(n: int) -> int:
 class GpuWeights:
     """ModelWeights (memra_engine.model.ops) for GpuOps."""
 
-    def __init__(self, g, cfg):
+    def __init__(self, g, cfg, experts_resident: bool = True):
+        """experts_resident False: expert stacks get tables but no bytes here (the expert cache
+        places them, engine/gpu/expert_cache.py)."""
         self.g, self.cfg = g, cfg
         self.fused = arch_module(cfg.arch).FUSED
         self.shapes = arch_module(cfg.arch).tensor_shapes(cfg)
+        self.experts_resident = experts_resident
+        self.stacks: list[ExpertStack] = []  # every expert stack, in upload order
 
     # ---- planning ----------------------------------------------------------------------------
     def _entries(self):
@@ -65,16 +74,18 @@ class GpuWeights:
                     tensors[name[len(prefix):].removesuffix(".weight").replace(".bias", "_bias")] = t[name]
             for fused_name, parts in self.fused.items():
                 group = [tensors.pop(p) for p in parts]
-                kind = "vector" if len(group[0].shape) == 1 else "matrix"
-                yield kind, fused_name, i, group
+                yield _kind(group[0]), fused_name, i, group
             for short, tensor in tensors.items():
-                yield ("vector" if len(tensor.shape) == 1 else "matrix"), short, i, [tensor]
+                yield _kind(tensor), short, i, [tensor]
 
     def nbytes(self) -> int:
         """Weights-region bytes, alignment included."""
         total = 0
-        for kind, _, _, group in self._entries():
-            if kind == "vector":
+        for kind, name, _, group in self._entries():
+            if kind == "experts":
+                stack = ExpertStack.plan(group, name)
+                total += stack.table_bytes + (stack.n_expert * stack.expert_bytes if self.experts_resident else 0)
+            elif kind == "vector":
                 total += _aligned(sum(int(np.prod(p.shape)) for p in group) * 4)
             elif len({p.ggml_type for p in group}) == 1:
                 total += _aligned(sum(_layout_bytes(p) for p in group) + ALIGN)
@@ -87,8 +98,12 @@ class GpuWeights:
         """Upload everything (dry: placeholders at address 0, for sizing the scratch arena)."""
         self.layers = [SimpleNamespace() for _ in range(self.cfg.n_layer)]
         self.rope_freqs = None
+        self.stacks = []
         for kind, name, layer, group in self._entries():
-            if kind == "vector":
+            if kind == "experts":
+                value = self._experts(rt, pool, group, f"blk.{layer}.{name}", dry)
+                self.stacks.append(value)
+            elif kind == "vector":
                 host = np.concatenate([dequantize(p).reshape(-1).astype(np.float32) for p in group])
                 if dry:
                     value = Vector(0, host.size)
@@ -104,6 +119,21 @@ class GpuWeights:
         if self.cfg.tied_embeddings:
             self.output = self.token_embd
         return self
+
+    def _experts(self, rt, pool, group: list[TensorInfo], name: str, dry: bool) -> ExpertStack:
+        """The stack's table, and (all resident) its experts one blob after another."""
+        stack = ExpertStack.plan(group, name)
+        stack.table = np.zeros(stack.n_expert, np.uint64)
+        if dry:
+            return stack
+        stack.table_ptr = pool.alloc("weights", stack.table_bytes, name + ".table").ptr
+        if self.experts_resident:
+            base = pool.alloc("weights", stack.n_expert * stack.expert_bytes, name).ptr
+            for e in range(stack.n_expert):
+                stack.table[e] = base + e * stack.expert_bytes
+                rt.upload(int(stack.table[e]), stack.expert_host_bytes(e))
+            rt.upload(stack.table_ptr, stack.table)
+        return stack
 
     @staticmethod
     def _matrix(rt, pool, t: TensorInfo, dry: bool):

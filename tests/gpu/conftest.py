@@ -35,7 +35,7 @@ def gpu():
     from memra_engine.gpu.memory import VramPool
     from memra_engine.gpu.runtime import GpuRuntime
 
-    rt = GpuRuntime(families=["norm", "rope", "activation", "attention", "embed", "sampling", "matvec", "gemm",
+    rt = GpuRuntime(families=["norm", "rope", "activation", "attention", "embed", "sampling", "matvec", "gemm", "moe",
                               "kv_cache"])
     pool = VramPool({"weights": 256 << 20, "scratch": 512 << 20})
     yield Gpu(rt, pool)

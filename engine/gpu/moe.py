@@ -1,0 +1,98 @@
+"""MoE experts on the GPU: the expert stacks, and the launches of a routed FFN.
+
+Each expert of a layer's stack is repacked on its own (quant_ops.repack: q plane, then meta
+plane) into a blob of `expert_bytes`, so an expert can live anywhere: in the weights region
+(all resident), in a VRAM slot of the expert cache, or in pinned host memory read in place by
+the device (engine/gpu/expert_cache.py). A device table of E base pointers per stack tells the
+kernels where each expert is; moving an expert is a copy plus one table entry, and the captured
+decode graph never changes.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+
+from memra_engine.errors import UnsupportedModelError
+from memra_engine.gpu import quant_ops
+from memra_engine.gpu.memory import ALIGN
+from memra_engine.model.gguf_file import TensorInfo
+
+MAX_TOP_K = 16  # moe_topk keeps the chosen weights in registers (cuda/moe.cu)
+MAX_EXPERTS = 4096  # moe_topk: 128 experts per lane
+
+
+def _aligned(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+@dataclass
+class ExpertStack:
+    """One layer's experts of one matrix ([E, rows, cols], parts stacked per expert)."""
+
+    parts: list[TensorInfo]        # GGUF tensors [E, rows_i, cols], rows stacked per expert
+    n_expert: int
+    rows: int
+    cols: int
+    layout: quant_ops.WeightLayout  # of one expert [rows, cols]
+    expert_bytes: int               # one expert's blob, aligned
+    table_ptr: int = 0              # device uint64 [E]: each expert's base
+    table: np.ndarray | None = None  # host copy of the table
+
+    @classmethod
+    def plan(cls, parts: list[TensorInfo], name: str) -> "ExpertStack":
+        types = {p.ggml_type for p in parts}
+        if len(types) != 1:
+            raise UnsupportedModelError(f"{name}: expert parts of different types ({', '.join(t.name for t in types)})")
+        t = parts[0]
+        if t.ggml_type in quant_ops.FLOAT_TYPES:
+            raise UnsupportedModelError(f"{name}: {t.ggml_type.name} experts have no GPU kernel (quantized only)")
+        rows = sum(p.shape[1] for p in parts)
+        layout = quant_ops.weight_layout(t.ggml_type, rows, t.shape[2])
+        nbytes = layout.meta_offset + rows * (t.shape[2] // layout.block_values) * layout.meta_bytes
+        return cls(parts, t.shape[0], rows, t.shape[2], layout, _aligned(nbytes))
+
+    def expert_host_bytes(self, e: int) -> np.ndarray:
+        """Expert e's blob as the kernels read it (repacked; padded to expert_bytes)."""
+        t = self.parts[0]
+        data = np.concatenate([np.ascontiguousarray(p.data[e]).reshape(p.shape[1], -1) for p in self.parts])
+        blob = quant_ops.repack(t.ggml_type, data, self.rows, self.cols)
+        out = np.zeros(self.expert_bytes, np.uint8)
+        out[:blob.size] = blob
+        return out
+
+    @property
+    def table_bytes(self) -> int:
+        return _aligned(8 * self.n_expert)
+
+    @property
+    def meta_offset(self) -> int:
+        return self.layout.meta_offset
+
+
+def check_routing(cfg) -> None:
+    if cfg.n_expert > MAX_EXPERTS:
+        raise UnsupportedModelError(f"{cfg.n_expert} experts per layer: the GPU router handles at most {MAX_EXPERTS}")
+    if cfg.n_expert_used > MAX_TOP_K:
+        raise UnsupportedModelError(f"top-{cfg.n_expert_used} routing: the GPU router handles at most top-{MAX_TOP_K}")
+
+
+def topk(rt, logits_ptr: int, ids_ptr: int, weights_ptr: int, log_ptr: int, n_tokens: int, n_expert: int, k: int,
+         renorm: bool) -> None:
+    rt.launch("moe_topk", n_tokens, 32, (logits_ptr, ids_ptr, weights_ptr, log_ptr, n_expert, k, int(bool(renorm))))
+
+
+def expert_matvec(rt, stack: ExpertStack, ids_ptr: int, xq_ptr: int, y_ptr: int, n_slots: int, top_k: int,
+                  x_per_slot: bool) -> None:
+    """y[s] = expert ids[s] @ x(s) for every slot s (cuda/matvec.cu, moe_matvec_<type>)."""
+    rt.launch(f"moe_matvec_{stack.layout.kernel_type}", (-(-stack.rows // quant_ops.MATVEC_WARPS), n_slots),
+              32 * quant_ops.MATVEC_WARPS,
+              (stack.table_ptr, np.int64(stack.meta_offset), ids_ptr, xq_ptr, y_ptr, stack.rows, stack.cols,
+               quant_ops.q8_1_stride(stack.cols), top_k, int(bool(x_per_slot))))
+
+
+def combine(rt, y_ptr: int, weights_ptr: int, out_ptr: int, n_tokens: int, d: int, k: int) -> None:
+    rt.launch("moe_combine", (-(-d // 256), n_tokens), 256, (y_ptr, weights_ptr, out_ptr, d, k))
+
+

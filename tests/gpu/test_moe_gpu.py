@@ -1,0 +1,208 @@
+"""MoE on the GPU against the CPU backend, and the expert cache against fully resident.
+
+Bounds as tests/gpu/test_backend.py (the same q8_1 activations and f16 KV cache): prefill rows
+<= 0.01, decode rows <= 0.01 relative L2. A row is compared only where the CPU's routing is
+decisive: at every layer the k-th expert's router logit leads the next by more than
+ROUTE_MARGIN, 10x the GPU's error on those logits (~1e-3); at a near-tie the two backends may
+pick different experts, and a different expert is a different function, not a rounding error.
+At least 90% of rows must be decisive, so the test cannot pass vacuously.
+The expert cache must be exact: with 10% of the experts in VRAM the logits equal the resident
+backend's bit for bit, since a miss is read in place from host memory by the same kernel.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from memra_engine.errors import DeviceOutOfMemory
+from memra_engine.model.gguf_file import open_gguf
+from memra_engine.sampling import SamplingParams
+
+pytestmark = pytest.mark.gpu
+
+PREFILL_BOUND = LOGIT_BOUND = 0.01
+ROUTE_MARGIN = 1e-2
+MODELS = {
+    "tiny-qwen3moe": dict(preset="tiny-qwen3moe", head_dim=64),
+    "tiny-mixtral": dict(preset="tiny-mixtral", head_dim=64, n_head=4, n_kv_head=2, d_model=256),
+    "tiny-olmoe": dict(preset="tiny-olmoe", head_dim=64),
+    # 64 experts, top-2: 10% of them (6 per layer) is the cache's floor of 3 x top-k
+    "moe-64": dict(preset="tiny-qwen3moe", head_dim=64, n_layer=3, n_expert=64, n_expert_used=2, d_ff_expert=64),
+}
+QUANTS = ["Q8_0", "Q4_K_M", "Q4_0"]
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory):
+    from memra_engine.model.synthetic import write_synthetic_gguf
+
+    cache = {}
+
+    def get(name, quant="Q8_0"):
+        if (name, quant) not in cache:
+            cache[name, quant] = write_synthetic_gguf(tmp_path_factory.mktemp("moe") / f"{name}-{quant}.gguf",
+                                                      **MODELS[name], quant=quant, seed=5)
+        return cache[name, quant]
+    return get
+
+
+@pytest.fixture
+def open_backends():
+    made = []
+
+    def make(path, kind, n_ctx=128, **kw):
+        if kind == "cpu":
+            from memra_engine.cpu.backend import CpuBackend
+
+            return CpuBackend(open_gguf(path), n_ctx)
+        from memra_engine.gpu.backend import CudaBackend
+
+        # one thread has one current context: a second backend shares the first one's runtime
+        runtime = made[0].rt if made else None
+        b = CudaBackend(open_gguf(path), n_ctx=n_ctx, runtime=runtime, **kw)
+        made.append(b)
+        return b
+    yield make
+    for b in reversed(made):
+        b.close()
+
+
+def row_errors(got, ref):
+    assert np.all(np.isfinite(got))
+    return np.linalg.norm(got - ref, axis=-1) / np.linalg.norm(ref, axis=-1)
+
+
+def decisive_rows(routes, n_rows: int) -> np.ndarray:
+    """Rows whose routing leads by > ROUTE_MARGIN at every layer. routes (CpuOps.routes) holds,
+    per forward in order, one (layer, ids, margins [T]) per layer, layer 0 first."""
+    ok = np.ones(n_rows, bool)
+    start = row = 0
+    for layer, _, margin in routes:
+        if layer == 0:
+            start, row = row, row + len(margin)
+        ok[start:start + len(margin)] &= margin > ROUTE_MARGIN
+    assert row == n_rows
+    return ok
+
+
+@pytest.mark.parametrize("quant", QUANTS)
+@pytest.mark.parametrize("name", ["tiny-qwen3moe", "tiny-mixtral", "tiny-olmoe"])
+def test_moe_logits_follow_the_cpu_backend(model_path, open_backends, name, quant):
+    path = model_path(name, quant)
+    cpu, gpu = open_backends(path, "cpu"), open_backends(path, "cuda")
+    cpu.ops.routes = []
+    rng = np.random.default_rng(1)
+    prompt = rng.integers(3, cpu.config.vocab_size, 24).tolist()
+    steps = rng.integers(3, cpu.config.vocab_size, 16).tolist()
+    ref = np.concatenate([cpu.prefill(prompt, all_logits=True), np.stack([cpu.decode(t) for t in steps])])
+    got_prefill = gpu.prefill(prompt, all_logits=True)
+    got_decode = np.stack([gpu.decode(t) for t in steps])
+    ok = decisive_rows(cpu.ops.routes, len(ref))
+    assert ok.mean() >= 0.9, f"only {ok.mean():.0%} of rows route decisively"
+    err = row_errors(np.concatenate([got_prefill, got_decode]), ref)
+    n = len(prompt)
+    assert err[:n][ok[:n]].max() < PREFILL_BOUND, err[:n]
+    assert err[n:][ok[n:]].max() < LOGIT_BOUND, err[n:]
+    top1 = np.concatenate([got_prefill, got_decode]).argmax(-1) == ref.argmax(-1)
+    assert top1[ok].mean() >= 0.99
+
+
+def test_moe_graph_replay_equals_eager(model_path, open_backends):
+    path = model_path("tiny-qwen3moe")
+    graph, eager = open_backends(path, "cuda"), open_backends(path, "cuda", use_graphs=False)
+    prompt = list(range(5, 25))
+    graph.prefill(prompt)
+    eager.prefill(prompt)
+    for t in (7, 8, 9, 10):
+        np.testing.assert_array_equal(graph.decode(t), eager.decode(t))
+    assert graph.graphs and not eager.graphs
+
+
+def test_verify_rows_equal_decode_rows(model_path, open_backends):
+    gpu = open_backends(model_path("tiny-mixtral"), "cuda")
+    prompt, draft = list(range(5, 25)), [30, 31, 32, 33, 34]
+    gpu.prefill(prompt)
+    decoded = np.stack([gpu.decode(t) for t in draft])
+    gpu.truncate(len(prompt))
+    np.testing.assert_array_equal(gpu.verify(draft), decoded)
+
+
+def greedy_run(b, prompt, n):
+    """Greedy decode_sample tokens and the logits of a few decode() steps after them."""
+    b.truncate(0)
+    b.set_sampling(SamplingParams(temperature=0.0), seed=0)
+    token = int(np.argmax(b.prefill(prompt)))
+    out = [token]
+    for _ in range(n):
+        token, _ = b.decode_sample(token)
+        out.append(token)
+    logits = np.stack([b.decode(t) for t in (11, 12, 13)])
+    return out, logits
+
+
+def test_expert_cache_at_10_percent_is_bit_identical_to_resident(model_path, open_backends):
+    path = model_path("moe-64")
+    resident = open_backends(path, "cuda")
+    probe = resident._slot_bytes * resident.config.n_layer * resident.config.n_expert
+    cached = open_backends(path, "cuda", moe_vram=probe // 10)
+    cfg = cached.config
+    assert cached.experts is not None and cached.experts.policy.n_slots == 6 and resident.experts is None
+    prompt = list(range(5, 45))
+    want = greedy_run(resident, prompt, 40)
+    got = greedy_run(cached, prompt, 40)
+    assert got[0] == want[0]
+    np.testing.assert_array_equal(got[1], want[1])
+    cached.experts.drain()
+    m = cached.moe_stats()
+    routed = cached.tokens_run * cfg.n_layer * cfg.n_expert_used
+    assert m.total_hits + m.total_misses == routed and m.total_misses > 0 and m.total_hits > 0
+    assert m.total_bytes_moved > 0 and m.total_bytes_moved % cached.experts.slot_bytes == 0
+    assert m.resident_experts == cfg.n_layer * 6 and m.total_experts == cfg.n_layer * 64
+    assert m.slot_bytes == cfg.n_layer * 6 * cached.experts.slot_bytes
+    assert cached.memory_stats().reserved["experts"] == m.slot_bytes
+
+
+def test_cache_counters_follow_the_routing_log(model_path, open_backends, monkeypatch):
+    """Counters are exact: replaying the routing the device logged through a fresh policy from
+    the same starting residency gives the same hits and misses (one forward at a time, no copies
+    landing in between: eager decode with admissions off)."""
+    from memra_engine.gpu.expert_cache import ExpertPolicy
+
+    import memra_engine.gpu.expert_cache as ec
+
+    path = model_path("moe-64")
+    probe = open_backends(path, "cuda")
+    budget = probe._slot_bytes * probe.config.n_layer * 64 // 10
+    b = open_backends(path, "cuda", moe_vram=budget)
+    cfg, c = b.config, b.experts
+    shadow = ExpertPolicy(cfg.n_layer, cfg.n_expert, c.policy.n_slots)
+    for layer in range(cfg.n_layer):
+        for slot in range(c.policy.n_slots):
+            shadow.place(layer, slot, slot)
+    monkeypatch.setattr(ec, "MAX_COPIES_IN_FLIGHT", 0)  # no admissions: the residency stays the starting one
+    for t in [5, 9, 17, 33, 60, 61, 62]:
+        b.decode(t)
+        ids = b.rt.download(c.log_ptr, (cfg.n_layer, c.log_tokens * c.k), np.int32)[:, :c.k]
+        shadow.route(ids, 0)
+    assert (c.policy.hits, c.policy.misses) == (shadow.hits, shadow.misses)
+    assert c.policy.hits + c.policy.misses == 7 * cfg.n_layer * cfg.n_expert_used
+
+
+def test_a_budget_below_the_floor_is_one_line(model_path):
+    from memra_engine.gpu.backend import CudaBackend
+
+    with pytest.raises(DeviceOutOfMemory) as err:
+        CudaBackend(open_gguf(model_path("moe-64")), n_ctx=64, moe_vram=1 << 16)
+    assert "the expert cache needs at least 6 (3 x top-2)" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_engine_chats_with_the_cache_and_reports_it(model_path):
+    from memra_engine.generate import Engine
+
+    path = model_path("moe-64")
+    with Engine.load(path, backend="cuda", n_ctx=256, moe_vram=400 << 10) as engine:
+        result = engine.chat([{"role": "user", "content": "hi"}], SamplingParams(max_tokens=24, seed=1)).collect()
+        m = result.stats.moe
+        assert result.done.reason == "length" and m is not None
+        assert m.hits + m.misses > 0 and m.total_experts == 3 * 64 and m.slot_bytes > 0
+        assert "experts" in result.stats.vram.reserved
