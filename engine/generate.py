@@ -386,7 +386,9 @@ class Engine:
     def _serve(self, opener, ready: queue.Queue) -> None:
         try:
             model, self.info = opener()
-            self._publish(EngineStats(n_ctx=model.backend.n_ctx, vram=model.backend.memory_stats()))
+            # the MoE pane starts from the load-time totals (replies then report their own share)
+            self._publish(EngineStats(n_ctx=model.backend.n_ctx, vram=model.backend.memory_stats(),
+                                      moe=model.backend.moe_stats()))
         except BaseException as err:  # handed to load(), which raises it on the caller's thread
             ready.put(err)
             return

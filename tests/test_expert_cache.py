@@ -70,11 +70,24 @@ def test_admissions_stop_at_the_copies_allowed():
     assert len(route(p, [4, 5, 6, 7], may_admit=2)) == 2
 
 
-def test_budget_floor_is_three_times_top_k_per_layer():
+def test_budget_floor_is_top_k_slots_per_layer():
     slot = 3 << 20
     assert slots_for_budget(24 * 64 * slot, 24, 64, 8, slot) == 64          # all of them
-    assert slots_for_budget(24 * 30 * slot + slot, 24, 64, 8, slot) == 30
+    assert slots_for_budget(24 * 16 * slot + slot, 24, 64, 8, slot) == 16   # 25% of a top-8 of 64
     with pytest.raises(DeviceOutOfMemory) as err:
-        slots_for_budget(24 * 20 * slot, 24, 64, 8, slot)
-    assert f"at least {MIN_SLOTS_PER_TOP_K * 8} ({MIN_SLOTS_PER_TOP_K} x top-8)" in str(err.value)
+        slots_for_budget(24 * 7 * slot, 24, 64, 8, slot)
+    assert MIN_SLOTS_PER_TOP_K == 1 and "holds 7 experts per layer" in str(err.value)
+    assert "at least 8 (top-8)" in str(err.value)
     assert "\n" not in str(err.value)
+
+
+def test_a_slot_holds_the_largest_layer_expert():
+    """k-quant mixes give layers different expert sizes: the slot stride is the largest."""
+    from types import SimpleNamespace
+
+    from memra_engine.gpu.expert_cache import slot_layout
+
+    stacks = [(SimpleNamespace(expert_bytes=1000), SimpleNamespace(expert_bytes=500)),
+              (SimpleNamespace(expert_bytes=1000), SimpleNamespace(expert_bytes=700))]
+    parts, stride = slot_layout(stacks)
+    assert parts == [[1000, 500], [1000, 700]] and stride == 1700

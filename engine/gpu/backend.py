@@ -142,14 +142,14 @@ class CudaBackend:
     def _expert_slots(self, g, moe_vram: int | None, progress) -> int:
         """Slots per layer for the expert cache, 0 for all experts resident. Without moe_vram,
         experts that do not fit in free VRAM (beside everything else) get the budget that fits."""
-        from memra_engine.gpu.expert_cache import slots_for_budget
+        from memra_engine.gpu.expert_cache import slot_layout, slots_for_budget
         from memra_engine.gpu.moe import check_routing
 
         cfg = self.config
         check_routing(cfg)
         dry = GpuWeights(g, cfg).upload(None, None, dry=True)
-        self._slot_bytes = sum(s.expert_bytes for s in (dry.layers[0].ffn_gate_up_exps, dry.layers[0].ffn_down_exps))
-        all_bytes = cfg.n_layer * cfg.n_expert * self._slot_bytes
+        parts, self._slot_bytes = slot_layout([(L.ffn_gate_up_exps, L.ffn_down_exps) for L in dry.layers])
+        all_bytes = cfg.n_expert * sum(sum(p) for p in parts)
         if moe_vram is None:
             free, _ = self.rt.mem_info()
             others = (GpuWeights(g, cfg, experts_resident=False).nbytes() + self._scratch_bytes(g)

@@ -14,7 +14,9 @@ the slot only once that copy has finished. Steps never read a slot while it is b
 The policy (ExpertPolicy) is frequency-aware LRU per layer: a use adds 1 to an expert's score,
 scores decay by DECAY per step; a missed expert takes the slot of the resident expert with the
 lowest score (least recently used among equals) when its own score is at least that high.
-At least MIN_SLOTS_PER_TOP_K x top_k slots per layer, or the budget is refused.
+At least top_k slots per layer (one token's experts), or the budget is refused; fewer than
+3 x top_k (the published baseline's floor) works, since misses are read in place, but hits
+then depend on the routing repeating itself.
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ import numpy as np
 from memra_engine.errors import DeviceOutOfMemory
 
 DECAY = 0.95
-MIN_SLOTS_PER_TOP_K = 3
+MIN_SLOTS_PER_TOP_K = 1
 MAX_COPIES_IN_FLIGHT = 64  # admissions wait while this many copies are queued on the copy stream
 
 
@@ -111,8 +113,16 @@ def slots_for_budget(budget: int, n_layer: int, n_expert: int, top_k: int, slot_
         need = floor * n_layer * slot_bytes
         raise DeviceOutOfMemory(
             f"--moe-vram {budget / 2**20:.0f} MiB holds {n} experts per layer; the expert cache needs at least "
-            f"{floor} ({MIN_SLOTS_PER_TOP_K} x top-{top_k}), {need / 2**20:.0f} MiB")
+            f"{floor} (top-{top_k}), {need / 2**20:.0f} MiB")
     return n
+
+
+def slot_layout(layers: list[tuple]) -> tuple[list[list[int]], int]:
+    """Each layer's expert part sizes, and the slot stride that holds any layer's expert: k-quant
+    mixes change types per layer (Q4_K_M gives some layers' ffn_down_exps Q6_K), so a layer-0
+    sized slot overflowed into the next one (and past the region: a load failed)."""
+    parts = [[s.expert_bytes for s in stacks] for stacks in layers]
+    return parts, max(sum(p) for p in parts)
 
 
 class ExpertCache:
@@ -124,8 +134,7 @@ class ExpertCache:
         cuda = rt.cuda
         self.rt, self.cfg, self.layers = rt, cfg, layers
         self.k, self.log_ptr, self.log_tokens = cfg.n_expert_used, log_ptr, log_tokens
-        self.parts = [s.expert_bytes for s in layers[0]]
-        self.slot_bytes = sum(self.parts)
+        self.parts, self.slot_bytes = slot_layout(layers)
         self.policy = ExpertPolicy(cfg.n_layer, cfg.n_expert, n_slots)
         # non-blocking: the copies never wait for the compute stream, nor it for them (they are
         # ordered by the table entries, see the module doc)
@@ -160,13 +169,13 @@ class ExpertCache:
     def _point(self, layer: int, expert: int, slot: int | None) -> None:
         """Table entries of `expert`: its slot's parts, or its host copies (slot None)."""
         off = 0
-        for s, (_, host_dev), nbytes in zip(self.layers[layer], self.host[layer], self.parts):
+        for s, (_, host_dev), nbytes in zip(self.layers[layer], self.host[layer], self.parts[layer]):
             s.table[expert] = host_dev + expert * s.expert_bytes if slot is None else self.slot_ptr(layer, slot) + off
             off += nbytes
 
     def _copy_sync(self, layer: int, expert: int, slot: int) -> None:
         off = 0
-        for (h, _), nbytes in zip(self.host[layer], self.parts):
+        for (h, _), nbytes in zip(self.host[layer], self.parts[layer]):
             self.rt.cuda.memcpy_htod(self.slot_ptr(layer, slot) + off, h[expert])
             off += nbytes
 
@@ -186,7 +195,7 @@ class ExpertCache:
         for layer, e, slot, start, end in self.in_flight:
             if end.query():
                 self.copy_seconds += end.time_since(start) / 1e3
-                self.bytes_moved += self.slot_bytes
+                self.bytes_moved += sum(self.parts[layer])
                 self.policy.landed(layer, e, slot)
                 self._point(layer, e, slot)
                 changed = True
@@ -207,7 +216,7 @@ class ExpertCache:
             start, end = cuda.Event(), cuda.Event()
             start.record(self.copy_stream)
             off = 0
-            for (h, _), nbytes in zip(self.host[layer], self.parts):
+            for (h, _), nbytes in zip(self.host[layer], self.parts[layer]):
                 cuda.memcpy_htod_async(self.slot_ptr(layer, slot) + off, h[e], self.copy_stream)
                 off += nbytes
             end.record(self.copy_stream)

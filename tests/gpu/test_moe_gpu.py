@@ -3,9 +3,13 @@
 Bounds as tests/gpu/test_backend.py (the same q8_1 activations and f16 KV cache): prefill rows
 <= 0.01, decode rows <= 0.01 relative L2. A row is compared only where the CPU's routing is
 decisive: at every layer the k-th expert's router logit leads the next by more than
-ROUTE_MARGIN, 10x the GPU's error on those logits (~1e-3); at a near-tie the two backends may
+ROUTE_MARGIN, 10x the GPU's error on those logits; at a near-tie the two backends may
 pick different experts, and a different expert is a different function, not a rounding error.
-At least 90% of rows must be decisive, so the test cannot pass vacuously.
+(Measured: after the f16 GEMM prefill the hidden states are ~6.6e-4 relative off the CPU's,
+and a token whose 2nd and 3rd router logits were 7e-4 apart took another expert on the GPU,
+which moved every later row by 5-40% through attention; ROUTE_MARGIN = 0.02.)
+The test searches for token sequences that route decisively everywhere; a second test checks
+the routed FFN op alone on identical inputs, every row.
 The expert cache must be exact: with 10% of the experts in VRAM the logits equal the resident
 backend's bit for bit, since a miss is read in place from host memory by the same kernel.
 """
@@ -21,12 +25,12 @@ from memra_engine.sampling import SamplingParams
 pytestmark = pytest.mark.gpu
 
 PREFILL_BOUND = LOGIT_BOUND = 0.01
-ROUTE_MARGIN = 1e-2
+ROUTE_MARGIN = 0.02
 MODELS = {
     "tiny-qwen3moe": dict(preset="tiny-qwen3moe", head_dim=64),
     "tiny-mixtral": dict(preset="tiny-mixtral", head_dim=64, n_head=4, n_kv_head=2, d_model=256),
     "tiny-olmoe": dict(preset="tiny-olmoe", head_dim=64),
-    # 64 experts, top-2: 10% of them (6 per layer) is the cache's floor of 3 x top-k
+    # 64 experts, top-2: 10% of them is 6 slots per layer
     "moe-64": dict(preset="tiny-qwen3moe", head_dim=64, n_layer=3, n_expert=64, n_expert_used=2, d_ff_expert=64),
 }
 QUANTS = ["Q8_0", "Q4_K_M", "Q4_0"]
@@ -72,39 +76,65 @@ def row_errors(got, ref):
     return np.linalg.norm(got - ref, axis=-1) / np.linalg.norm(ref, axis=-1)
 
 
-def decisive_rows(routes, n_rows: int) -> np.ndarray:
-    """Rows whose routing leads by > ROUTE_MARGIN at every layer. routes (CpuOps.routes) holds,
-    per forward in order, one (layer, ids, margins [T]) per layer, layer 0 first."""
-    ok = np.ones(n_rows, bool)
-    start = row = 0
-    for layer, _, margin in routes:
-        if layer == 0:
-            start, row = row, row + len(margin)
-        ok[start:start + len(margin)] &= margin > ROUTE_MARGIN
-    assert row == n_rows
-    return ok
+def decisive_tokens(cpu, n: int, tries: int = 400) -> list[int]:
+    """Random tokens whose routing on the CPU leads by > ROUTE_MARGIN at every token and layer
+    (searched over seeds): a close call anywhere would let the GPU pick another expert for that
+    token, and through attention every later row would differ too."""
+    for seed in range(tries):
+        tokens = np.random.default_rng(seed).integers(3, cpu.config.vocab_size, n).tolist()
+        cpu.truncate(0)
+        cpu.ops.routes = []
+        cpu.prefill(tokens)
+        if all((margin > ROUTE_MARGIN).all() for _, _, margin in cpu.ops.routes):
+            cpu.ops.routes = None
+            cpu.truncate(0)
+            return tokens
+    pytest.fail(f"no {n}-token sequence in {tries} seeds routes decisively")
 
 
 @pytest.mark.parametrize("quant", QUANTS)
 @pytest.mark.parametrize("name", ["tiny-qwen3moe", "tiny-mixtral", "tiny-olmoe"])
 def test_moe_logits_follow_the_cpu_backend(model_path, open_backends, name, quant):
+    """18 prompt tokens (the GEMM prefill path: more than 16) then 4 decode steps."""
     path = model_path(name, quant)
     cpu, gpu = open_backends(path, "cpu"), open_backends(path, "cuda")
-    cpu.ops.routes = []
-    rng = np.random.default_rng(1)
-    prompt = rng.integers(3, cpu.config.vocab_size, 24).tolist()
-    steps = rng.integers(3, cpu.config.vocab_size, 16).tolist()
-    ref = np.concatenate([cpu.prefill(prompt, all_logits=True), np.stack([cpu.decode(t) for t in steps])])
-    got_prefill = gpu.prefill(prompt, all_logits=True)
-    got_decode = np.stack([gpu.decode(t) for t in steps])
-    ok = decisive_rows(cpu.ops.routes, len(ref))
-    assert ok.mean() >= 0.9, f"only {ok.mean():.0%} of rows route decisively"
-    err = row_errors(np.concatenate([got_prefill, got_decode]), ref)
-    n = len(prompt)
-    assert err[:n][ok[:n]].max() < PREFILL_BOUND, err[:n]
-    assert err[n:][ok[n:]].max() < LOGIT_BOUND, err[n:]
-    top1 = np.concatenate([got_prefill, got_decode]).argmax(-1) == ref.argmax(-1)
-    assert top1[ok].mean() >= 0.99
+    tokens = decisive_tokens(cpu, 22)
+    prompt, steps = tokens[:18], tokens[18:]
+    ref = cpu.prefill(tokens, all_logits=True)
+    got = np.concatenate([gpu.prefill(prompt, all_logits=True), np.stack([gpu.decode(t) for t in steps])])
+    err = row_errors(got, ref)
+    assert err[:18].max() < PREFILL_BOUND, err
+    assert err[18:].max() < LOGIT_BOUND, err
+    assert (got.argmax(-1) == ref.argmax(-1)).mean() >= 0.99
+
+
+@pytest.mark.parametrize("quant", QUANTS)
+@pytest.mark.parametrize("name", ["tiny-qwen3moe", "tiny-mixtral", "tiny-olmoe"])
+@pytest.mark.parametrize("T", [1, 5, 40])
+def test_moe_ffn_op_follows_the_cpu_op(model_path, open_backends, name, quant, T):
+    """The routed FFN alone, both backends on the same random hidden states: no close call can
+    flip here (the router logits differ by ~1e-6), so every row is compared. Bound 1e-3: the
+    two-term q8_1 activations of the expert matvecs (measured <= 5e-4)."""
+    from memra_engine.gpu.ops import DArray
+
+    path = model_path(name, quant)
+    cpu, gpu = open_backends(path, "cpu"), open_backends(path, "cuda")
+    cfg = cpu.config
+    rng = np.random.default_rng(T)
+    for layer in range(cfg.n_layer):
+        x = rng.standard_normal((T, cfg.d_model)).astype(np.float32)
+        L, W = cpu.weights.layer(layer), gpu.weights.layer(layer)
+        want = cpu.ops.moe_ffn(layer, x, L.ffn_gate_inp, L.ffn_gate_up_exps, L.ffn_down_exps,
+                               cfg.n_expert_used, cfg.expert_weights_norm)
+        ops = gpu.ops
+        ops.begin(1, 0, 1)
+        xp = ops.arena.alloc(x.nbytes)
+        gpu.rt.upload(xp, x)
+        out = ops.moe_ffn(layer, DArray(xp, x.shape, cfg.d_model), W.ffn_gate_inp, W.ffn_gate_up_exps,
+                          W.ffn_down_exps, cfg.n_expert_used, cfg.expert_weights_norm)
+        ops.flush()
+        got = gpu.rt.download(out.ptr, x.shape, np.float32)
+        assert row_errors(got, want).max() < 1e-3
 
 
 def test_moe_graph_replay_equals_eager(model_path, open_backends):
@@ -140,8 +170,9 @@ def greedy_run(b, prompt, n):
     return out, logits
 
 
-def test_expert_cache_at_10_percent_is_bit_identical_to_resident(model_path, open_backends):
-    path = model_path("moe-64")
+@pytest.mark.parametrize("quant", ["Q8_0", "Q4_K_M"])  # Q4_K_M: ffn_down_exps types (sizes) differ per layer
+def test_expert_cache_at_10_percent_is_bit_identical_to_resident(model_path, open_backends, quant):
+    path = model_path("moe-64", quant)
     resident = open_backends(path, "cuda")
     probe = resident._slot_bytes * resident.config.n_layer * resident.config.n_expert
     cached = open_backends(path, "cuda", moe_vram=probe // 10)
@@ -156,7 +187,7 @@ def test_expert_cache_at_10_percent_is_bit_identical_to_resident(model_path, ope
     m = cached.moe_stats()
     routed = cached.tokens_run * cfg.n_layer * cfg.n_expert_used
     assert m.total_hits + m.total_misses == routed and m.total_misses > 0 and m.total_hits > 0
-    assert m.total_bytes_moved > 0 and m.total_bytes_moved % cached.experts.slot_bytes == 0
+    assert m.total_bytes_moved > 0
     assert m.resident_experts == cfg.n_layer * 6 and m.total_experts == cfg.n_layer * 64
     assert m.slot_bytes == cfg.n_layer * 6 * cached.experts.slot_bytes
     assert cached.memory_stats().reserved["experts"] == m.slot_bytes
@@ -193,7 +224,7 @@ def test_a_budget_below_the_floor_is_one_line(model_path):
 
     with pytest.raises(DeviceOutOfMemory) as err:
         CudaBackend(open_gguf(model_path("moe-64")), n_ctx=64, moe_vram=1 << 16)
-    assert "the expert cache needs at least 6 (3 x top-2)" in str(err.value) and "\n" not in str(err.value)
+    assert "the expert cache needs at least 2 (top-2)" in str(err.value) and "\n" not in str(err.value)
 
 
 def test_engine_chats_with_the_cache_and_reports_it(model_path):
