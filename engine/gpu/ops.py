@@ -514,9 +514,9 @@ class GpuOps:
         S = T * k
         self.flush()
         x = self._contiguous(x)
-        # The router always takes the matvec path, f32 (or two-term q8_1) like decode, never the
-        # f16 GEMM: f16 operands moved router logits by ~1e-2 and flipped the choice of expert
-        # on close calls, so a prompt token's experts differed from the same token's in decode.
+        # The router takes the matvec path at any T (f32, as in decode), never the f16 GEMM: it
+        # is tiny, and its logits choose experts, where a close call settled by f16 rounding
+        # gives a different function, not a rounding error.
         logits = self.new((T, router.rows))
         xq = 0 if router.layout.is_float else self._q8_1_of(x, router.cols)
         quant_ops.matvec(self.rt, router, x.ptr, xq, logits.ptr, T)
