@@ -91,3 +91,176 @@ def test_a_slot_holds_the_largest_layer_expert():
               (SimpleNamespace(expert_bytes=1000), SimpleNamespace(expert_bytes=700))]
     parts, stride = slot_layout(stacks)
     assert parts == [[1000, 500], [1000, 700]] and stride == 1700
+
+
+# --- the device side, on a fake CUDA: copies stay in their slots, tables switch only when a copy lands
+
+class FakeDevice:
+    """Device memory as named regions; every copy is bounds-checked against its region."""
+
+    def __init__(self):
+        self.regions: list[tuple[int, bytearray]] = []
+        self.next = 1 << 32
+
+    def alloc(self, nbytes: int) -> int:
+        base = self.next
+        self.regions.append((base, bytearray(nbytes)))
+        self.next += nbytes + (1 << 20)
+        return base
+
+    def _at(self, ptr: int, n: int) -> tuple[bytearray, int]:
+        for base, mem in self.regions:
+            if base <= ptr and ptr + n <= base + len(mem):
+                return mem, ptr - base
+        raise AssertionError(f"copy of {n} bytes at {ptr:#x} is outside every allocation")
+
+    def write(self, ptr: int, data: np.ndarray) -> None:
+        raw = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
+        mem, off = self._at(ptr, raw.size)
+        mem[off:off + raw.size] = raw.tobytes()
+
+    def read(self, ptr: int, nbytes: int) -> bytes:
+        mem, off = self._at(ptr, nbytes)
+        return bytes(mem[off:off + nbytes])
+
+
+class HostAlloc(bytearray):
+    def get_device_pointer(self) -> int:
+        return 0x7F00_0000_0000 + id(self) % (1 << 30) * 4096
+
+
+class FakeEvent:
+    landed = False  # the test decides when queued copies finish
+
+    def record(self, stream):
+        pass
+
+    def query(self) -> bool:
+        return FakeEvent.landed
+
+    def time_since(self, start) -> float:
+        return 0.5  # ms
+
+
+class FakeCuda:
+    class host_alloc_flags:
+        DEVICEMAP = 2
+
+    def __init__(self, dev: FakeDevice):
+        self.dev = dev
+        self.Event = FakeEvent
+
+    def Stream(self, flags=0):
+        return type("S", (), {"synchronize": lambda self: None})()
+
+    def pagelocked_empty(self, shape, dtype, mem_flags=0):
+        return np.ndarray(shape, dtype, buffer=HostAlloc(int(np.prod(shape)) * np.dtype(dtype).itemsize))
+
+    def memcpy_htod(self, dst, src):
+        self.dev.write(int(dst), src)
+
+    def memcpy_htod_async(self, dst, src, stream):
+        self.dev.write(int(dst), src)
+
+
+class FakeRuntime:
+    def __init__(self):
+        self.dev = FakeDevice()
+        self.cuda = FakeCuda(self.dev)
+
+    def pinned(self, shape, dtype):
+        return np.zeros(shape, dtype)
+
+    def upload(self, ptr, host):
+        self.dev.write(ptr, host)
+
+    upload_async = upload
+
+    def download(self, ptr, shape, dtype):
+        n = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        return np.frombuffer(self.dev.read(ptr, n), dtype).reshape(shape).copy()
+
+    def synchronize(self):
+        pass
+
+
+class FakePool:
+    def __init__(self, rt):
+        self.rt = rt
+
+    def alloc(self, region, nbytes, name=""):
+        return type("B", (), {"ptr": self.rt.dev.alloc(nbytes)})()
+
+
+class FakeStack:
+    """An ExpertStack stand-in: expert e's bytes are all e + 1 (so a copy is recognisable)."""
+
+    def __init__(self, rt, n_expert: int, expert_bytes: int):
+        self.n_expert, self.expert_bytes = n_expert, expert_bytes
+        self.table = np.zeros(n_expert, np.uint64)
+        self.table_ptr = rt.dev.alloc(8 * n_expert)
+
+    def expert_host_bytes(self, e: int) -> np.ndarray:
+        return np.full(self.expert_bytes, e + 1, np.uint8)
+
+
+def fake_cache(sizes: list[tuple[int, int]], n_expert=8, k=2, n_slots=3):
+    from types import SimpleNamespace
+
+    from memra_engine.gpu.expert_cache import ExpertCache
+
+    FakeEvent.landed = False
+    rt = FakeRuntime()
+    cfg = SimpleNamespace(n_layer=len(sizes), n_expert=n_expert, n_expert_used=k)
+    layers = [(FakeStack(rt, n_expert, a), FakeStack(rt, n_expert, b)) for a, b in sizes]
+    log_tokens = 4
+    log = rt.dev.alloc(4 * cfg.n_layer * log_tokens * k)
+    return rt, ExpertCache(rt, FakePool(rt), cfg, layers, n_slots, log, log_tokens), layers, log
+
+
+def route_one_token(rt, cache, log, ids_per_layer):
+    ids = np.zeros((len(ids_per_layer), cache.log_tokens * cache.k), np.int32)
+    ids[:, :cache.k] = ids_per_layer
+    rt.dev.write(log, ids)
+    cache.after_forward(1)
+
+
+def device_table(rt, stack) -> np.ndarray:
+    return np.frombuffer(rt.dev.read(stack.table_ptr, 8 * stack.n_expert), np.uint64)
+
+
+def test_copies_stay_inside_slots_when_layers_have_different_expert_sizes():
+    """Layer 1's down experts are larger than layer 0's (a k-quant mix): a slot sized for
+    layer 0 would overflow into its neighbour, and past the region at the last slot."""
+    rt, cache, layers, log = fake_cache([(1024, 256), (1024, 768)])
+    for step in range(6):  # misses everywhere: admissions into every slot of both layers
+        route_one_token(rt, cache, log, [[6, 7], [6, 7]] if step % 2 else [[4, 5], [4, 5]])
+        FakeEvent.landed = True
+        cache.after_forward(0)
+        FakeEvent.landed = False
+    for layer, (gate_up, down) in enumerate(layers):
+        for slot in range(cache.policy.n_slots):
+            e = cache.policy.expert_in[layer, slot]
+            base = cache.slot_ptr(layer, slot)
+            assert rt.dev.read(base, gate_up.expert_bytes) == bytes([e + 1]) * gate_up.expert_bytes
+            assert rt.dev.read(base + gate_up.expert_bytes, down.expert_bytes) == bytes([e + 1]) * down.expert_bytes
+
+
+def test_tables_point_at_host_memory_until_the_copy_lands():
+    rt, cache, layers, log = fake_cache([(512, 256)])
+    gate_up, down = layers[0]
+    host_ptr = lambda stack, e: cache.host[0][0 if stack is gate_up else 1][1] + e * stack.expert_bytes  # noqa: E731
+    assert device_table(rt, gate_up)[5] == host_ptr(gate_up, 5)   # experts 0..2 start resident
+    assert device_table(rt, gate_up)[0] == cache.slot_ptr(0, 0)
+    route_one_token(rt, cache, log, [[5, 0]])   # 5 misses and is admitted into the slot of 1 or 2
+    (layer, e, slot, _, _), = cache.in_flight
+    evicted = [x for x in (1, 2) if cache.policy.slot_of[0, x] < 0]
+    assert e == 5 and len(evicted) == 1
+    assert device_table(rt, gate_up)[5] == host_ptr(gate_up, 5)             # not landed yet
+    assert device_table(rt, gate_up)[evicted[0]] == host_ptr(gate_up, evicted[0])  # readers left the slot
+    assert device_table(rt, down)[evicted[0]] == host_ptr(down, evicted[0])
+    FakeEvent.landed = True
+    cache.after_forward(0)
+    assert device_table(rt, gate_up)[5] == cache.slot_ptr(0, slot)
+    assert device_table(rt, down)[5] == cache.slot_ptr(0, slot) + gate_up.expert_bytes
+    assert cache.bytes_moved == 512 + 256 and cache.copy_seconds == pytest.approx(5e-4)
