@@ -1,7 +1,9 @@
 """`memra-chat`: one prompt in, the streamed reply out (headless); with no --prompt, the chat UI.
 
-Errors a user can act on (MemraError) print one line, `memra-chat: error: …`, and exit 1.
-Anything else is a bug: one line on stderr, the traceback in the log file, exit 2.
+Errors a user can act on (MemraError, and command-line mistakes that argparse finds) print one
+line, `memra-chat: error: …`, and exit 1. Anything else is a bug: one line on stderr, the
+traceback in the log file, exit 2. A flag that does nothing in the mode asked for (the UI or
+--prompt) is named in one line on stderr, and the run goes on.
 """
 from __future__ import annotations
 
@@ -22,8 +24,17 @@ PROG = "memra-chat"
 DEFAULTS = SamplingParams()
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's one-line error (after the usage line), with exit status 1: a mistake on the
+    command line is the user's to fix, and 2 is kept for bugs."""
+
+    def error(self, message: str):
+        self.print_usage(sys.stderr)
+        self.exit(1, f"{self.prog}: error: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog=PROG,
         description="Chat with a local GGUF model. With --prompt, print one reply and exit; "
         "without it, open the terminal chat UI.",
@@ -96,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def size_arg(text: str) -> int:
-    """argparse type for sizes: a bad one is argparse's one-line error (exit 2)."""
+    """argparse type for sizes: a bad one is argparse's one-line error (exit 1)."""
     try:
         return parse_size(text)
     except ValueError as err:
@@ -218,7 +229,33 @@ def moe_line(m: MoeStats) -> str:
             f"resident {m.resident_experts}/{m.total_experts} experts")
 
 
+SAMPLING_FLAGS = ("max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n",
+                  "presence_penalty", "frequency_penalty", "seed")
+
+
+def flag_name(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def ignored_flags(args: argparse.Namespace) -> str:
+    """One line naming the flags given that the mode asked for does nothing with, or ""."""
+    if args.pull_default:
+        return ""
+    if args.prompt is not None:
+        return "memra-chat: note: --resume does nothing with --prompt (it reopens a chat in the UI); ignored" \
+            if args.resume else ""
+    given = [flag for flag, on in (("--raw", args.raw), ("--system", args.system is not None), ("--stop", args.stop),
+                                   ("--stats", args.stats)) if on]
+    given += [flag_name(d) for d in SAMPLING_FLAGS if getattr(args, d) != getattr(DEFAULTS, d)]
+    if not given:
+        return ""
+    return (f"memra-chat: note: {', '.join(given)} {'does' if len(given) == 1 else 'do'} nothing without --prompt "
+            "(in the UI: the knobs, F3, and the system prompt, F5); ignored")
+
+
 def run(args: argparse.Namespace) -> int:
+    if note := ignored_flags(args):
+        say(note)
     if args.pull_default:
         from memra_engine.default_model import ensure_default_model
 

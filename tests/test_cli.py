@@ -301,16 +301,16 @@ def test_a_bad_moe_vram_is_argparse_s_one_line_error(scripted_load, monkeypatch,
                        ("0", "the size must be more than 0 bytes, not '0'")):
         with pytest.raises(SystemExit) as exit:
             cli.main([*mode, "--moe-vram", size])
-        assert exit.value.code == 2
+        assert exit.value.code == 1
         err = capsys.readouterr().err
         assert err.splitlines()[-1] == f"memra-chat: error: argument --moe-vram: {says}"
         assert err.startswith("usage: memra-chat") and "Traceback" not in err
     assert scripted_load == []
 
 
-def test_a_bad_moe_vram_exits_2_without_a_traceback():
+def test_a_bad_moe_vram_exits_1_without_a_traceback():
     run = memra_chat("--moe-vram", "lots", "--prompt", "hi", timeout=60)
-    assert run.returncode == 2
+    assert run.returncode == 1
     assert run.stderr.splitlines()[-1].startswith("memra-chat: error: argument --moe-vram: not a size: 'lots'")
     assert "Traceback" not in run.stderr
 
@@ -340,3 +340,69 @@ def test_stats_on_a_dense_model_prints_no_moe_line(scripted_load, capsys):
     assert cli.main(["--prompt", "hi", "--stats"]) == 0
     err = capsys.readouterr().err
     assert "tok/s" in err and "moe:" not in err
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+    (["--temperature", "abc", "--prompt", "hi"], "argument --temperature/-t: invalid float value: 'abc'"),
+    (["--moe-vram", "6XB"], "argument --moe-vram: not a size: '6XB'"),
+    (["--backend", "tpu"], "argument --backend: invalid choice: 'tpu'"),
+    (["--json", "--regex", "x"], "argument --regex: not allowed with argument --json"),
+])
+def test_a_command_line_mistake_exits_1_with_one_line(monkeypatch, capsys, argv, says):
+    """2 is for bugs (README): every mistake on the command line is the user's, exit 1."""
+    import memra_tui.app
+    from memra_tui import cli
+
+    monkeypatch.setattr(memra_tui.app, "run_app", lambda *a, **kw: pytest.fail("the UI opened"))
+    monkeypatch.setattr(cli, "run_headless", lambda args: pytest.fail("the model loaded"))
+    with pytest.raises(SystemExit) as exit:
+        cli.main(argv)
+    assert exit.value.code == 1
+    err = capsys.readouterr().err
+    assert err.startswith("usage: memra-chat") and "Traceback" not in err
+    assert err.splitlines()[-1].startswith(f"memra-chat: error: {says}"), err
+
+
+def test_an_unknown_flag_exits_1_in_a_subprocess():
+    run = memra_chat("--temprature", "0.5", timeout=60)
+    assert run.returncode == 1, run.stderr
+    assert run.stderr.splitlines()[-1] == "memra-chat: error: unrecognized arguments: --temprature"
+
+
+@pytest.mark.parametrize("argv, note", [
+    (["--raw"], "memra-chat: note: --raw does nothing without --prompt"),
+    (["--raw", "--stats", "--temperature", "0.2", "--seed", "4"],
+     "memra-chat: note: --raw, --stats, --temperature, --seed do nothing without --prompt"),
+    (["--system", "be brief", "--stop", "x"], "memra-chat: note: --system, --stop do nothing without --prompt"),
+])
+def test_a_flag_the_ui_does_not_use_is_named_on_stderr(monkeypatch, capsys, argv, note):
+    import memra_tui.app
+    from memra_tui import cli
+
+    calls = []
+    monkeypatch.setattr(memra_tui.app, "run_app", lambda *a, **kw: calls.append(a) or 0)
+    assert cli.main(argv) == 0
+    assert len(calls) == 1  # the UI still opens
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(note) and err[0].endswith("; ignored"), err
+
+
+def test_resume_with_prompt_is_named_on_stderr(scripted_load, capsys):
+    from memra_tui import cli
+
+    assert cli.main(["--prompt", "hi", "--resume"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err.splitlines()[0] == ("memra-chat: note: --resume does nothing with --prompt "
+                                           "(it reopens a chat in the UI); ignored")
+    assert captured.out.strip()  # the reply still came
+
+
+def test_flags_that_fit_the_mode_say_nothing(scripted_load, monkeypatch, capsys):
+    import memra_tui.app
+    from memra_tui import cli
+
+    monkeypatch.setattr(memra_tui.app, "run_app", lambda *a, **kw: 0)
+    assert cli.main(["--resume", "--ctx", "2048"]) == 0
+    assert cli.main(["--prompt", "hi", "--raw", "--temperature", "0", "--stats"]) == 0
+    assert "note:" not in capsys.readouterr().err
