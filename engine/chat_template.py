@@ -6,31 +6,430 @@ strftime_now, a tojson that does not HTML-escape), and the same trim_blocks / ls
 whitespace rules, so a template renders here exactly as it does in transformers. Any failure —
 a syntax error, a refused attribute, raise_exception, a type error inside the template — becomes
 one TemplateError with a one-line message.
+
+The sandbox stops attribute escapes but not a template that loops forever or builds a string of
+gigabytes, so rendering (and compiling) also runs under bounds:
+
+- time: a trace function on the rendering thread checks a wall-clock deadline every few Python
+  lines, in the template's own code and in every jinja2 filter it calls (RENDER_SECONDS,
+  COMPILE_SECONDS). jinja2 has no timeout of its own, and a template loop with no output never
+  returns to a streaming render loop, so a check there alone would not catch it.
+- size: no single C-level operation may make a value larger than the size limit, checked BEFORE it
+  runs, because one `'x' * 10**10` allocates 10 GB in one step that no deadline can interrupt:
+  the binary operators (* ** + %), `~`, list/tuple/dict literals (shared references nest
+  exponentially: [a, a] of [b, b] ...), every filter, every call of a str/int method, str.format
+  and the rendered output itself. The limit is 1 MiB plus 8 times the size of what the template
+  is given (messages, tools, ...): a prompt has to fit a context window, and 1 MiB is several
+  times the largest windows in characters, but a long conversation must never be refused just for
+  being long. All strings a render makes add up against 32 times that limit, which stops a loop
+  that makes bounded strings without end (a `{% set %}` capture never reaches the output).
+- recursion: a macro calling itself ends in RecursionError, reported like any other failure.
 """
 from __future__ import annotations
 
+import functools
 import json
+import re
+import string
+import sys
+import threading
+import time
+import types
 from datetime import datetime
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import jinja2
 import jinja2.ext
+from jinja2 import nodes
+from jinja2.compiler import CodeGenerator, Frame
 from jinja2.exceptions import SecurityError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.utils import Namespace
 
 from memra_engine.errors import TemplateError
+
+RENDER_SECONDS = 2.0          # one render; real templates take milliseconds
+COMPILE_SECONDS = 2.0         # compiling the template source, once per model load
+MIN_SIZE_LIMIT = 1 << 20      # characters: the floor of the size limit (see the module docstring)
+INPUT_SIZE_FACTOR = 8         # ... plus this many times the size of the template's inputs
+MADE_FACTOR = 32              # all strings one render makes, in size limits
+MAX_INT_BITS = 1 << 16        # integers past ~19700 digits are refused (and cannot be printed anyway)
+MAX_SOURCE = 1 << 20          # characters of template source (real ones are a few KiB)
+MAX_JSON_INDENT = 64
+_CHECK_EVERY = 16             # trace events between deadline checks
 
 
 class _RaisedByTemplate(Exception):
     """raise_exception() was called: the template itself rejected the conversation."""
 
 
+class _TooLarge(Exception):
+    """An operation would make a value past the size limit (raised before it runs)."""
+
+
+class _OutOfTime(BaseException):
+    """The deadline passed. A BaseException so no `except Exception` inside jinja2 swallows it."""
+
+
+# -- the bounds of one render, per thread -----------------------------------------------------------
+
+
+class _Bounds:
+    def __init__(self, limit: int, seconds: float | None):
+        self.limit = limit
+        self.made_limit = limit * MADE_FACTOR
+        self.made = 0
+        self.seconds = seconds
+        self.deadline = None if seconds is None else time.monotonic() + seconds
+        self.ticks = 0
+        self._sizes: dict[int, tuple[Any, int]] = {}   # id -> (the object, kept alive; its size)
+
+    def size(self, value: Any, stop: int | None = None) -> int:
+        """Characters `value` takes as text, roughly (str() of a container is at least this long);
+        counts stop a little past `stop` (default: the limit), so a huge value costs little."""
+        stop = self.limit if stop is None else stop
+        if isinstance(value, (str, bytes, bytearray)):
+            return len(value)
+        if isinstance(value, bool) or value is None or isinstance(value, float):
+            return 1
+        if isinstance(value, int):
+            return value.bit_length() * 3 // 10 + 1
+        if isinstance(value, Namespace):   # mutable through {% set ns.x %}: never cached
+            return 2 + self.size(object.__getattribute__(value, "_Namespace__attrs"), stop)
+        if not isinstance(value, (list, tuple, dict, set, frozenset)):
+            return 1   # Undefined, macros, loop objects, ...: their str() is short or checked elsewhere
+        cached = self._sizes.get(id(value))
+        if cached is not None and cached[0] is value:
+            return cached[1]
+        total = 2
+        items = value.items() if isinstance(value, dict) else value
+        for item in items:
+            total += self.size(item, stop - total) + 2
+            if total > stop:
+                return total   # partial: not cached
+        if len(self._sizes) > 4096:
+            self._sizes.clear()
+        self._sizes[id(value)] = (value, total)
+        return total
+
+    def refuse_over(self, size: int, what: str) -> None:
+        if size > self.limit:
+            raise _TooLarge(f"{what} would be {_count(size)} characters, over the limit of {_count(self.limit)}")
+
+    def check(self, value: Any, what: str) -> Any:
+        """A value made by the template: bounded, and strings count against the render's total."""
+        if isinstance(value, str):
+            self.refuse_over(len(value), what)
+            self.made += len(value)
+            if self.made > self.made_limit:
+                raise _TooLarge(f"the template made more than {_count(self.made_limit)} characters of text")
+        elif isinstance(value, (list, tuple, dict, set, frozenset, Namespace, bytes, bytearray)):
+            self.refuse_over(self.size(value), what)
+        return value
+
+    def tick(self) -> None:
+        self.ticks += 1
+        if self.deadline is not None and not self.ticks % _CHECK_EVERY and time.monotonic() > self.deadline:
+            raise _OutOfTime()
+
+
+_local = threading.local()
+
+
+def _bounds() -> _Bounds:
+    # outside a render or a compile (jinja2 folding constants elsewhere): sizes only, no deadline
+    return getattr(_local, "bounds", None) or _Bounds(MIN_SIZE_LIMIT, None)
+
+
+def _count(n: int) -> str:
+    return f"{n / (1 << 20):.1f} Mi" if n >= 1 << 20 else str(n)
+
+
+class _Bounded:
+    """Run a block under bounds: the trace function that keeps the deadline, on this thread only."""
+
+    def __init__(self, bounds: _Bounds):
+        self.bounds = bounds
+
+    def __enter__(self) -> _Bounds:
+        self._previous_bounds = getattr(_local, "bounds", None)
+        self._previous_trace = sys.gettrace()
+        _local.bounds = self.bounds
+        tick = self.bounds.tick
+
+        def trace(frame, event, arg):
+            tick()
+            return trace
+
+        sys.settrace(trace)
+        return self.bounds
+
+    def __exit__(self, *exc) -> None:
+        sys.settrace(self._previous_trace)   # a debugger's or coverage's trace function comes back
+        _local.bounds = self._previous_bounds
+
+
+# -- checks before an operation runs -------------------------------------------------------------------
+
+_PERCENT_SPEC = re.compile(r"%(?:\([^)]*\))?[#0\- +]*(\*|\d+)?(?:\.(\*|\d+))?[hlL]?(.)", re.S)
+
+
+def _check_percent(fmt: str, args: Any, b: _Bounds) -> None:
+    """`fmt % args`: widths and precisions are bounded, and each conversion at most prints all args."""
+    widths, conversions = 0, 0
+    for width, precision, _conversion in _PERCENT_SPEC.findall(fmt):
+        for n in (width, precision):
+            if n == "*":
+                raise _TooLarge("'*' widths in % formatting are not supported")
+            if n:
+                widths += int(n) if len(n) < 10 else b.limit + 1
+        conversions += 1
+    b.refuse_over(len(fmt) + widths + conversions * b.size(args), "a % format")
+
+
+def _check_format(fmt: str, args: tuple, kwargs: Mapping, b: _Bounds) -> None:
+    """str.format / format_map: as for %, and a nested {} inside a format spec is refused."""
+    widths, fields = 0, 0
+    for _literal, field, spec, _conversion in string.Formatter().parse(fmt):
+        if field is None:
+            continue
+        fields += 1
+        if spec and "{" in spec:
+            raise _TooLarge("nested fields in a format spec are not supported")
+        for n in re.findall(r"\d+", spec or ""):
+            widths += int(n) if len(n) < 10 else b.limit + 1
+    b.refuse_over(len(fmt) + widths + fields * (b.size(args) + b.size(kwargs)), "str.format")
+
+
+def _int_over(n: Any, b: _Bounds) -> bool:
+    return isinstance(n, int) and not isinstance(n, bool) and n > b.limit
+
+
+def _check_str_method(text: str | bytes, name: str, args: tuple, kwargs: Mapping, b: _Bounds) -> None:
+    if name in ("center", "ljust", "rjust", "zfill") and args:
+        b.refuse_over(max(len(text), args[0] if isinstance(args[0], int) else 0), f"str.{name}")
+    elif name == "expandtabs":
+        tab = args[0] if args else kwargs.get("tabsize", 8)
+        if isinstance(tab, int):
+            b.refuse_over(len(text) + text.count("\t" if isinstance(text, str) else b"\t") * max(tab, 0),
+                          "str.expandtabs")
+    elif name == "replace" and len(args) >= 2:
+        old, new = args[0], args[1]
+        if isinstance(old, (str, bytes)) and isinstance(new, (str, bytes)):
+            n = text.count(old) if old else len(text) + 1
+            if len(args) > 2 and isinstance(args[2], int) and args[2] >= 0:
+                n = min(n, args[2])
+            b.refuse_over(len(text) + n * max(len(new) - len(old), 0), "str.replace")
+    elif name == "join" and args:
+        b.refuse_over(b.size(args[0]) + len(text) * b.size(args[0]), "str.join")
+    elif name == "translate" and args and isinstance(args[0], dict):
+        longest = max((b.size(v) for v in args[0].values()), default=1)
+        b.refuse_over(len(text) * max(longest, 1), "str.translate")
+
+
+def _check_binop(op: str, left: Any, right: Any, b: _Bounds) -> None:
+    ints = isinstance(left, int) and isinstance(right, int)
+    if op == "**":
+        if ints and right > 0 and abs(left) > 1 and abs(left).bit_length() * right > MAX_INT_BITS:
+            raise _TooLarge(f"{_short(left)} ** {_short(right)} is too large a number")
+    elif op == "*":
+        if ints:
+            if abs(left).bit_length() + abs(right).bit_length() > MAX_INT_BITS:
+                raise _TooLarge("the product is too large a number")
+            return
+        seq, n = (left, right) if isinstance(right, int) else (right, left)
+        if isinstance(n, int) and isinstance(seq, (str, bytes, list, tuple)) and n > 0:
+            b.refuse_over(b.size(seq) * n, f"repeating a {type(seq).__name__} {_short(n)} times")
+    elif op == "+":
+        if not ints and isinstance(left, (str, bytes, list, tuple)):
+            b.refuse_over(b.size(left) + b.size(right), "the sum")
+    elif op == "%":
+        if isinstance(left, str):
+            _check_percent(left, right, b)
+
+
+def _short(n: Any) -> str:
+    text = str(n) if not isinstance(n, int) or n.bit_length() < 64 else f"an integer of {n.bit_length()} bits"
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+# -- the filters, each checked ------------------------------------------------------------------------
+
+
+def _guard_filter(name: str, func: Callable) -> Callable:
+    """The filter with its inputs and its result bounded, and the few whose arguments set the size
+    of what they make (center's width, indent's width, ...) estimated before they run."""
+    skip = 1 if getattr(func, "jinja_pass_arg", None) is not None else 0
+
+    @functools.wraps(func)   # keeps jinja_pass_arg (pass_context, pass_environment, ...)
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        b = _bounds()
+        real = args[skip:]
+        value, params = (real[0] if real else None), list(real[1:]) + list(kwargs.values())
+        b.refuse_over(b.size(value), f"the input of |{name}")
+        for p in params:
+            if _int_over(p, b):
+                raise _TooLarge(f"|{name}({_short(p)}) is over the size limit of {_count(b.limit)}")
+            b.refuse_over(b.size(p), f"an argument of |{name}")
+        text = value if isinstance(value, str) else str(value) if name in ("center", "indent", "wordwrap") else ""
+        if name == "center":
+            width = params[0] if params else 80
+            b.refuse_over(max(len(text), width if isinstance(width, int) else 0), "|center")
+        elif name == "indent":
+            width = params[0] if params else kwargs.get("width", 4)
+            w = len(str(width)) if not isinstance(width, int) else max(width, 0)
+            b.refuse_over(len(text) + (text.count("\n") + 1) * w, "|indent")
+        elif name == "wordwrap":
+            wrap = kwargs.get("wrapstring") or (real[4] if len(real) > 4 else None) or "\n"
+            b.refuse_over(len(text) * (1 + len(str(wrap))), "|wordwrap")
+        elif name == "replace" and len(real) >= 3:
+            _check_str_method(str(value), "replace", tuple(real[1:]), {}, b)
+        elif name == "join":
+            sep = real[1] if len(real) > 1 else kwargs.get("d", "")
+            items = b.size(value)
+            b.refuse_over(items + items * b.size(sep), "|join")
+        elif name == "format":
+            _check_percent(str(value), tuple(real[1:]) or kwargs, b)
+        elif name == "sum":
+            items = list(value) if value is not None else []
+            value = items
+            args = args[:skip] + (items,) + args[skip + 1:]
+            if not all(isinstance(x, (int, float)) for x in items):   # lists or strings: quadratic
+                b.refuse_over((len(items) + 1) * (b.size(items) + b.size(kwargs.get("start", 0))), "|sum")
+        return b.check(func(*args, **kwargs), f"the result of |{name}")
+
+    return guarded
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | str | None = None,
+            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+    # Jinja's own tojson HTML-escapes <, > and &, which would corrupt prompts. The pure-Python
+    # iterencode makes the text in small pieces, so a huge indent is stopped on the way.
+    if isinstance(indent, int) and indent > MAX_JSON_INDENT or isinstance(indent, str) and len(indent) > MAX_JSON_INDENT:
+        raise _TooLarge(f"tojson indent is over {MAX_JSON_INDENT}")
+    b = _bounds()
+    encoder = json.JSONEncoder(ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    pieces, total = [], 0
+    for piece in encoder.iterencode(value):
+        total += len(piece)
+        b.refuse_over(total, "tojson")
+        pieces.append(piece)
+    return "".join(pieces)
+
+
+def _raise_exception(message: str) -> None:
+    raise _RaisedByTemplate(message)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+def _one_line(text: Any) -> str:
+    line = " ".join(str(text).split())
+    return line if len(line) <= 300 else line[:297] + "..."
+
+
+# -- the environment ----------------------------------------------------------------------------------
+
+
+class _BoundedCodeGenerator(CodeGenerator):
+    """`~` and list/tuple/dict literals go through the environment, which checks their size."""
+
+    def visit_Concat(self, node: nodes.Concat, frame: Frame) -> None:
+        self.write("environment.memra_concat((")
+        for arg in node.nodes:
+            self.visit(arg, frame)
+            self.write(", ")
+        self.write("))")
+
+    def visit_List(self, node: nodes.List, frame: Frame) -> None:
+        self.write("environment.memra_literal(")
+        super().visit_List(node, frame)
+        self.write(")")
+
+    def visit_Dict(self, node: nodes.Dict, frame: Frame) -> None:
+        self.write("environment.memra_literal(")
+        super().visit_Dict(node, frame)
+        self.write(")")
+
+    def visit_Tuple(self, node: nodes.Tuple, frame: Frame) -> None:
+        if node.ctx != "load":   # an assignment target: {% for a, b in ... %}
+            return super().visit_Tuple(node, frame)
+        self.write("environment.memra_literal(")
+        super().visit_Tuple(node, frame)
+        self.write(")")
+
+
 class _StrictSandbox(ImmutableSandboxedEnvironment):
     """The stock sandbox answers `x.__class__` with an undefined value that only fails when used,
-    so `{{ x.__class__ }}` would quietly print nothing. Refuse the access itself instead."""
+    so `{{ x.__class__ }}` would quietly print nothing. Refuse the access itself instead. And
+    every operation that could make a huge value in one step is checked first (see the module
+    docstring)."""
+
+    code_generator_class = _BoundedCodeGenerator
+    # intercepted operators are also never folded at compile time ('x' * 10**10 would be)
+    intercepted_binops = frozenset({"*", "**", "+", "%"})
 
     def unsafe_undefined(self, obj: Any, attribute: str) -> jinja2.Undefined:
         raise SecurityError(f"access to attribute {attribute!r} of a {type(obj).__name__!r} object is not allowed")
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        b = _bounds()
+        _check_binop(operator, left, right, b)
+        return b.check(self.binop_table[operator](left, right), f"the result of {operator}")
+
+    def memra_concat(self, parts: tuple) -> str:
+        b = _bounds()
+        total = 0
+        for part in parts:
+            total += b.size(part, b.limit - total)
+            b.refuse_over(total, "the ~ concatenation")
+        return b.check("".join(map(str, parts)), "the ~ concatenation")
+
+    def memra_literal(self, value: Any) -> Any:
+        b = _bounds()
+        b.refuse_over(b.size(value), f"a {type(value).__name__} literal")
+        return value
+
+    def memra_finalize(self, value: Any) -> Any:
+        b = _bounds()
+        b.refuse_over(b.size(value), "printing a value")
+        if isinstance(value, str):
+            b.check(value, "printing a value")
+        return value
+
+    def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805
+        b = _bounds()
+        owner = getattr(__obj, "__self__", None)
+        if isinstance(__obj, types.BuiltinMethodType) and isinstance(owner, (str, bytes, bytearray, int)):
+            for a in list(args) + list(kwargs.values()):
+                if _int_over(a, b):   # a width, a length, a tab size, to_bytes' length
+                    raise _TooLarge(f"{type(owner).__name__}.{__obj.__name__}({_short(a)}) is over the size limit")
+            if isinstance(owner, (str, bytes, bytearray)):
+                _check_str_method(owner, __obj.__name__, args, kwargs, b)
+        elif __obj is _LIPSUM:
+            for a in list(args) + list(kwargs.values()):
+                if isinstance(a, int) and a > 1000:
+                    raise _TooLarge(f"lipsum({_short(a)}) is too long")
+        return b.check(super().call(__context, __obj, *args, **kwargs), "the result of a call")
+
+    def wrap_str_format(self, value: Any) -> Callable[..., str] | None:
+        wrapper = super().wrap_str_format(value)
+        if wrapper is None:
+            return None
+        fmt, is_map = value.__self__, value.__name__ == "format_map"
+
+        @functools.wraps(wrapper)
+        def checked(*args: Any, **kwargs: Any) -> str:
+            b = _bounds()
+            _check_format(fmt, () if is_map else args, args[0] if is_map and args else kwargs, b)
+            return b.check(wrapper(*args, **kwargs), "str.format")
+
+        return checked
+
+
+_LIPSUM = jinja2.Environment().globals["lipsum"]
 
 
 class _NoImports(jinja2.BaseLoader):
@@ -40,51 +439,58 @@ class _NoImports(jinja2.BaseLoader):
         raise SecurityError(f"templates may not import, include or extend {template!r}")
 
 
-def _raise_exception(message: str) -> None:
-    raise _RaisedByTemplate(message)
-
-
-def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
-            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
-    # Jinja's own tojson HTML-escapes <, > and &, which would corrupt prompts.
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-
-def _strftime_now(fmt: str) -> str:
-    return datetime.now().strftime(fmt)
-
-
-def _one_line(text: str) -> str:
-    return " ".join(str(text).split())
-
-
 def _make_environment() -> jinja2.Environment:
     env = _StrictSandbox(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols],
                          loader=_NoImports())
-    env.filters["tojson"] = _tojson
+    env.finalize = env.memra_finalize
+    for name, func in list(env.filters.items()):
+        env.filters[name] = _guard_filter(name, func)
+    env.filters["tojson"] = _tojson   # bounds itself
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
     return env
+
+
+def _failure(e: BaseException, seconds: float | None) -> TemplateError:
+    """The one-line TemplateError for whatever stopped a compile or a render."""
+    if isinstance(e, _OutOfTime):
+        return TemplateError(f"chat template stopped: it ran longer than {seconds:g} s")
+    if isinstance(e, _RaisedByTemplate):
+        return TemplateError(f"chat template error: {_one_line(e)}")
+    if isinstance(e, SecurityError):
+        return TemplateError(f"chat template refused: {_one_line(e)}")
+    if isinstance(e, _TooLarge):
+        return TemplateError(f"chat template stopped: {_one_line(e)}")
+    if isinstance(e, (RecursionError, MemoryError)):
+        what = "recursed too deeply" if isinstance(e, RecursionError) else "ran out of memory"
+        return TemplateError(f"chat template stopped: it {what}")
+    if isinstance(e, jinja2.TemplateSyntaxError):
+        return TemplateError(f"chat template has a syntax error at line {e.lineno}: {_one_line(e.message)}")
+    return TemplateError(f"chat template failed: {type(e).__name__}: {_one_line(e)}")
 
 
 class ChatTemplate:
     """One model's chat template, compiled once."""
 
     def __init__(self, source: str, bos_token: str = "", eos_token: str = ""):
+        """Raises TemplateError when the source does not compile (within COMPILE_SECONDS)."""
         self.source = source
         self.bos_token = bos_token
         self.eos_token = eos_token
+        self._error: TemplateError | None = None
+        if len(source) > MAX_SOURCE:
+            raise TemplateError(f"chat template is {_count(len(source))} characters, over the limit of {_count(MAX_SOURCE)}")
         try:
-            self._template = _make_environment().from_string(source)
-        except jinja2.TemplateSyntaxError as e:
-            raise TemplateError(f"chat template has a syntax error at line {e.lineno}: {_one_line(e.message)}") from None
-        except Exception as e:
-            raise TemplateError(f"chat template cannot be compiled: {_one_line(e)}") from None
+            with _Bounded(_Bounds(MIN_SIZE_LIMIT, COMPILE_SECONDS)):
+                self._template = _make_environment().from_string(source)
+        except (Exception, _OutOfTime) as e:
+            raise _failure(e, COMPILE_SECONDS) from None
 
     @classmethod
     def from_gguf(cls, g_or_metadata: Any) -> ChatTemplate | None:
         """The template of a GGUF (an open GGUFFile or its metadata mapping); None when the model has
-        none, which means completion mode. Raises TemplateError if the template does not compile."""
+        none, which means completion mode. A template that does not compile still loads: each
+        render then raises its TemplateError, so the model stays usable with plain prompts."""
         metadata: Mapping[str, Any] = getattr(g_or_metadata, "metadata", g_or_metadata)
         source = metadata.get("tokenizer.chat_template")
         if not isinstance(source, str) or not source.strip():
@@ -95,18 +501,46 @@ class ChatTemplate:
             token_id = metadata.get(f"tokenizer.ggml.{key}")
             return tokens[token_id] if isinstance(token_id, int) and 0 <= token_id < len(tokens) else ""
 
-        return cls(source, bos_token=token("bos_token_id"), eos_token=token("eos_token_id"))
+        try:
+            return cls(source, bos_token=token("bos_token_id"), eos_token=token("eos_token_id"))
+        except TemplateError as e:
+            broken = cls.__new__(cls)
+            broken.source, broken.bos_token, broken.eos_token = source, token("bos_token_id"), token("eos_token_id")
+            broken._error = e
+            return broken
+
+    @property
+    def error(self) -> TemplateError | None:
+        """Why this template cannot render anything (it did not compile), or None."""
+        return self._error
 
     def render(self, messages: list[dict], add_generation_prompt: bool = True, **extra: Any) -> str:
         """The prompt text for a conversation. messages: [{"role": ..., "content": ...}, ...].
-        extra: further template variables some templates read (tools, documents, ...)."""
+        extra: further template variables some templates read (tools, documents, ...).
+        Raises TemplateError (one line) for anything the template does wrong, within
+        RENDER_SECONDS and the size limit; the same template can render the next turn."""
+        if self._error is not None:
+            raise TemplateError(str(self._error))
+        variables = dict(messages=messages, add_generation_prompt=add_generation_prompt,
+                         bos_token=self.bos_token, eos_token=self.eos_token, **extra)
+        bounds = _Bounds(MIN_SIZE_LIMIT, RENDER_SECONDS)
+        bounds.limit = MIN_SIZE_LIMIT + INPUT_SIZE_FACTOR * bounds.size(variables, sys.maxsize)
+        bounds.made_limit = bounds.limit * MADE_FACTOR
+        pieces: list[str] = []
+        total = 0
+        gen = None
         try:
-            return self._template.render(
-                messages=messages, add_generation_prompt=add_generation_prompt,
-                bos_token=self.bos_token, eos_token=self.eos_token, **extra)
-        except _RaisedByTemplate as e:
-            raise TemplateError(f"chat template error: {_one_line(e)}") from None
-        except SecurityError as e:
-            raise TemplateError(f"chat template refused: {_one_line(e)}") from None
-        except Exception as e:  # whatever the template's own code trips over (Undefined, TypeError, ...)
-            raise TemplateError(f"chat template failed: {type(e).__name__}: {_one_line(e)}") from None
+            with _Bounded(bounds):
+                gen = self._template.generate(**variables)
+                for piece in gen:
+                    total += len(piece)
+                    if total > bounds.limit:
+                        raise _TooLarge(f"the prompt would be over {_count(bounds.limit)} characters")
+                    pieces.append(piece)
+                    bounds.tick()
+        except (Exception, _OutOfTime) as e:
+            raise _failure(e, RENDER_SECONDS) from None
+        finally:
+            if gen is not None:
+                gen.close()
+        return "".join(pieces)
