@@ -65,6 +65,7 @@ class Script:
     fail_paths: dict[str, str] = field(default_factory=dict)  # model path -> ModelFormatError message
     fail_drafts: dict[str, str] = field(default_factory=dict)  # draft path -> MemraError message (say, another vocabulary)
     load_delay_s: float = 0.0
+    chat_template: bool = True  # False: a model without one (completion mode)
 
 
 class ScriptedJob:
@@ -159,7 +160,7 @@ class ScriptedEngine:
             n_ctx=n_ctx,
             backend=self.script.backend,
             device_name="NVIDIA H200 (scripted)" if self.script.backend == "cuda" else "CPU (scripted)",
-            has_chat_template=True,
+            has_chat_template=self.script.chat_template,
             kv_type=kv_type,
             draft_model_name=Path(draft_path).stem if draft_path else "",
         )

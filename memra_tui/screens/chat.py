@@ -18,7 +18,7 @@ from textual.containers import Horizontal, Vertical
 from textual.reactive import reactive
 from textual.screen import Screen
 from textual.timer import Timer
-from textual.widgets import Footer, Label, TabbedContent, TabPane
+from textual.widgets import Label, TabbedContent, TabPane
 
 from memra_engine.errors import GrammarError
 from memra_engine.events import DoneEvent, EngineInfo, EngineStats, StatsEvent, TokenEvent
@@ -35,6 +35,7 @@ from memra_tui.widgets.engine_panes import EnginePanes
 from memra_tui.widgets.knobs import KnobsPane
 from memra_tui.widgets.message_view import MessageView
 from memra_tui.widgets.transcript import Transcript
+from memra_tui.widgets.key_footer import KeyFooter
 
 log = logging.getLogger("memra_tui")
 
@@ -83,6 +84,7 @@ class ChatScreen(Screen):
         Binding("ctrl+n", "new_chat", "New chat"),
         Binding("f2", "toggle_panes", "Panes"),
         Binding("f3", "knobs", "Knobs"),
+        Binding("f6", "engine", "Engine"),  # back from the knobs to the engine panes
         Binding("f4", "chats", "Chats"),
         Binding("f5", "system_prompt", "System prompt"),
         Binding("ctrl+y", "copy_reply", "Copy reply"),
@@ -133,7 +135,7 @@ class ChatScreen(Screen):
                 with TabPane("Knobs", id="knobs-tab"):
                     yield KnobsPane(self.sampling, self.grammar, self.spec, self.info.draft_model_name,
                                     id="knobs").data_bind(ChatScreen.grammar)
-        yield Footer()
+        yield KeyFooter()
 
     async def on_mount(self) -> None:
         await self.query_one(Transcript).show_chat(self.chat)
@@ -354,6 +356,11 @@ class ChatScreen(Screen):
         self.panes_shown = True
         self.query_one(TabbedContent).active = "knobs-tab"
         self.query_one("#knob-temperature").focus()
+
+    def action_engine(self) -> None:
+        self.panes_shown = True
+        self.query_one(TabbedContent).active = "engine-tab"
+        self.query_one(Composer).focus()  # out of the knob fields: back to typing
 
     def action_grammar(self) -> None:
         self.panes_shown = True

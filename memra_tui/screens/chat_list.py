@@ -7,10 +7,11 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.screen import ModalScreen
-from textual.widgets import DataTable, Footer, Label
+from textual.widgets import DataTable, Label
 
 from memra_tui.chats import Chat, ChatStore
 from memra_tui.screens.text_prompt import ConfirmScreen, TextPromptScreen
+from memra_tui.widgets.key_footer import KeyFooter
 
 
 class ChatListScreen(ModalScreen[Chat | None]):
@@ -38,7 +39,7 @@ class ChatListScreen(ModalScreen[Chat | None]):
         with Vertical():
             yield Label("[b]Chats[/b]", classes="hint")
             yield DataTable(cursor_type="row", zebra_stripes=True, id="chats")
-        yield Footer()
+        yield KeyFooter()
 
     def on_mount(self) -> None:
         table = self.query_one(DataTable)
@@ -46,7 +47,9 @@ class ChatListScreen(ModalScreen[Chat | None]):
         self.reload()
         table.focus()
 
-    def reload(self) -> None:
+    def reload(self, select_id: str | None = None, select_row: int = 0) -> None:
+        """List the chats again; the cursor goes to the chat select_id (say, the one just renamed,
+        so the next key acts on it), else to row select_row (the one after a deleted chat)."""
         self.chats, problems = self.store.list()
         for line in problems:
             self.notify(line, severity="warning", timeout=8)
@@ -58,6 +61,10 @@ class ChatListScreen(ModalScreen[Chat | None]):
                           str(len(chat.messages)), chat.model_path.rsplit("/", 1)[-1], key=chat.id)
         if not self.chats:
             table.add_row("", "no saved chats yet", "", "")
+            return
+        ids = [c.id for c in self.chats]
+        row = ids.index(select_id) if select_id in ids else min(select_row, len(ids) - 1)
+        table.move_cursor(row=row, animate=False)
 
     def _selected(self) -> Chat | None:
         table = self.query_one(DataTable)
@@ -78,7 +85,7 @@ class ChatListScreen(ModalScreen[Chat | None]):
         def renamed(title: str | None) -> None:
             if title:
                 self.store.rename(chat, title)
-                self.reload()
+                self.reload(select_id=chat.id)
 
         self.app.push_screen(TextPromptScreen("Rename chat", chat.title), renamed)
 
@@ -90,11 +97,13 @@ class ChatListScreen(ModalScreen[Chat | None]):
             self.notify("this chat is open; start a new chat (ctrl+n) before deleting it", severity="warning")
             return
 
+        row = self.query_one(DataTable).cursor_row
+
         def answered(yes: bool | None) -> None:
             if yes:
                 self.store.delete(chat.id)
                 self.notify(f"deleted {chat.title}")
-                self.reload()
+                self.reload(select_row=row)
 
         self.app.push_screen(ConfirmScreen(f"Delete chat “{chat.title}”?"), answered)
 

@@ -8,7 +8,8 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
-from textual.widgets import Button, DirectoryTree, Footer, Input, Label
+from textual.widgets import Button, DirectoryTree, Input, Label
+from memra_tui.widgets.key_footer import KeyFooter
 
 
 class GgufTree(DirectoryTree):
@@ -43,7 +44,7 @@ class LoadErrorScreen(Screen):
             with Horizontal():
                 yield Button("Load", id="load", variant="primary")
                 yield Button("Quit", id="quit", variant="error")
-        yield Footer()
+        yield KeyFooter()
 
     def on_mount(self) -> None:
         self.query_one(Input).focus()

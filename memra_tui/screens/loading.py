@@ -4,7 +4,8 @@ from __future__ import annotations
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.screen import Screen
-from textual.widgets import Footer, Label, LoadingIndicator, Log
+from textual.widgets import Label, LoadingIndicator, Log
+from memra_tui.widgets.key_footer import KeyFooter
 
 
 class LoadingScreen(Screen):
@@ -24,7 +25,7 @@ class LoadingScreen(Screen):
             yield Label(f"Loading [b]{self.model}[/b]")
             yield LoadingIndicator()
             yield Log(id="load-steps")
-        yield Footer()
+        yield KeyFooter()
 
     def add_step(self, text: str) -> None:
         self.query_one(Log).write_line(text)

@@ -27,6 +27,8 @@ class Composer(TextArea):
         Binding("ctrl+e", "screen.edit_last", "Edit last", show=False),
         Binding("ctrl+k", "screen.copy_code", "Copy code", show=False),
         Binding("ctrl+y", "screen.copy_reply", "Copy reply", show=False),
+        # TextArea's F6 selects the line; here, as everywhere in the chat, it shows the engine panes
+        Binding("f6", "screen.engine", "Engine"),
     ]
 
     class Send(Message):

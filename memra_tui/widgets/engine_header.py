@@ -34,5 +34,7 @@ class EngineHeader(Static):
         # label goes in as a variable because a pattern's brackets are not markup
         label = self.grammar.label if self.grammar is not None else ""
         grammar = " │ [b $accent]grammar $grammar[/]" if label else ""
-        return Content.from_markup(f"[b]memra[/b] │ [b]{i.model_name}[/b]{grammar} │ {i.arch} {describe_params(i.n_params)}"
+        # a model without a chat template continues the turns as plain text (README: the header says so)
+        mode = "" if i.has_chat_template else " │ [b $warning]completion mode[/]"
+        return Content.from_markup(f"[b]memra[/b] │ [b]{i.model_name}[/b]{mode}{grammar} │ {i.arch} {describe_params(i.n_params)}"
                                    f" │ {i.backend} · {i.device_name}{kv} │ {i.quant_mix}", grammar=label)

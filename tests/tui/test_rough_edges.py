@@ -1,0 +1,125 @@
+"""Issue 17 §5, the rough edges a new user hit: each test here failed before its fix."""
+from __future__ import annotations
+
+import pytest
+from textual.widgets import DataTable, TabbedContent
+from tui_helpers import send, wait_for, wait_ready
+
+from memra_tui.scripted_engine import Script
+from memra_tui.widgets.engine_header import EngineHeader
+from memra_tui.widgets.key_footer import KeyFooter
+
+pytestmark = pytest.mark.anyio
+
+
+def screen_lines(app) -> list[str]:
+    """The terminal's text as the user sees it, one string per row."""
+    return [strip.text for strip in app.screen._compositor.render_strips()]
+
+
+# -- §5.3: a key back to the Engine tab after F3 ---------------------------------------------------
+
+async def test_f6_goes_back_to_the_engine_tab_after_f3(make_app):
+    app = make_app(Script(tokens_per_s=3000))
+    async with app.run_test(size=(120, 36)) as pilot:
+        await wait_ready(pilot)
+        tabs = app.screen.query_one(TabbedContent)
+        await pilot.press("f3")
+        await pilot.pause()
+        assert tabs.active == "knobs-tab"
+        await pilot.press("f6")
+        await pilot.pause()
+        assert tabs.active == "engine-tab"
+        assert app.screen.query_one("#composer").has_focus
+        footer = app.screen.query_one(KeyFooter)
+        assert "f6 Engine" in screen_lines(app)[-1], screen_lines(app)[-1]
+        assert any(k.key == "f6" for k in footer.shown_keys)
+        # from the composer too (TextArea's own F6 would select the line)
+        await pilot.press("f3")
+        await pilot.pause()
+        composer = app.screen.query_one("#composer")
+        composer.focus()
+        await pilot.press("a")
+        await pilot.press("f6")
+        await pilot.pause()
+        assert tabs.active == "engine-tab" and composer.selected_text == "" and composer.text == "a"
+
+
+async def test_f6_shows_hidden_panes_on_the_engine_tab(make_app):
+    app = make_app(Script(tokens_per_s=3000))
+    async with app.run_test(size=(80, 24)) as pilot:  # narrow: the panes start hidden
+        await wait_ready(pilot)
+        assert not app.screen.query_one("#sidebar").display
+        await pilot.press("f6")
+        await pilot.pause()
+        assert app.screen.query_one("#sidebar").display
+        assert app.screen.query_one(TabbedContent).active == "engine-tab"
+
+
+# -- §5.4: the chat list keeps the renamed chat selected ------------------------------------------
+
+async def test_rename_keeps_the_selection_on_the_renamed_chat(make_app, paths):
+    app = make_app(Script(tokens_per_s=3000))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_ready(pilot)
+        await send(pilot, "chat one")
+        first_id = app.screen.chat.id
+        await pilot.press("ctrl+n")
+        await send(pilot, "chat two")
+        await pilot.press("ctrl+n")
+        await send(pilot, "chat three")
+        await pilot.press("f4")
+        await pilot.pause()
+        table = app.screen.query_one(DataTable)
+        row = [c.id for c in app.screen.chats].index(first_id)
+        assert row == 2
+        table.move_cursor(row=row)
+        await pilot.press("r")
+        await pilot.pause()
+        app.screen.query_one("#prompt-text").value = ""
+        await pilot.press(*"Renamed", "enter")
+        await pilot.pause()
+        table = app.screen.query_one(DataTable)
+        assert app.screen.chats[table.cursor_row].id == first_id
+        await pilot.press("e")  # exports the renamed chat, not the top row
+        await pilot.pause()
+        exports = sorted(p.name for p in paths.exports_dir.iterdir())
+        assert exports == [f"{first_id}.md"]
+
+
+async def test_delete_leaves_the_cursor_on_the_next_row(make_app):
+    app = make_app(Script(tokens_per_s=3000))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_ready(pilot)
+        for text in ("one", "two", "three"):
+            await send(pilot, text)
+            await pilot.press("ctrl+n")
+        await pilot.press("f4")
+        await pilot.pause()
+        ids = [c.id for c in app.screen.chats]  # the open (empty, unsaved) chat is not listed
+        app.screen.query_one(DataTable).move_cursor(row=1)
+        await pilot.press("d")
+        await pilot.pause()
+        await pilot.press("y")
+        await pilot.pause()
+        table = app.screen.query_one(DataTable)
+        assert [c.id for c in app.screen.chats] == [ids[0], ids[2]]
+        assert app.screen.chats[table.cursor_row].id == ids[2]
+
+
+# -- §5.5: completion mode in the header -----------------------------------------------------------
+
+async def test_a_model_without_a_chat_template_says_completion_mode_in_the_header(make_app):
+    app = make_app(Script(tokens_per_s=3000, chat_template=False))
+    async with app.run_test(size=(120, 36)) as pilot:
+        await wait_ready(pilot)
+        header = str(app.screen.query_one(EngineHeader).render())
+        assert "completion mode" in header
+        assert "completion mode" in screen_lines(app)[0]
+
+
+async def test_a_model_with_a_chat_template_does_not(make_app):
+    app = make_app(Script(tokens_per_s=3000))
+    async with app.run_test(size=(120, 36)) as pilot:
+        await wait_ready(pilot)
+        assert "completion mode" not in str(app.screen.query_one(EngineHeader).render())
