@@ -1,7 +1,11 @@
-"""The multi-line message box. Enter sends; Ctrl+J (any terminal), Alt+Enter or Shift+Enter add a line.
+"""The multi-line message box. Enter sends; these add a line instead:
 
-Terminals send the same byte for Enter and Shift+Enter unless they speak the kitty keyboard
-protocol, while Ctrl+J is a distinct byte (LF) everywhere, so it is the newline key we advertise.
+- Ctrl+J, in every terminal (tmux included): it is its own byte (LF);
+- a backslash typed just before Enter (`\\` then Enter): the backslash becomes the line break,
+  in every terminal too;
+- Alt+Enter and Shift+Enter, only where the terminal reports them apart from Enter (the kitty
+  keyboard protocol, some others): tmux and most terminals send both as a plain Enter, which
+  sends the message.
 """
 from __future__ import annotations
 
@@ -43,7 +47,8 @@ class Composer(TextArea):
         if event.key == "enter":  # TextArea would insert a newline; here Enter sends
             event.stop()
             event.prevent_default()
-            self.action_send()
+            if not self._backslash_newline():
+                self.action_send()
             return
         if event.key in NEWLINE_KEYS:
             event.stop()
@@ -51,6 +56,14 @@ class Composer(TextArea):
             self.action_newline()
             return
         await super()._on_key(event)
+
+    def _backslash_newline(self) -> bool:
+        """`\\` then Enter: the backslash before the cursor becomes a line break (True), as in a shell."""
+        row, col = self.cursor_location
+        if col == 0 or self.selected_text or self.document.get_line(row)[col - 1] != "\\":
+            return False
+        self.replace("\n", (row, col - 1), (row, col))
+        return True
 
     def action_newline(self) -> None:
         self.insert("\n")

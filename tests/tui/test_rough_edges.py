@@ -123,3 +123,34 @@ async def test_a_model_with_a_chat_template_does_not(make_app):
     async with app.run_test(size=(120, 36)) as pilot:
         await wait_ready(pilot)
         assert "completion mode" not in str(app.screen.query_one(EngineHeader).render())
+
+
+# -- §5.2: the newline keys, in the README and in the composer ------------------------------------
+
+async def test_backslash_enter_adds_a_line_in_any_terminal(make_app):
+    """tmux sends Alt+Enter and Shift+Enter as Enter; `\\` then Enter is plain keys everywhere."""
+    from memra_tui.widgets.composer import Composer
+
+    app = make_app(Script(tokens_per_s=3000))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_ready(pilot)
+        await pilot.press("a", "backslash", "enter", "b")
+        assert app.screen.query_one(Composer).text == "a\nb"
+        assert app.engine.jobs == []
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: len(app.engine.jobs) == 1 and not app.screen.streaming)
+        assert app.engine.jobs[0].messages[-1]["content"] == "a\nb"
+
+
+def test_readme_says_which_keys_add_a_line_and_where():
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    keys = readme[readme.index("## Keys"):]
+    rows = [line for line in keys.splitlines() if line.startswith("|") and "new line" in line]
+    everywhere = [r for r in rows if "every terminal" in r]
+    assert len(everywhere) == 1 and "Ctrl+J" in everywhere[0] and "`\\` then Enter" in everywhere[0]
+    assert "tmux" in everywhere[0]
+    only_some = [r for r in rows if "Alt+Enter" in r]
+    assert len(only_some) == 1 and "tmux" in only_some[0] and "send" in only_some[0]
+    assert "Alt+Enter" not in everywhere[0]
