@@ -1,7 +1,9 @@
 """One message in the transcript: a role line, the markdown body, and a status line for replies.
 
-The body is drawn by Rich's Markdown (code blocks highlighted with Pygments) inside Statics, in
-chunks split at top-level block boundaries. Textual's Markdown widget mounts a widget per block;
+A reply's body is drawn by Rich's Markdown (code blocks highlighted with Pygments), with every
+line break kept as a line break (Markdown would join single ones into a paragraph, and the model
+meant them); the user's message is drawn as typed, plain text. Replies go in chunks split at
+top-level block boundaries. Textual's Markdown widget mounts a widget per block;
 at thousands of tokens per second that is ~1 ms of style matching per block, more than the
 engine leaves (scripts/bench_ui.py measured it falling seconds behind). Here a streamed update
 re-renders only the last chunk (at most 2 * CHUNK_CHARS of text), at most FLUSH_HZ times a
@@ -12,6 +14,7 @@ from __future__ import annotations
 import re
 
 from rich.markdown import Markdown as RichMarkdown
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.geometry import Size
@@ -51,6 +54,19 @@ def split_chunks(text: str) -> list[str]:
     return chunks + [text]
 
 
+class HardBreakMarkdown(RichMarkdown):
+    """Rich's Markdown with each single line break inside a paragraph drawn as a line break."""
+
+    def __init__(self, markup: str, **kwargs) -> None:
+        super().__init__(markup, **kwargs)
+        stack = list(self.parsed)
+        while stack:
+            token = stack.pop()
+            if token.type == "softbreak":
+                token.type = "hardbreak"
+            stack.extend(token.children or ())
+
+
 class MarkdownChunk(Widget):
     """A run of markdown blocks drawn by Rich, as lines cached per width.
 
@@ -60,9 +76,10 @@ class MarkdownChunk(Widget):
 
     DEFAULT_CSS = "MarkdownChunk { height: auto; }"
 
-    def __init__(self, source: str) -> None:
+    def __init__(self, source: str, markdown: bool = True) -> None:
         super().__init__()
         self.source = source
+        self.markdown = markdown  # False: the text as typed (the user's message)
         self._cache: tuple[int, object, list[Strip]] | None = None  # (width, style, lines)
 
     def set_source(self, source: str) -> None:
@@ -75,8 +92,9 @@ class MarkdownChunk(Widget):
         if self._cache is None or self._cache[:2] != (width, style):
             console = self.app.console
             options = console.options.update(width=max(width, 1), height=None)
-            markdown = RichMarkdown(self.source, code_theme="monokai", hyperlinks=False)
-            lines = console.render_lines(markdown, options, style=style, pad=True) if self.source else []
+            body = (HardBreakMarkdown(self.source, code_theme="monokai", hyperlinks=False) if self.markdown
+                    else Text(self.source))
+            lines = console.render_lines(body, options, style=style, pad=True) if self.source else []
             self._cache = (width, style, [Strip(line, width) for line in lines])
         return self._cache[2]
 
@@ -110,8 +128,11 @@ class MessageView(Vertical):
 
     def compose(self) -> ComposeResult:
         yield Label("You" if self.role == "user" else "Assistant", classes="role")
-        for chunk in split_chunks(self.text):
-            yield MarkdownChunk(chunk)
+        if self.role == "user":  # not markdown: one chunk, so no blank line is split off
+            yield MarkdownChunk(self.text, markdown=False)
+        else:
+            for chunk in split_chunks(self.text):
+                yield MarkdownChunk(chunk)
         yield Label("", classes="status")
 
     def on_mount(self) -> None:

@@ -154,3 +154,25 @@ def test_readme_says_which_keys_add_a_line_and_where():
     only_some = [r for r in rows if "Alt+Enter" in r]
     assert len(only_some) == 1 and "tmux" in only_some[0] and "send" in only_some[0]
     assert "Alt+Enter" not in everywhere[0]
+
+
+# -- §5.1: single line breaks show, in the user's message and in the reply -------------------------
+
+def row_of(lines: list[str], text: str) -> int:
+    """The last row that shows text (the first may be the transcript's title, the chat's first words)."""
+    return max(i for i, line in enumerate(lines) if text in line)
+
+
+async def test_single_line_breaks_show_as_typed_and_as_generated(make_app):
+    reply = "Roses are red,\nviolets are blue:\n\n- one\n  still one\n- **two**\n\n```\ncode\n```"
+    app = make_app(Script(tokens_per_s=3000, replies=[reply]))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_ready(pilot)
+        await send(pilot, "line one\nline two\n*not emphasis*")
+        lines = screen_lines(app)
+        assert row_of(lines, "line two") == row_of(lines, "line one") + 1
+        assert row_of(lines, "*not emphasis*") == row_of(lines, "line two") + 1  # as typed: not markdown
+        assert row_of(lines, "violets are blue:") == row_of(lines, "Roses are red,") + 1
+        assert row_of(lines, "still one") == row_of(lines, "• one") + 1
+        assert "**two**" not in "".join(lines) and "two" in lines[row_of(lines, "still one") + 1]  # still markdown
+        assert app.screen.chat.messages[-1].content == reply  # the saved text is what came
