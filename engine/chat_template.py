@@ -87,6 +87,8 @@ class _Bounds:
     def size(self, value: Any, stop: int | None = None) -> int:
         """Characters `value` takes as text, roughly (str() of a container is at least this long);
         counts stop a little past `stop` (default: the limit), so a huge value costs little."""
+        if type(value) is str:
+            return len(value)
         stop = self.limit if stop is None else stop
         if isinstance(value, (str, bytes, bytearray)):
             return len(value)
@@ -157,9 +159,15 @@ class _Bounded:
         _local.bounds = self.bounds
         tick = self.bounds.tick
 
-        def trace(frame, event, arg):
+        def local(frame, event, arg):
             tick()
-            return trace
+            return local
+
+        def trace(frame, event, arg):
+            # every call ticks; line events (the loops) only in the template's own code, which
+            # keeps rendering fast: a loop inside a filter is over a size-checked input
+            tick()
+            return local if frame.f_code.co_filename == "<template>" else None
 
         sys.settrace(trace)
         return self.bounds
@@ -221,7 +229,9 @@ def _check_str_method(text: str | bytes, name: str, args: tuple, kwargs: Mapping
                 n = min(n, args[2])
             b.refuse_over(len(text) + n * max(len(new) - len(old), 0), "str.replace")
     elif name == "join" and args:
-        b.refuse_over(b.size(args[0]) + len(text) * b.size(args[0]), "str.join")
+        items = args[0]
+        count = len(items) if isinstance(items, (str, list, tuple, dict, set, frozenset)) else 1
+        b.refuse_over(b.size(items) + len(text) * count, "str.join")
     elif name == "translate" and args and isinstance(args[0], dict):
         longest = max((b.size(v) for v in args[0].values()), default=1)
         b.refuse_over(len(text) * max(longest, 1), "str.translate")
@@ -285,9 +295,12 @@ def _guard_filter(name: str, func: Callable) -> Callable:
         elif name == "replace" and len(real) >= 3:
             _check_str_method(str(value), "replace", tuple(real[1:]), {}, b)
         elif name == "join":
+            if not isinstance(value, (str, list, tuple, dict)):   # a generator (|map, |select): count it
+                value = list(value)
+                args = args[:skip] + (value,) + args[skip + 1:]
             sep = real[1] if len(real) > 1 else kwargs.get("d", "")
-            items = b.size(value)
-            b.refuse_over(items + items * b.size(sep), "|join")
+            count = len(value)
+            b.refuse_over(b.size(value) + count * b.size(sep), "|join")
         elif name == "format":
             _check_percent(str(value), tuple(real[1:]) or kwargs, b)
         elif name == "sum":
@@ -376,6 +389,13 @@ class _StrictSandbox(ImmutableSandboxedEnvironment):
 
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
         b = _bounds()
+        if operator == "+" and type(left) is str and type(right) is str:   # the common case, fast
+            n = len(left) + len(right)
+            b.refuse_over(n, "the sum")
+            b.made += n
+            if b.made > b.made_limit:
+                raise _TooLarge(f"the template made more than {_count(b.made_limit)} characters of text")
+            return left + right
         _check_binop(operator, left, right, b)
         return b.check(self.binop_table[operator](left, right), f"the result of {operator}")
 
@@ -407,6 +427,8 @@ class _StrictSandbox(ImmutableSandboxedEnvironment):
                 if _int_over(a, b):   # a width, a length, a tab size, to_bytes' length
                     raise _TooLarge(f"{type(owner).__name__}.{__obj.__name__}({_short(a)}) is over the size limit")
             if isinstance(owner, (str, bytes, bytearray)):
+                if __obj.__name__ == "join" and args and not isinstance(args[0], (str, list, tuple, dict)):
+                    args = (list(args[0]),) + args[1:]   # a generator: count what it gives first
                 _check_str_method(owner, __obj.__name__, args, kwargs, b)
         elif __obj is _LIPSUM:
             for a in list(args) + list(kwargs.values()):
