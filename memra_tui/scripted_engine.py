@@ -165,6 +165,7 @@ class ScriptedEngine:
             draft_model_name=Path(draft_path).stem if draft_path else "",
         )
         self.jobs: list[ScriptedJob] = []
+        self.counted: list[list[dict]] = []  # the conversations count_tokens was asked about
         # the expert cache's totals since load (the engine thread's); None: a dense model
         self._moe = (MoeStats(total_experts=MOE_LAYERS * MOE_EXPERTS, slot_bytes=MOE_SLOTS * EXPERT_BYTES)
                      if self.script.moe else None)
@@ -207,6 +208,11 @@ class ScriptedEngine:
     def stats(self) -> EngineStats:
         return self._stats
 
+    def count_tokens(self, messages: list[dict]) -> int:
+        """The scripted prompt size of a conversation (the count its replies report)."""
+        self.counted.append([dict(m) for m in messages])
+        return len(split_tokens("".join(m["content"] for m in messages))) + 4 * len(messages)
+
     def close(self) -> None:
         self._closed = True
         if self._current is not None:
@@ -232,8 +238,9 @@ class ScriptedEngine:
                 self._current = None
 
     def _prompt_tokens(self, job: ScriptedJob) -> int:
-        text = job.prompt if job.prompt is not None else "".join(m["content"] for m in job.messages)
-        return len(split_tokens(text)) + 4 * len(job.messages or [])
+        if job.prompt is not None:
+            return len(split_tokens(job.prompt))
+        return len(split_tokens("".join(m["content"] for m in job.messages))) + 4 * len(job.messages)
 
     def _play(self, job: ScriptedJob) -> None:
         job.moe_base = replace(self._moe) if self._moe else None

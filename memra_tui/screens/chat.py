@@ -29,7 +29,9 @@ from memra_tui.chats import Chat, ChatMessage, title_from
 from memra_tui.screens.chat_list import ChatListScreen
 from memra_tui.screens.text_prompt import TextPromptScreen
 from memra_tui.streaming import FLUSH_HZ, STATS_HZ, ReplyBuffer, ReplyFinished, ReplyProgress
+from memra_tui.token_count import count_tokens
 from memra_tui.widgets.composer import Composer
+from memra_tui.widgets.context_usage import ContextPane
 from memra_tui.widgets.engine_header import EngineHeader
 from memra_tui.widgets.engine_panes import EnginePanes
 from memra_tui.widgets.knobs import KnobsPane
@@ -119,6 +121,7 @@ class ChatScreen(Screen):
         self._stats_timer: Timer | None = None
         self._last_flush = 0.0
         self._flush_timer: Timer | None = None  # a pending one-shot flush, while throttled
+        self._context_epoch = 0  # bumped by a reply or another chat: a token count begun before is stale
 
     # -- layout --------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -141,6 +144,33 @@ class ChatScreen(Screen):
         await self.query_one(Transcript).show_chat(self.chat)
         self.query_one(Composer).focus()
         self._show_grammar_note()
+        self._count_context()
+
+    # -- the Context pane before any reply (a resumed or reopened chat) ------------------------
+    def _count_context(self) -> None:
+        """Show the open chat's tokens in the Context pane; the next reply's stats replace them."""
+        self._context_epoch += 1
+        messages = self.chat.engine_messages()
+        if not messages:
+            self.query_one(ContextPane).used = 0
+            return
+        self._count_worker(self._context_epoch, messages)
+
+    @work(thread=True, group="count", exclusive=True, exit_on_error=False)
+    def _count_worker(self, epoch: int, messages: list[dict]) -> None:
+        engine = self.app.engine
+        if engine is None:
+            return
+        try:
+            n = count_tokens(engine, self.app.model, messages)
+        except Exception:  # the pane keeps what it shows; the next reply reports the real number
+            log.exception("counting the chat's tokens failed")
+            return
+        self.app.call_from_thread(self._show_context_count, epoch, n)
+
+    def _show_context_count(self, epoch: int, n: int) -> None:
+        if epoch == self._context_epoch:  # no reply and no other chat since the count began
+            self.query_one(ContextPane).used = n
 
     def _show_grammar_note(self) -> None:
         if self._grammar_note:
@@ -175,6 +205,7 @@ class ChatScreen(Screen):
 
     async def _start_reply(self) -> None:
         engine = self.app.engine
+        self._context_epoch += 1  # from here on the reply's stats say how full the context is
         self._buffer = ReplyBuffer()
         self._reply_grammar = self.grammar
         self._reply_view = await self.query_one(Transcript).add_message(
@@ -347,6 +378,7 @@ class ChatScreen(Screen):
         await self.query_one(Transcript).show_chat(chat)
         self.query_one(Composer).focus()
         self._show_grammar_note()
+        self._count_context()
 
     def action_toggle_panes(self) -> None:
         shown = self.panes_shown if self.panes_shown is not None else self.has_class("-wide")

@@ -176,3 +176,46 @@ async def test_single_line_breaks_show_as_typed_and_as_generated(make_app):
         assert row_of(lines, "still one") == row_of(lines, "• one") + 1
         assert "**two**" not in "".join(lines) and "two" in lines[row_of(lines, "still one") + 1]  # still markdown
         assert app.screen.chat.messages[-1].content == reply  # the saved text is what came
+
+
+# -- §5.8: the Context pane after --resume ---------------------------------------------------------
+
+def saved_chat(paths, *turns: str) -> str:
+    from memra_tui.chats import ChatMessage, ChatStore
+    from tui_helpers import FixedClock
+
+    store = ChatStore(paths.chats_dir, paths.exports_dir, FixedClock())
+    chat = store.new_chat("scripted-tiny.gguf", {})
+    chat.messages = [ChatMessage("user" if i % 2 == 0 else "assistant", text) for i, text in enumerate(turns)]
+    store.save(chat)
+    return chat.id
+
+
+async def test_resume_shows_the_conversation_s_tokens_in_the_context_pane(make_app, paths):
+    from memra_tui.widgets.context_usage import ContextPane
+
+    saved_chat(paths, "what is a token", "a piece of a word, as the tokenizer cuts text", "and a context?")
+    app = make_app(Script(tokens_per_s=3000), resume=True)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_ready(pilot)
+        pane = app.screen.query_one(ContextPane)
+        await wait_for(pilot, lambda: pane.used > 0)
+        expected = app.engine.count_tokens(app.screen.chat.engine_messages())
+        assert pane.used == expected
+        assert f"{expected:,} / 4,096 tokens" in str(app.screen.query_one("#context-numbers").render())
+        await pilot.press("ctrl+n")  # a new chat: nothing in the context
+        await wait_for(pilot, lambda: pane.used == 0)
+
+
+async def test_a_reply_s_stats_win_over_a_late_count(make_app, paths):
+    from memra_tui.widgets.context_usage import ContextPane
+
+    saved_chat(paths, "hello", "hi")
+    app = make_app(Script(tokens_per_s=3000), resume=True)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_ready(pilot)
+        app.screen._show_context_count(app.screen._context_epoch - 1, 99_999)  # a count begun before
+        assert app.screen.query_one(ContextPane).used != 99_999
+        await send(pilot, "more")
+        stats = app.engine.stats()
+        assert app.screen.query_one(ContextPane).used == stats.n_ctx_used
