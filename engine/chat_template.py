@@ -21,7 +21,7 @@ gigabytes, so rendering (and compiling) also runs under bounds:
   and the rendered output itself. The limit is 1 MiB plus 8 times the size of what the template
   is given (messages, tools, ...): a prompt has to fit a context window, and 1 MiB is several
   times the largest windows in characters, but a long conversation must never be refused just for
-  being long. All strings a render makes add up against 32 times that limit, which stops a loop
+  being long. All strings a render makes add up against 16 times that limit, which stops a loop
   that makes bounded strings without end (a `{% set %}` capture never reaches the output).
 - recursion: a macro calling itself ends in RecursionError, reported like any other failure.
 """
@@ -52,7 +52,7 @@ RENDER_SECONDS = 2.0          # one render; real templates take milliseconds
 COMPILE_SECONDS = 5.0         # compiling the source, once per model load (a 24 KiB template: ~0.6 s)
 MIN_SIZE_LIMIT = 1 << 20      # characters: the floor of the size limit (see the module docstring)
 INPUT_SIZE_FACTOR = 8         # ... plus this many times the size of the template's inputs
-MADE_FACTOR = 32              # all strings one render makes, in size limits
+MADE_FACTOR = 16              # all strings one render makes, in size limits
 MAX_INT_BITS = 1 << 16        # integers past ~19700 digits are refused (and cannot be printed anyway)
 MAX_SOURCE = 256 << 10        # characters of template source (real ones are 1-30 KiB)
 MAX_JSON_INDENT = 64
@@ -462,6 +462,18 @@ class _StrictSandbox(ImmutableSandboxedEnvironment):
 _LIPSUM = jinja2.Environment().globals["lipsum"]
 
 
+class _GenerationTag(jinja2.ext.Extension):
+    """transformers' {% generation %}...{% endgeneration %}, which marks the assistant's text for
+    its training masks: here it renders its body, in its own scope as transformers' does."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: Any) -> nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return nodes.Scope(body, lineno=lineno)
+
+
 class _NoImports(jinja2.BaseLoader):
     """{% import %}, {% include %} and {% extends %} would reach outside the one template string."""
 
@@ -470,7 +482,7 @@ class _NoImports(jinja2.BaseLoader):
 
 
 def _make_environment() -> jinja2.Environment:
-    env = _StrictSandbox(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols],
+    env = _StrictSandbox(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols, _GenerationTag],
                          loader=_NoImports())
     env.finalize = env.memra_finalize
     for name, func in list(env.filters.items()):

@@ -347,6 +347,11 @@ REAL_WORLD_TEMPLATES = {
         "{{ '%d turns, %s' % (messages|length, 'ok') }}{{ '{:>6}|{}'.format('r', messages|length) }}"
         "{{ (messages|map(attribute='role')|unique|sort|join(',')).center(20).upper() }}"
     ),
+    "generation_tag": (
+        "{% for m in messages %}{% if m.role == 'assistant' %}{% generation %}{% set inner = 1 %}"
+        "<a>{{ m.content }}</a>\n{% endgeneration %}{% else %}<{{ m.role }}>{{ m.content }}\n{% endif %}{% endfor %}"
+        "{{ inner is defined }}"
+    ),
 }
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather <now> & later",
                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
