@@ -187,34 +187,55 @@ class _Bounded:
 
 # -- checks before an operation runs -------------------------------------------------------------------
 
-_PERCENT_SPEC = re.compile(r"%(?:\([^)]*\))?[#0\- +]*(\*|\d+)?(?:\.(\*|\d+))?[hlL]?(.)", re.S)
+_PERCENT_SPEC = re.compile(r"%(?:\(([^)]*)\))?[#0\- +]*(\*|\d+)?(?:\.(\*|\d+))?[hlL]?(.)", re.S)
+
+
+def _width(n: str, b: _Bounds) -> int:
+    return int(n) if len(n) < 10 else b.limit + 1
 
 
 def _check_percent(fmt: str, args: Any, b: _Bounds) -> None:
-    """`fmt % args`: widths and precisions are bounded, and each conversion at most prints all args."""
-    widths, conversions = 0, 0
-    for width, precision, _conversion in _PERCENT_SPEC.findall(fmt):
+    """`fmt % args`: the format's text, plus each conversion's width or precision and the value
+    it prints (a repr may be a few times longer: the result is checked again after)."""
+    total, index = len(fmt), 0
+    for key, width, precision, conversion in _PERCENT_SPEC.findall(fmt):
         for n in (width, precision):
             if n == "*":
                 raise _TooLarge("'*' widths in % formatting are not supported")
             if n:
-                widths += int(n) if len(n) < 10 else b.limit + 1
-        conversions += 1
-    b.refuse_over(len(fmt) + widths + conversions * b.size(args), "a % format")
+                total += _width(n, b)
+        if conversion == "%":
+            continue
+        if key and isinstance(args, Mapping):
+            total += b.size(args.get(key))
+        elif isinstance(args, tuple):
+            total += b.size(args[index]) if index < len(args) else 0
+            index += 1
+        else:
+            total += b.size(args)
+        b.refuse_over(total, "a % format")
 
 
 def _check_format(fmt: str, args: tuple, kwargs: Mapping, b: _Bounds) -> None:
-    """str.format / format_map: as for %, and a nested {} inside a format spec is refused."""
-    widths, fields = 0, 0
+    """str.format / format_map: as for %; a nested {} inside a format spec is refused."""
+    total, index = len(fmt), 0
     for _literal, field, spec, _conversion in string.Formatter().parse(fmt):
         if field is None:
             continue
-        fields += 1
         if spec and "{" in spec:
             raise _TooLarge("nested fields in a format spec are not supported")
         for n in re.findall(r"\d+", spec or ""):
-            widths += int(n) if len(n) < 10 else b.limit + 1
-    b.refuse_over(len(fmt) + widths + fields * (b.size(args) + b.size(kwargs)), "str.format")
+            total += _width(n, b)
+        first = re.split(r"[.\[]", field, maxsplit=1)[0]
+        if first == "":
+            value = args[index] if index < len(args) else None
+            index += 1
+        elif first.isdigit():
+            value = args[int(first)] if int(first) < len(args) else None
+        else:
+            value = kwargs.get(first) if isinstance(kwargs, Mapping) else None
+        total += b.size(value)
+        b.refuse_over(total, "str.format")
 
 
 def _int_over(n: Any, b: _Bounds) -> bool:
@@ -297,8 +318,8 @@ def _guard_filter(name: str, func: Callable) -> Callable:
             width = params[0] if params else kwargs.get("width", 4)
             w = len(str(width)) if not isinstance(width, int) else max(width, 0)
             b.refuse_over(len(text) + (text.count("\n") + 1) * w, "|indent")
-        elif name == "wordwrap":
-            wrap = kwargs.get("wrapstring") or (real[4] if len(real) > 4 else None) or "\n"
+        elif name == "wordwrap":   # (s, width, break_long_words, wrapstring, ...)
+            wrap = kwargs.get("wrapstring") or (real[3] if len(real) > 3 else None) or "\n"
             b.refuse_over(len(text) * (1 + len(str(wrap))), "|wordwrap")
         elif name == "replace" and len(real) >= 3:
             _check_str_method(str(value), "replace", tuple(real[1:]), {}, b)
@@ -315,8 +336,12 @@ def _guard_filter(name: str, func: Callable) -> Callable:
             items = list(value) if value is not None else []
             value = items
             args = args[:skip] + (items,) + args[skip + 1:]
-            if not all(isinstance(x, (int, float)) for x in items):   # lists or strings: quadratic
-                b.refuse_over((len(items) + 1) * (b.size(items) + b.size(kwargs.get("start", 0))), "|sum")
+            start = kwargs.get("start", real[2] if len(real) > 2 else 0)   # (iterable, attribute, start)
+            attribute = kwargs.get("attribute", real[1] if len(real) > 1 else None)
+            numbers = isinstance(start, (int, float)) and (
+                attribute is not None or all(isinstance(x, (int, float)) for x in items))
+            if not numbers:   # lists added up: quadratic, in one C call
+                b.refuse_over((len(items) + 1) * (b.size(items) + b.size(start)), "|sum")
         return b.check(func(*args, **kwargs), f"the result of |{name}")
 
     return guarded
