@@ -5,7 +5,7 @@ compresses to a few KB).
 The property, for every input: it loads (open_gguf and config_from_gguf both succeed) or raises
 ModelFormatError / UnsupportedModelError with a one-line message; never any other exception,
 never the reader's last-resort "unreadable GGUF (SomeError: ...)" wrapper (that is a parser bug
-reaching the user), never a hang (each case runs under a 2 s alarm and must take < 1 s), and
+reaching the user), never a message over 10,000 characters, never a hang (each case runs under a 2 s alarm and must take < 1 s), and
 never an allocation sized from an unchecked field (tracemalloc peak < 8 MiB for a <= 200 KB file).
 
 Mutations are structural, so most of them get past the magic and the counts: header (magic,
@@ -55,6 +55,7 @@ EXAMPLES = int(os.environ.get("MEMRA_FUZZ_EXAMPLES") or DEFAULT_EXAMPLES)
 CASE_LIMIT_S = 1.0
 ALARM_S = 2.0
 PEAK_LIMIT = 8 << 20
+MAX_MESSAGE = 10_000   # two names of <= 1024 bytes, each repr'd at most 4x longer, and prose
 PRESETS = ("tiny-llama", "tiny-qwen3moe")
 
 # GGUF value type ids
@@ -362,29 +363,112 @@ def mutate_infos(draw, parts: Parts) -> Parts:
 
 
 @st.composite
+def plausible_value(draw) -> tuple[int, bytes]:
+    """Honestly encoded values of the types real files use for config keys."""
+    kind = draw(st.sampled_from(["int", "int", "float", "string", "array", "other"]))
+    if kind == "int":
+        return draw(scalar_value(draw(st.sampled_from([U32, U32, I32, U64, I64, U16, U8]))))
+    if kind == "float":
+        return draw(scalar_value(draw(st.sampled_from([F32, F64]))))
+    if kind == "string":
+        b = draw(st.one_of(st.sampled_from([a.encode() for a in SUPPORTED_ARCHS] + [b"linear", b"none", b""]),
+                           raw_text))
+        return STRING, enc_str(b)
+    if kind == "array":   # per-layer values: the same one repeated, or a few different ones
+        item = draw(st.sampled_from([U32, I32, F32, STRING, BOOL]))
+        n = draw(st.integers(0, 4))
+        same = draw(st.booleans())
+        one = draw(scalar_value(item) if item != STRING else string_value())[1]
+        body = b"".join(one if same else draw(scalar_value(item) if item != STRING else string_value())[1]
+                        for _ in range(n))
+        return ARRAY, struct.pack("<IQ", item, n) + body
+    return draw(scalar_value(BOOL))
+
+
+@st.composite
+def config_mutation(draw, parts: Parts) -> Parts:
+    """Well-formed files whose config values (and sometimes tensor shapes) change: what
+    config_from_gguf has to judge."""
+    kvs = list(parts.kvs)
+    arch = next(kv.payload[8:] for kv in kvs if kv.key == b"general.architecture")
+    if draw(st.integers(0, 3)) == 0:   # another architecture's reading of the same keys
+        arch = draw(st.sampled_from([a.encode() for a in SUPPORTED_ARCHS] + [b"mixtral", b"a\nb"]))
+        kvs = [kv if kv.key != b"general.architecture" else KV(kv.key, STRING, enc_str(arch)) for kv in kvs]
+        if draw(st.booleans()):
+            old = next(kv.key.split(b".")[0] for kv in parts.kvs if kv.key.endswith(b".block_count"))
+            kvs = [replace(kv, key=arch + kv.key[len(old):]) if kv.key.startswith(old + b".") else kv
+                   for kv in kvs]
+    for _ in range(draw(st.integers(1, 4))):
+        key = draw(st.one_of(st.sampled_from([arch + b"." + k.encode() for k in CONFIG_KEYS]),
+                             st.sampled_from([k.encode() for k in GENERAL_KEYS])))
+        if draw(st.integers(0, 4)) == 0:
+            kvs = [kv for kv in kvs if kv.key != key]
+            continue
+        new = KV(key, *draw(plausible_value()))
+        hits = [j for j, kv in enumerate(kvs) if kv.key == key]
+        if hits:
+            kvs[hits[0]] = new
+        else:
+            kvs.append(new)
+    parts = replace(parts, kvs=tuple(kvs))
+    if draw(st.booleans()):
+        infos = list(parts.infos)
+        for _ in range(draw(st.integers(1, 2))):
+            i = draw(st.integers(0, len(infos) - 1))
+            t = infos[i]
+            op = draw(st.sampled_from(["dim", "delete", "swap_names"]))
+            if op == "dim":
+                k = draw(st.integers(0, len(t.dims) - 1))
+                d = draw(st.sampled_from([1, 2, 16, 32, 64, 128, 256, 384]))
+                infos[i] = replace(t, dims=t.dims[:k] + (d,) + t.dims[k + 1:])
+            elif op == "delete":
+                del infos[i]
+            else:
+                j = draw(st.integers(0, len(infos) - 1))
+                infos[i], infos[j] = replace(t, name=infos[j].name), replace(infos[j], name=t.name)
+        # keep every tensor inside the data section: re-lay the offsets
+        off, laid = 0, []
+        for t in infos:
+            laid.append(replace(t, offset=off))
+            off += -(-tensor_bytes(t) // 32) * 32
+        parts = replace(parts, infos=tuple(laid), data_len=max(off, 0))
+    return parts
+
+
+def tensor_bytes(t: Info) -> int:
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+    block, size = GGML_QUANT_SIZES[GGMLQuantizationType(t.ggml_type)]
+    n = math.prod(t.dims)
+    return -(-n // block) * size
+
+
+@st.composite
 def mutated_file(draw, bases: dict[str, Parts]) -> bytes:
     parts = bases[draw(st.sampled_from(PRESETS))]
-    if draw(st.booleans()):
+    mode = draw(st.sampled_from(["config", "config", "config", "kvs", "kvs", "infos", "infos", "both",
+                                 "header", "raw"]))
+    if mode == "config":
+        parts = draw(config_mutation(parts))
+    if mode in ("kvs", "both", "raw"):
         parts = draw(mutate_kvs(parts))
-    if draw(st.booleans()):
+    if mode in ("infos", "both", "raw"):
         parts = draw(mutate_infos(parts))
-    if draw(st.integers(0, 9)) == 0:
+    if mode == "header":
         parts = replace(parts, **draw(st.sampled_from([
             {"magic": draw(st.binary(min_size=4, max_size=4))},
             {"version": draw(st.sampled_from([0, 1, 2, 3, 4, 2**24 * 3, 2**32 - 1]))},
             {"tensor_count": len(parts.infos) + draw(st.sampled_from([-1, 1, 2**20, 2**60]))},
             {"kv_count": len(parts.kvs) + draw(st.sampled_from([-1, 1, 2**20, 2**60]))},
+            {"data_len": draw(st.sampled_from([0, 31, parts.data_len - 1, parts.data_len + 1]))},
         ])))
-    if draw(st.integers(0, 9)) == 0:
-        parts = replace(parts, data_len=draw(st.sampled_from([0, 31, parts.data_len - 1, parts.data_len + 1])))
     raw = parts.serialize()
-    if draw(st.integers(0, 7)) == 0:
-        raw = raw[:draw(st.integers(0, len(raw)))]
-    if draw(st.integers(0, 7)) == 0:
+    if mode == "raw":
+        if draw(st.booleans()):
+            raw = raw[:len(raw) - draw(st.integers(0, len(raw)))]
         buf = bytearray(raw)
-        for _ in range(draw(st.integers(1, 4))):
-            if buf:
-                buf[draw(st.integers(0, len(buf) - 1))] = draw(st.integers(0, 255))
+        for _ in range(draw(st.integers(0, 4))):
+            if len(buf) > 24:
+                buf[draw(st.integers(24, len(buf) - 1))] = draw(st.integers(0, 255))
         raw = bytes(buf)
     return raw
 
@@ -426,6 +510,8 @@ def check_input(raw: bytes, path: Path) -> str:
                 assert outcome, f"{type(e).__name__} with an empty message"
                 assert "\n" not in outcome and "\r" not in outcome, f"message is not one line: {outcome!r}"
                 assert "unreadable GGUF (" not in outcome, f"a parser bug reached the user: {outcome}"
+                # a message that quotes a value (a string or array as long as the file) quotes it short
+                assert len(outcome) <= MAX_MESSAGE, f"{len(outcome)}-char message: {outcome[:200]}..."
         elapsed = time.perf_counter() - started
         peak = tracemalloc.get_traced_memory()[1]
     finally:

@@ -88,7 +88,7 @@ def config_from_gguf(g: GGUFFile) -> ModelConfig:
         raise ModelFormatError(f"{g.path.name}: metadata has no general.architecture")
     if arch not in SUPPORTED_ARCHS:
         raise UnsupportedModelError(
-            f"unsupported architecture '{arch}' (supported: {', '.join(SUPPORTED_ARCHS)})"
+            f"unsupported architecture {_quote(arch)} (supported: {', '.join(SUPPORTED_ARCHS)})"
         )
     field = _FieldReader(g, arch)
 
@@ -133,7 +133,7 @@ def config_from_gguf(g: GGUFFile) -> ModelConfig:
             raise field.bad(f"rope.scaling.factor {factor} must be > 0")
         rope_scale = 1.0 / factor
     elif scaling not in ("none", ""):
-        raise UnsupportedModelError(f"rope scaling '{scaling}' is not supported (only linear)")
+        raise UnsupportedModelError(f"rope scaling {_quote(scaling)} is not supported (only linear)")
 
     common = dict(
         arch=arch,
@@ -206,6 +206,13 @@ def check_tensors(cfg: ModelConfig, g: GGUFFile) -> None:
             )
 
 
+def _quote(value: Any, limit: int = 80) -> str:
+    """repr of a metadata value for an error message: one line (repr escapes newlines), and
+    short, since a string or array value can be as long as the file."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
 class _FieldReader:
     """Typed, bounded access to '<arch>.<key>' metadata with one-line errors."""
 
@@ -230,10 +237,10 @@ class _FieldReader:
         value = self.get(key, default)
         if isinstance(value, list) and value:
             if any(v != value[0] for v in value):
-                raise UnsupportedModelError(f"per-layer values of '{self.arch}.{key}' differ ({value[:8]}…)")
+                raise UnsupportedModelError(f"per-layer values of '{self.arch}.{key}' differ ({_quote(value[:8])})")
             value = value[0]  # per-layer arrays holding one value are common for head counts
         if isinstance(value, bool) or not isinstance(value, int):
-            raise self.bad(f"metadata '{self.arch}.{key}' is {value!r}, expected an integer")
+            raise self.bad(f"metadata '{self.arch}.{key}' is {_quote(value)}, expected an integer")
         if not 1 <= value <= maximum:
             raise self.bad(f"metadata '{self.arch}.{key}' = {value} is absurd (expected 1..{maximum})")
         return value
@@ -241,7 +248,7 @@ class _FieldReader:
     def number(self, key: str, default: float, positive: bool = False) -> float:
         value = self.get(key, default)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise self.bad(f"metadata '{self.arch}.{key}' is {value!r}, expected a finite number")
+            raise self.bad(f"metadata '{self.arch}.{key}' is {_quote(value)}, expected a finite number")
         if value < 0 or (positive and value == 0):
             raise self.bad(f"metadata '{self.arch}.{key}' = {value} must be {'> 0' if positive else '>= 0'}")
         return float(value)
@@ -249,5 +256,5 @@ class _FieldReader:
     def text(self, key: str, default: str) -> str:
         value = self.get(key, default)
         if not isinstance(value, str):
-            raise self.bad(f"metadata '{self.arch}.{key}' is {value!r}, expected a string")
+            raise self.bad(f"metadata '{self.arch}.{key}' is {_quote(value)}, expected a string")
         return value

@@ -315,7 +315,8 @@ class _HeaderParser:
         alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
         if not isinstance(alignment, int) or isinstance(alignment, bool) or alignment <= 0 \
                 or alignment & (alignment - 1) or alignment > 1 << 20:
-            raise self.fail(f"general.alignment {alignment!r} is not a power of two")
+            shown = repr(alignment) if len(repr(alignment)) <= 80 else repr(alignment)[:80] + "…"
+            raise self.fail(f"general.alignment {shown} is not a power of two")
         return alignment
 
     def read_tensor_info(self, index: int) -> tuple[str, tuple[int, ...], int, int]:
