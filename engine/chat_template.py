@@ -2,28 +2,33 @@
 
 A template comes from the model file, so it is untrusted code. It runs in jinja2's
 ImmutableSandboxedEnvironment with the helpers transformers gives templates (raise_exception,
-strftime_now, a tojson that does not HTML-escape), and the same trim_blocks / lstrip_blocks
-whitespace rules, so a template renders here exactly as it does in transformers. Any failure —
-a syntax error, a refused attribute, raise_exception, a type error inside the template — becomes
-one TemplateError with a one-line message.
+strftime_now, a tojson that does not HTML-escape, the {% generation %} tag), and the same
+trim_blocks / lstrip_blocks whitespace rules, so a template renders here exactly as it does in
+transformers. Any failure — a syntax error, a refused attribute, raise_exception, a type error
+inside the template, a bound below — becomes one TemplateError with a one-line message, raised by
+render(); the same ChatTemplate renders the next turn as if nothing happened.
 
 The sandbox stops attribute escapes but not a template that loops forever or builds a string of
-gigabytes, so rendering (and compiling) also runs under bounds:
+gigabytes, so rendering and compiling also run under bounds:
 
-- time: a trace function on the rendering thread checks a wall-clock deadline every few Python
-  lines, in the template's own code and in every jinja2 filter it calls (RENDER_SECONDS,
-  COMPILE_SECONDS). jinja2 has no timeout of its own, and a template loop with no output never
-  returns to a streaming render loop, so a check there alone would not catch it.
+- time: a trace function on the rendering thread checks a wall-clock deadline (RENDER_SECONDS,
+  COMPILE_SECONDS) on every Python call and on every line of the template's own code. jinja2 has
+  no timeout of its own, and a template loop with no output never comes back to a streaming
+  render loop, so a check there alone would not catch it. This module's own frames are not
+  traced: their loops are bounded by the size limit.
 - size: no single C-level operation may make a value larger than the size limit, checked BEFORE it
   runs, because one `'x' * 10**10` allocates 10 GB in one step that no deadline can interrupt:
   the binary operators (* ** + %), `~`, list/tuple/dict literals (shared references nest
-  exponentially: [a, a] of [b, b] ...), every filter, every call of a str/int method, str.format
-  and the rendered output itself. The limit is 1 MiB plus 8 times the size of what the template
-  is given (messages, tools, ...): a prompt has to fit a context window, and 1 MiB is several
-  times the largest windows in characters, but a long conversation must never be refused just for
-  being long. All strings a render makes add up against 16 times that limit, which stops a loop
-  that makes bounded strings without end (a `{% set %}` capture never reaches the output).
-- recursion: a macro calling itself ends in RecursionError, reported like any other failure.
+  exponentially: [a, a] of [b, b] ...), every filter, every call of a str/bytes/int method,
+  str.format, lipsum, the printed values and the rendered prompt itself. The limit is 1 MiB plus
+  8 times the size of what the template is given (messages, tools, ...): a prompt has to fit a
+  context window, and 1 MiB is several times the largest windows in characters, but a long
+  conversation must never be refused just for being long. All strings a render makes add up
+  against 16 times that limit, which stops a loop that makes bounded strings without end (a
+  `{% set %}` capture never reaches the output). Integers are kept under MAX_INT_BITS.
+- recursion: a macro (or a recursive loop, or a block) calling itself ends in RecursionError,
+  reported like any other failure; the interpreter is unharmed.
+- source: at most MAX_SOURCE characters, compiled within COMPILE_SECONDS.
 """
 from __future__ import annotations
 
@@ -312,10 +317,10 @@ def _guard_filter(name: str, func: Callable) -> Callable:
             b.refuse_over(b.size(p), f"an argument of |{name}")
         text = value if isinstance(value, str) else str(value) if name in ("center", "indent", "wordwrap") else ""
         if name == "center":
-            width = params[0] if params else 80
+            width = real[1] if len(real) > 1 else kwargs.get("width", 80)
             b.refuse_over(max(len(text), width if isinstance(width, int) else 0), "|center")
         elif name == "indent":
-            width = params[0] if params else kwargs.get("width", 4)
+            width = real[1] if len(real) > 1 else kwargs.get("width", 4)
             w = len(str(width)) if not isinstance(width, int) else max(width, 0)
             b.refuse_over(len(text) + (text.count("\n") + 1) * w, "|indent")
         elif name == "wordwrap":   # (s, width, break_long_words, wrapstring, ...)

@@ -176,8 +176,25 @@ def test_corpus_is_large_and_covers_every_kind():
         assert any(n.startswith(kind) for n in names), kind
 
 
+@pytest.fixture
+def address_space_cap():
+    """While a hostile template runs, the process may not grow by more than 2 GiB of address space:
+    should a bound regress, the test fails with MemoryError instead of thrashing a shared machine."""
+    with open("/proc/self/status") as f:
+        vm_size = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    cap = vm_size + (2 << 30)
+    if hard != resource.RLIM_INFINITY:
+        cap = min(cap, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
 @pytest.mark.parametrize("path", CORPUS, ids=lambda p: p.stem)
-def test_hostile_template_stops_with_one_line_error(path):
+def test_hostile_template_stops_with_one_line_error(path, address_space_cap):
     trace_before, recursion_before, rss_before = sys.gettrace(), sys.getrecursionlimit(), _peak_rss()
     start = time.monotonic()
     with pytest.raises(TemplateError) as err:
