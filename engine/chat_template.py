@@ -23,9 +23,9 @@ gigabytes, so rendering and compiling also run under bounds:
   str.format, lipsum, the printed values and the rendered prompt itself. The limit is 1 MiB plus
   8 times the size of what the template is given (messages, tools, ...): a prompt has to fit a
   context window, and 1 MiB is several times the largest windows in characters, but a long
-  conversation must never be refused just for being long. All strings a render makes add up
-  against 16 times that limit, which stops a loop that makes bounded strings without end (a
-  `{% set %}` capture never reaches the output). Integers are kept under MAX_INT_BITS.
+  conversation must never be refused just for being long. All text a render prints, into the
+  prompt or into a `{% set %}` capture (which never reaches the streamed output), adds up against
+  16 times that limit, which stops a loop that keeps bounded strings without end. Integers are kept under MAX_INT_BITS.
 - recursion: a macro (or a recursive loop, or a block) calling itself ends in RecursionError,
   reported like any other failure; the interpreter is unharmed.
 - source: at most MAX_SOURCE characters, compiled within COMPILE_SECONDS.
@@ -57,7 +57,7 @@ RENDER_SECONDS = 2.0          # one render; real templates take milliseconds
 COMPILE_SECONDS = 5.0         # compiling the source, once per model load (a 24 KiB template: ~0.6 s)
 MIN_SIZE_LIMIT = 1 << 20      # characters: the floor of the size limit (see the module docstring)
 INPUT_SIZE_FACTOR = 8         # ... plus this many times the size of the template's inputs
-MADE_FACTOR = 16              # all strings one render makes, in size limits
+MADE_FACTOR = 16              # all text one render prints (captures too), in size limits
 MAX_INT_BITS = 1 << 16        # integers past ~19700 digits are refused (and cannot be printed anyway)
 MAX_SOURCE = 256 << 10        # characters of template source (real ones are 1-30 KiB)
 MAX_JSON_INDENT = 64
@@ -124,15 +124,22 @@ class _Bounds:
             raise _TooLarge(f"{what} would be {_count(size)} characters, over the limit of {_count(self.limit)}")
 
     def check(self, value: Any, what: str) -> Any:
-        """A value made by the template: bounded, and strings count against the render's total."""
+        """A value made by the template: bounded (checked after it was made, for the operations
+        whose result is at most a few times their checked inputs)."""
         if isinstance(value, str):
             self.refuse_over(len(value), what)
-            self.made += len(value)
-            if self.made > self.made_limit:
-                raise _TooLarge(f"the template made more than {_count(self.made_limit)} characters of text")
         elif isinstance(value, (list, tuple, dict, set, frozenset, Namespace, bytes, bytearray)):
             self.refuse_over(self.size(value), what)
         return value
+
+    def printed(self, size: int) -> None:
+        """Text printed by {{ }}, into the prompt or into a {% set %} / {% filter %} / macro capture:
+        adds up against made_limit. Strings only computed are not counted: one kept in a variable
+        replaces the last (live memory stays bounded), so a template may build its prompt up with
+        `ns.text ~ piece` even when that copies quadratically."""
+        self.made += size
+        if self.made > self.made_limit:
+            raise _TooLarge(f"the template printed more than {_count(self.made_limit)} characters in all")
 
     def tick(self) -> None:
         self.ticks += 1
@@ -430,9 +437,6 @@ class _StrictSandbox(ImmutableSandboxedEnvironment):
         if operator == "+" and type(left) is str and type(right) is str:   # the common case, fast
             n = len(left) + len(right)
             b.refuse_over(n, "the sum")
-            b.made += n
-            if b.made > b.made_limit:
-                raise _TooLarge(f"the template made more than {_count(b.made_limit)} characters of text")
             return left + right
         _check_binop(operator, left, right, b)
         return b.check(self.binop_table[operator](left, right), f"the result of {operator}")
@@ -452,9 +456,9 @@ class _StrictSandbox(ImmutableSandboxedEnvironment):
 
     def memra_finalize(self, value: Any) -> Any:
         b = _bounds()
-        b.refuse_over(b.size(value), "printing a value")
-        if isinstance(value, str):
-            b.check(value, "printing a value")
+        size = b.size(value)
+        b.refuse_over(size, "printing a value")
+        b.printed(size)
         return value
 
     def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805

@@ -316,6 +316,14 @@ def test_the_limit_counts_the_input_not_only_the_floor():
     assert len(ChatTemplate(source).render([{"role": "user", "content": content}])) == 4 * len(content)
 
 
+def test_building_the_prompt_up_in_a_namespace_is_allowed():
+    # each step copies the text so far (quadratic), but only the latest string is alive
+    messages = [{"role": "user", "content": "z" * 2000} for _ in range(1000)]
+    source = ("{% set ns = namespace(text='') %}{% for m in messages %}{% set ns.text = ns.text ~ m.role ~ ':' ~ m.content"
+              " ~ '\n' %}{% endfor %}{{ ns.text }}")
+    assert len(ChatTemplate(source).render(messages)) == 1000 * (5 + 2000 + 1)
+
+
 REAL_WORLD_TEMPLATES = {
     # shapes of templates that ship in GGUF files (Llama 3.1, Qwen 2.5, Mistral, Gemma): namespace,
     # tools|tojson, strftime_now, raise_exception, slicing, selectattr, string + and ~, loop.last
