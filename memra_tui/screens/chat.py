@@ -34,6 +34,7 @@ from memra_tui.widgets.composer import Composer
 from memra_tui.widgets.context_usage import ContextPane
 from memra_tui.widgets.engine_header import EngineHeader
 from memra_tui.widgets.engine_panes import EnginePanes
+from memra_tui.widgets.fit_text import OneLine
 from memra_tui.widgets.knobs import KnobsPane
 from memra_tui.widgets.message_view import MessageView
 from memra_tui.widgets.transcript import Transcript
@@ -131,7 +132,7 @@ class ChatScreen(Screen):
                 yield Transcript(id="transcript")
                 yield Label("", id="edit-banner")
                 yield Composer(id="composer")
-                yield Label(describe_knobs(self.sampling, self.spec), id="knob-summary")
+                yield OneLine(describe_knobs(self.sampling, self.spec), separator="·", id="knob-summary")
             with TabbedContent(id="sidebar", initial="engine-tab"):
                 with TabPane("Engine", id="engine-tab"):
                     yield EnginePanes(self.info.n_ctx, id="engine-panes")
@@ -447,7 +448,7 @@ class ChatScreen(Screen):
     @on(KnobsPane.Changed)
     def _knobs_changed(self, event: KnobsPane.Changed) -> None:
         self.sampling = event.params
-        self.query_one("#knob-summary", Label).update(describe_knobs(event.params, self.spec))
+        self.query_one("#knob-summary", OneLine).set_text(describe_knobs(event.params, self.spec))
         if self._job is not None:
             self._job.update_sampling(event.params)  # the reply in flight takes them at its next step
         self.app.set_sampling_defaults(event.params)
@@ -455,7 +456,7 @@ class ChatScreen(Screen):
     @on(KnobsPane.SpecChanged)
     def _spec_changed(self, event: KnobsPane.SpecChanged) -> None:
         self.spec = self.app.spec = event.spec
-        self.query_one("#knob-summary", Label).update(describe_knobs(self.sampling, event.spec))
+        self.query_one("#knob-summary", OneLine).set_text(describe_knobs(self.sampling, event.spec))
         if self._job is not None:
             self._job.update_spec(event.spec)  # the reply in flight takes it at its next round
 

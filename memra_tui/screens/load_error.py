@@ -9,6 +9,8 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Button, DirectoryTree, Input, Label
+
+from memra_tui.widgets.fit_text import WrappedText
 from memra_tui.widgets.key_footer import KeyFooter
 
 
@@ -37,7 +39,7 @@ class LoadErrorScreen(Screen):
     def compose(self) -> ComposeResult:
         with Vertical():
             yield Label("Could not load the model", classes="title")
-            yield Label(self.message, id="load-error")
+            yield WrappedText(self.message, id="load-error")  # a long path wraps at its separators
             yield Label("Pick another GGUF file (type a path, or choose below):")
             yield Input(self.model, id="model-path", placeholder="path/to/model.gguf")
             yield GgufTree(self.picker_root, id="model-picker")

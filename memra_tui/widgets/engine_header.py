@@ -7,6 +7,7 @@ from textual.widgets import Static
 
 from memra_engine.events import EngineInfo
 from memra_engine.grammar import Grammar
+from memra_tui.widgets.fit_text import ellipsize
 
 
 def describe_params(n: int) -> str:
@@ -31,10 +32,13 @@ class EngineHeader(Static):
             return "memra"
         kv = f" · KV {i.kv_type}" if i.kv_type != "f16" else ""  # the default goes unsaid
         # next to the model, so a narrow terminal cuts the quant mix first, not the grammar; the
-        # label goes in as a variable because a pattern's brackets are not markup
+        # label (and the model's name) go in as variables because their brackets are not markup
         label = self.grammar.label if self.grammar is not None else ""
         grammar = " │ [b $accent]grammar $grammar[/]" if label else ""
         # a model without a chat template continues the turns as plain text (README: the header says so)
         mode = "" if i.has_chat_template else " │ [b $warning]completion mode[/]"
-        return Content.from_markup(f"[b]memra[/b] │ [b]{i.model_name}[/b]{mode}{grammar} │ {i.arch} {describe_params(i.n_params)}"
-                                   f" │ {i.backend} · {i.device_name}{kv} │ {i.quant_mix}", grammar=label)
+        line = Content.from_markup(f"[b]memra[/b] │ [b]$model[/b]{mode}{grammar} │ {i.arch} {describe_params(i.n_params)}"
+                                   f" │ {i.backend} · {i.device_name}{kv} │ {i.quant_mix}", grammar=label,
+                                   model=i.model_name)
+        width = self.content_size.width  # too wide: cut at a word boundary, never inside a word
+        return ellipsize(line, width) if width > 0 else line

@@ -175,7 +175,7 @@ async def test_loading_screen_shows_the_engine_progress(make_app):
 
     app = make_app(Script(load_delay_s=1.5))
     async with app.run_test(size=(100, 30)) as pilot:
-        await wait_for(pilot, lambda: isinstance(app.screen, LoadingScreen) and app.screen.query_one("Log").line_count >= 2)
-        lines = list(app.screen.query_one("Log").lines)
+        await wait_for(pilot, lambda: isinstance(app.screen, LoadingScreen) and len(app.screen.steps) >= 2)
+        lines = app.screen.steps
         assert lines[0].startswith("fetch:") and lines[1].startswith("kernel build:")
         await wait_ready(pilot)

@@ -32,7 +32,7 @@ async def test_a_knob_change_reaches_the_next_job_exactly(make_app, paths):
         await send(pilot, "hi")
         expected = SamplingParams(temperature=0.3, top_k=7, top_p=0.8, repeat_last_n=-1, seed=1234, max_tokens=99)
         assert app.engine.jobs[0].sampling == expected
-        summary = str(app.screen.query_one("#knob-summary").render())
+        summary = app.screen.query_one("#knob-summary").text
         assert "T 0.3" in summary and "top-k 7" in summary and "seed 1234" in summary
     saved = json.loads(paths.settings_file.read_text())
     assert SamplingParams.from_dict(saved["sampling"]) == expected

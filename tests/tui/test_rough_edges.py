@@ -219,3 +219,99 @@ async def test_a_reply_s_stats_win_over_a_late_count(make_app, paths):
         await send(pilot, "more")
         stats = app.engine.stats()
         assert app.screen.query_one(ContextPane).used == stats.n_ctx_used
+
+
+# -- §5.7: at 120 columns, text is cut at word boundaries or wrapped, never inside a word ----------
+
+LONG_PATH = ("/home/someone/models/very-long-directory-name/"
+             "Qwen3-30B-A3B-Instruct-2507-UD-Q4_K_XL-with-a-long-suffix.gguf")
+LONG_ERROR = (f"{LONG_PATH}: not a GGUF file (bad magic b'not '); the file may be truncated or is "
+              "some other format entirely")
+
+
+def words_shown_whole(lines: list[str], text: str) -> None:
+    """Every word of text (and every component of a path in it) is on one row, uncut."""
+    for word in text.replace("/", " ").split():
+        assert any(word in line for line in lines), (word, lines)
+
+
+def cut_at_a_word_boundary(shown: str, full: str) -> None:
+    shown = shown.strip()
+    if shown == full.strip():
+        return
+    assert shown.endswith("…"), shown
+    head = shown[:-1].rstrip()
+    assert full.startswith(head), (head, full)
+    after = full[len(head):]
+    assert after[:1] in (" ", ",", "/", "·", "│"), f"cut inside a word: {head!r} + {after[:12]!r}"
+
+
+async def test_the_header_is_ellipsized_at_a_word_boundary_at_120_columns(make_app):
+    from memra_engine.grammar import Grammar
+
+    model = "models/SmolLM2-1.7B-Instruct-abliterated-merged-with-extra-long-name.Q4_K_M.gguf"
+    app = make_app(Script(tokens_per_s=3000, backend="cuda", chat_template=False), model=model,
+                   grammar=Grammar.regex("[0-9]{4}-[0-9]{2}-[0-9]{2}"))
+    async with app.run_test(size=(120, 36)) as pilot:
+        await wait_ready(pilot)
+        header_row = screen_lines(app)[0]
+        assert header_row.strip().endswith("…")
+        i = app.engine.info
+        untruncated = (f"memra │ {i.model_name} │ completion mode │ grammar {app.screen.grammar.label} │ {i.arch} "
+                       f"135M │ {i.backend} · {i.device_name} │ {i.quant_mix}")
+        assert len(untruncated) > 118
+        cut_at_a_word_boundary(header_row, untruncated)
+        assert "completion mode" in header_row and "grammar" in header_row  # the mode and grammar come first
+
+
+async def test_the_footer_shows_whole_keys_only_at_120_columns(make_app):
+    app = make_app(Script(tokens_per_s=3000))
+    async with app.run_test(size=(120, 36)) as pilot:
+        await wait_ready(pilot)
+        await pilot.pause(0.1)
+        footer = app.screen.query_one(KeyFooter)
+        row = screen_lines(app)[-1]
+        shown = footer.shown_keys
+        assert len(shown) >= 8
+        for key in shown:
+            assert f"{key.key_display} {key.description}".strip() in row, (key.key_display, row)
+        for key in footer.query("FooterKey"):
+            if key not in shown:
+                assert f"{key.key_display} " not in row, row  # not even its start
+        assert row.rstrip().endswith("^p palette")
+
+
+async def test_the_loading_screen_wraps_a_long_path_at_its_separators(make_app):
+    from memra_tui.screens.loading import LoadingScreen
+
+    app = make_app(Script(load_delay_s=1.5), model=LONG_PATH)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await wait_for(pilot, lambda: isinstance(app.screen, LoadingScreen) and len(app.screen.steps) >= 1)
+        await pilot.pause(0.1)
+        lines = screen_lines(app)
+        words_shown_whole(lines, f"Loading {LONG_PATH}")
+        words_shown_whole(lines, f"fetch: using {LONG_PATH}")
+        await wait_ready(pilot)
+
+
+async def test_the_load_error_screen_wraps_a_long_message_at_word_boundaries(make_app):
+    from memra_tui.screens.load_error import LoadErrorScreen
+
+    app = make_app(Script(fail_paths={LONG_PATH: LONG_ERROR}), model=LONG_PATH)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await wait_for(pilot, lambda: isinstance(app.screen, LoadErrorScreen) and app.screen.query("#model-path"))
+        await pilot.pause(0.1)
+        words_shown_whole(screen_lines(app), LONG_ERROR)
+
+
+def test_wrap_and_ellipsize_break_only_between_words():
+    from memra_tui.widgets.fit_text import ellipsize, wrap_words
+
+    assert wrap_words("a long-word and /a/path/to/file.gguf here", 12) == \
+        ["a long-word", "and /a/path/", "to/file.gguf", "here"]
+    assert wrap_words("x" * 25, 10) == ["x" * 10, "x" * 10, "x" * 5]  # no boundary: split, nothing lost
+    assert wrap_words("two\nlines", 20) == ["two", "lines"]
+    assert ellipsize("memra │ model │ llama 135M", 20).plain == "memra │ model…"
+    assert ellipsize("fits", 4).plain == "fits"
+    assert ellipsize("T 0.7 · top-k 40 · top-p 0.95", 16).plain == "T 0.7 · top-k…"
+    assert ellipsize("T 0.7 · top-k 40 · seed 1234", 26, breaks="·", words=False).plain == "T 0.7 · top-k 40…"

@@ -115,7 +115,7 @@ async def test_the_command_line_spec_is_where_the_app_starts(make_app):
         await wait_ready(pilot)
         assert app.screen.query_one("#knob-spec", Select).value == "draft"
         assert app.screen.query_one("#knob-draft_max", Input).value == "5"
-        assert "spec draft ≤5" in str(app.screen.query_one("#knob-summary").render())
+        assert "spec draft ≤5" in app.screen.query_one("#knob-summary").text
         await send(pilot, "hi")
         await pilot.press("ctrl+n")  # a new chat keeps it: it is the session's, like the sampling knobs
         await send(pilot, "again")
@@ -143,7 +143,7 @@ async def test_a_spec_change_reaches_the_next_job_exactly(make_app, paths):
         await set_field(pilot, "draft_max", "4")
         await send(pilot, "drafted")
         assert [job.spec for job in app.engine.jobs] == [SpecConfig(), SpecConfig("lookup", draft_max=4)]
-        assert "spec lookup ≤4" in str(app.screen.query_one("#knob-summary").render())
+        assert "spec lookup ≤4" in app.screen.query_one("#knob-summary").text
         assert app.screen.query_one(SpecPane).stats.spec_drafted > 0  # the scripted engine drafted
         chat_id = app.screen.chat.id
     saved = json.loads(app.store.path_of(chat_id).read_text())  # each reply records how it was drafted
