@@ -188,7 +188,39 @@ def test_duplicate_tensor_name(good, tmp_path):
 
 def test_missing_and_unreadable_paths(tmp_path):
     assert "cannot open" in open_fails(tmp_path / "absent.gguf")
-    assert "not a regular file" in open_fails(tmp_path)
+    assert open_fails(tmp_path) == f"{tmp_path}: is a directory, not a GGUF file"
+
+
+def test_unreadable_file_says_permission_denied(good, tmp_path, monkeypatch):
+    """Tests run as root here, where chmod 000 still reads: an open() of the model that raises
+    PermissionError stands in for it (whichever open the reader calls, builtin or numpy's)."""
+    import builtins
+
+    raw, _ = good
+    path = write(tmp_path, raw)
+    real_open = builtins.open
+
+    def denying_open(file, *args, **kwargs):
+        if not isinstance(file, int) and Path(file) == path:
+            raise PermissionError(13, "Permission denied", str(file))
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", denying_open)
+    assert open_fails(path) == f"{path}: permission denied"
+
+
+def test_chmod_000_file_says_permission_denied(good, tmp_path):
+    import os
+
+    if os.geteuid() == 0:
+        pytest.skip("root reads a chmod 000 file (test_unreadable_file_says_permission_denied mocks it)")
+    raw, _ = good
+    path = write(tmp_path, raw)
+    path.chmod(0)
+    try:
+        assert open_fails(path) == f"{path}: permission denied"
+    finally:
+        path.chmod(0o644)
 
 
 def test_missing_required_tensor_is_reported_by_the_config(good, tmp_path):

@@ -133,6 +133,8 @@ def open_gguf(path: str | os.PathLike[str]) -> GGUFFile:
     """Validate and memory-map a GGUF file. Raises ModelFormatError / UnsupportedModelError."""
     path = Path(path)
     try:
+        if path.is_dir():
+            raise ModelFormatError(f"{path}: is a directory, not a GGUF file")
         size = path.stat().st_size
         if not path.is_file():
             raise ModelFormatError(f"{path}: not a regular file")
@@ -141,15 +143,23 @@ def open_gguf(path: str | os.PathLike[str]) -> GGUFFile:
             raise ModelFormatError(
                 f"{path.name}: truncated at byte {size} while reading the header (file is {size} bytes)"
             )
-        mm = np.memmap(path, dtype=np.uint8, mode="r")
+        # Opened once, here, so that an unreadable file is told apart from a bad one.
+        f = open(path, "rb")
+        try:
+            mm = np.memmap(f, dtype=np.uint8, mode="r")
+        except BaseException:
+            f.close()
+            raise
     except _OUR_ERRORS:
         raise
+    except PermissionError:
+        raise ModelFormatError(f"{path}: permission denied") from None
     except OSError as e:
         raise ModelFormatError(f"{path}: cannot open ({e.strerror or e})") from None
     try:
         # The header is parsed from a plain mmap: slicing it yields bytes, which decode ~5x faster
         # than memoryview slices of the np.memmap (a vocabulary is 10^5 strings).
-        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as header:
+        with f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as header:
             return _HeaderParser(path, mm, header).parse()
     except _OUR_ERRORS:
         raise
