@@ -61,7 +61,6 @@ MADE_FACTOR = 16              # all text one render prints (captures too), in si
 MAX_INT_BITS = 1 << 16        # integers past ~19700 digits are refused (and cannot be printed anyway)
 MAX_SOURCE = 256 << 10        # characters of template source (real ones are 1-30 KiB)
 MAX_JSON_INDENT = 64
-_CHECK_EVERY = 16             # trace events between deadline checks
 
 
 class _RaisedByTemplate(Exception):
@@ -86,7 +85,7 @@ class _Bounds:
         self.made = 0
         self.seconds = seconds
         self.deadline = None if seconds is None else time.monotonic() + seconds
-        self.ticks = 0
+        self.steps = 0
         self._sizes: dict[int, tuple[Any, int]] = {}   # id -> (the object, kept alive; its size)
 
     def size(self, value: Any, stop: int | None = None) -> int:
@@ -114,10 +113,20 @@ class _Bounds:
             total += self.size(item, stop - total) + 2
             if total > stop:
                 return total   # partial: not cached
+            self.steps += 1
+            if not self.steps % 4096:   # this code is not traced: keep the deadline here too
+                self.check_deadline()
+        self.remember(value, total)
+        return total
+
+    def remember(self, value: Any, size: int) -> None:
         if len(self._sizes) > 4096:
             self._sizes.clear()
-        self._sizes[id(value)] = (value, total)
-        return total
+        self._sizes[id(value)] = (value, size)
+
+    def check_deadline(self) -> None:
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            raise _OutOfTime()
 
     def refuse_over(self, size: int, what: str) -> None:
         if size > self.limit:
@@ -142,8 +151,9 @@ class _Bounds:
             raise _TooLarge(f"the template printed more than {_count(self.made_limit)} characters in all")
 
     def tick(self) -> None:
-        self.ticks += 1
-        if self.deadline is not None and not self.ticks % _CHECK_EVERY and time.monotonic() > self.deadline:
+        # on every traced event: a clock read costs less than the trace call itself, and checking
+        # only every Nth event lets N slow steps (each a C call over a big list) run past
+        if self.deadline is not None and time.monotonic() > self.deadline:
             raise _OutOfTime()
 
 
@@ -278,7 +288,9 @@ def _check_str_method(text: str | bytes, name: str, args: tuple, kwargs: Mapping
         b.refuse_over(len(text) * max(longest, 1), "str.translate")
 
 
-def _check_binop(op: str, left: Any, right: Any, b: _Bounds) -> None:
+def _check_binop(op: str, left: Any, right: Any, b: _Bounds) -> int | None:
+    """Refuses an operation whose result would be too large; returns the result's size when it
+    is a repeated or joined sequence (so the result need not be walked again)."""
     ints = isinstance(left, int) and isinstance(right, int)
     if op == "**":
         if ints and right > 0 and abs(left) > 1 and abs(left).bit_length() * right > MAX_INT_BITS:
@@ -290,13 +302,18 @@ def _check_binop(op: str, left: Any, right: Any, b: _Bounds) -> None:
             return
         seq, n = (left, right) if isinstance(right, int) else (right, left)
         if isinstance(n, int) and isinstance(seq, (str, bytes, list, tuple)) and n > 0:
-            b.refuse_over(b.size(seq) * n, f"repeating a {type(seq).__name__} {_short(n)} times")
+            size = b.size(seq) * n
+            b.refuse_over(size, f"repeating a {type(seq).__name__} {_short(n)} times")
+            return size
     elif op == "+":
         if not ints and isinstance(left, (str, bytes, list, tuple)):
-            b.refuse_over(b.size(left) + b.size(right), "the sum")
+            size = b.size(left) + b.size(right)
+            b.refuse_over(size, "the sum")
+            return size
     elif op == "%":
         if isinstance(left, str):
             _check_percent(left, right, b)
+    return None
 
 
 def _short(n: Any) -> str:
@@ -372,6 +389,8 @@ def _tojson(value: Any, ensure_ascii: bool = False, indent: int | str | None = N
         total += len(piece)
         b.refuse_over(total, "tojson")
         pieces.append(piece)
+        if not len(pieces) % 4096:   # this module is not traced: keep the deadline here
+            b.check_deadline()
     return "".join(pieces)
 
 
@@ -438,8 +457,12 @@ class _StrictSandbox(ImmutableSandboxedEnvironment):
             n = len(left) + len(right)
             b.refuse_over(n, "the sum")
             return left + right
-        _check_binop(operator, left, right, b)
-        return b.check(self.binop_table[operator](left, right), f"the result of {operator}")
+        size = _check_binop(operator, left, right, b)
+        result = self.binop_table[operator](left, right)
+        if size is not None and isinstance(result, (list, tuple)):
+            b.remember(result, size)   # [x] * 100000: known without walking 100000 items
+            return result
+        return b.check(result, f"the result of {operator}")
 
     def memra_concat(self, parts: tuple) -> str:
         b = _bounds()
