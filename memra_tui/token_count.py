@@ -49,9 +49,18 @@ def model_file(model: str | None) -> Path:
     return Path(ensure_default_model(lambda msg: None))
 
 
+_counters: dict[Path, PromptCounter] = {}  # the last model's, so reopening a chat does not read it again
+
+
 def count_tokens(engine, model: str | None, messages: list[dict]) -> int:
     """Tokens the conversation `messages` takes in the context."""
     ask = getattr(engine, "count_tokens", None)
     if callable(ask):
         return int(ask(messages))
-    return PromptCounter(model_file(model)).count(messages)
+    path = model_file(model).resolve()
+    counter = _counters.get(path)
+    if counter is None:
+        counter = PromptCounter(path)
+        _counters.clear()
+        _counters[path] = counter
+    return counter.count(messages)
