@@ -50,7 +50,7 @@ from memra_engine.model.gguf_file import open_gguf
 from memra_engine.model.synthetic import write_synthetic_gguf
 
 CORPUS = Path(__file__).parent / "fuzz_corpus"
-DEFAULT_EXAMPLES = 2500
+DEFAULT_EXAMPLES = 5000
 EXAMPLES = int(os.environ.get("MEMRA_FUZZ_EXAMPLES") or DEFAULT_EXAMPLES)
 CASE_LIMIT_S = 1.0
 ALARM_S = 2.0
@@ -207,7 +207,8 @@ def lie(real_len: int):
 raw_text = st.one_of(
     st.text(max_size=24).map(lambda s: s.encode()),
     st.binary(max_size=24),                                  # mostly invalid UTF-8
-    st.sampled_from([b"", b"\n", b"a\nb", b"\r", b"\xff\xfe", b"x" * 1025, "é\u2028".encode()]),
+    st.sampled_from([b"", b"\n", b"a\nb", b"\r", b"\xff\xfe", b"x" * 1024, b"x" * 1025, "é\u2028".encode(),
+                     b"\x00" * 1024, b"y" * 20000]),   # names at and over the cap; a value longer than any message
 )
 
 
@@ -372,7 +373,7 @@ def plausible_value(draw) -> tuple[int, bytes]:
         return draw(scalar_value(draw(st.sampled_from([F32, F64]))))
     if kind == "string":
         b = draw(st.one_of(st.sampled_from([a.encode() for a in SUPPORTED_ARCHS] + [b"linear", b"none", b""]),
-                           raw_text))
+                           st.sampled_from([b"a\nb", b"y" * 20000]), raw_text))
         return STRING, enc_str(b)
     if kind == "array":   # per-layer values: the same one repeated, or a few different ones
         item = draw(st.sampled_from([U32, I32, F32, STRING, BOOL]))
