@@ -197,6 +197,23 @@ class LoadedModel:
         return self._grammar_tokenizer
 
 
+def prompt_ids(tokenizer, template, messages: list[dict] | None, prompt: str | None = None,
+               add_generation_prompt: bool = True) -> list[int]:
+    """The token ids of a prompt: raw text, or the messages through the chat template (in
+    completion mode, the turns as plain text, continued by the model)."""
+    if prompt is not None:
+        text = prompt
+    elif template is not None:
+        text = template.render(messages, add_generation_prompt=add_generation_prompt)
+    else:
+        text = "\n\n".join(str(m.get("content", "")) for m in messages)
+    ids = tokenizer.encode(text, add_special=True)
+    bos = tokenizer.bos_id
+    if bos is not None and len(ids) >= 2 and ids[0] == bos and ids[1] == bos:
+        ids = ids[1:]  # the template wrote BOS itself and the tokenizer added another
+    return ids
+
+
 def open_model(g, kind: str, n_ctx: int, vram_budget, say: Progress,
                kv_type: str = DEFAULT_KV_TYPE, draft_g=None,
                moe_vram: int | None = None) -> tuple[LoadedModel, EngineInfo]:
@@ -276,6 +293,7 @@ class Engine:
 
     def __init__(self) -> None:  # use Engine.load
         self.info: EngineInfo | None = None
+        self._prompt_parts = None  # (tokenizer, template) once loaded: count_tokens uses them
         self._jobs: queue.Queue[Job | None] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._closed = False
@@ -341,6 +359,17 @@ class Engine:
 
     # -- the public API (any thread) --------------------------------------------------------------
 
+    def count_tokens(self, messages: list[dict]) -> int:
+        """Tokens the conversation takes in the context after its last turn (no generation
+        prompt), as a reply would build it. Runs on the caller's thread: the tokenizer and
+        template are read-only, so this never waits for a reply in flight."""
+        if self._prompt_parts is None:
+            raise MemraError("the engine has no model loaded")
+        if not messages:
+            return 0
+        tokenizer, template = self._prompt_parts
+        return len(prompt_ids(tokenizer, template, messages, add_generation_prompt=False))
+
     def chat(
         self, messages: list[dict], sampling: SamplingParams, grammar: Grammar | None = None, spec=None,
         stop: Sequence[str] = (),
@@ -386,6 +415,7 @@ class Engine:
     def _serve(self, opener, ready: queue.Queue) -> None:
         try:
             model, self.info = opener()
+            self._prompt_parts = (model.tokenizer, model.template)
             # the MoE pane starts from the load-time totals (replies then report their own share)
             self._publish(EngineStats(n_ctx=model.backend.n_ctx, vram=model.backend.memory_stats(),
                                       moe=model.backend.moe_stats()))
@@ -493,18 +523,8 @@ class Generation:
     # -- prompt ------------------------------------------------------------------------------------
 
     def prompt_tokens(self) -> list[int]:
-        request, tokenizer, template = self.job.request, self.model.tokenizer, self.model.template
-        if request.prompt is not None:
-            text = request.prompt
-        elif template is not None:
-            text = template.render(request.messages, add_generation_prompt=True)
-        else:  # completion mode: the turns as plain text, continued by the model
-            text = "\n\n".join(str(m.get("content", "")) for m in request.messages)
-        ids = tokenizer.encode(text, add_special=True)
-        bos = tokenizer.bos_id
-        if bos is not None and len(ids) >= 2 and ids[0] == bos and ids[1] == bos:
-            ids = ids[1:]  # the template wrote BOS itself and the tokenizer added another
-        return ids
+        request = self.job.request
+        return prompt_ids(self.model.tokenizer, self.model.template, request.messages, request.prompt)
 
     def prefill(self, head: list[int]) -> bool:
         """Bring the KV cache to `head` (the prompt less its last token), reusing the common prefix.

@@ -418,3 +418,20 @@ def test_device_sampling_update_rewrites_the_parameter_block():
             last = event
     assert last.reason == "length" and n == 6
     assert backend.calls["set_sampling"] == 2 and backend.seeds[0] == 1 and backend.seeds[1] != 1
+
+
+def test_count_tokens_is_the_conversation_as_a_reply_builds_it(tiny_engine, tiny_llama_path):
+    """count_tokens: the messages through the template without a generation prompt; a reply to
+    the same messages prefills them with one (n_prompt_tokens)."""
+    from memra_engine.chat_template import ChatTemplate
+    from memra_engine.generate import prompt_ids
+    from memra_engine.tokenizer import load_tokenizer
+
+    g = open_gguf(tiny_llama_path)
+    tokenizer, template = load_tokenizer(g), ChatTemplate.from_gguf(g)
+    messages = [{"role": "user", "content": "Hello there"}, {"role": "assistant", "content": "Hi! How can I help?"},
+                {"role": "user", "content": "Tell me more"}]
+    assert tiny_engine.count_tokens(messages) == len(prompt_ids(tokenizer, template, messages, add_generation_prompt=False))
+    assert tiny_engine.count_tokens([]) == 0
+    result = tiny_engine.chat(messages, SamplingParams(max_tokens=2, seed=1)).collect()
+    assert result.stats.n_prompt_tokens == len(prompt_ids(tokenizer, template, messages)) > tiny_engine.count_tokens(messages)

@@ -29,7 +29,6 @@ from memra_tui.chats import Chat, ChatMessage, title_from
 from memra_tui.screens.chat_list import ChatListScreen
 from memra_tui.screens.text_prompt import TextPromptScreen
 from memra_tui.streaming import FLUSH_HZ, STATS_HZ, ReplyBuffer, ReplyFinished, ReplyProgress
-from memra_tui.token_count import count_tokens
 from memra_tui.widgets.composer import Composer
 from memra_tui.widgets.context_usage import ContextPane
 from memra_tui.widgets.engine_header import EngineHeader
@@ -163,7 +162,7 @@ class ChatScreen(Screen):
         if engine is None:
             return
         try:
-            n = count_tokens(engine, self.app.model, messages)
+            n = engine.count_tokens(messages)
         except Exception:  # the pane keeps what it shows; the next reply reports the real number
             log.exception("counting the chat's tokens failed")
             return

@@ -43,10 +43,9 @@ async def test_chat_with_the_real_cpu_engine(tmp_path, paths):
 
 
 async def test_resume_counts_the_conversation_with_the_model_s_tokenizer(tmp_path, paths):
-    """The real engine has no token-count call: the app counts with the model's own tokenizer and
-    template, as the engine builds a prompt (checked against the engine's n_prompt_tokens)."""
+    """Engine.count_tokens builds the conversation as a reply builds its prompt (checked against
+    the engine's own n_prompt_tokens for the next reply, whose prompt adds the new turn)."""
     from memra_tui.chats import ChatMessage
-    from memra_tui.token_count import PromptCounter
     from memra_tui.widgets.context_usage import ContextPane
 
     model = write_synthetic_gguf(tmp_path / "tiny-llama.gguf", preset="tiny-llama", seed=7)
@@ -56,14 +55,15 @@ async def test_resume_counts_the_conversation_with_the_model_s_tokenizer(tmp_pat
     chat.messages = [ChatMessage("user", "Hello there"), ChatMessage("assistant", "Hi! How can I help?")]
     app.store.save(chat)
     app.resume = True
-    counter = PromptCounter(model)
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_ready(pilot)
         pane = app.screen.query_one(ContextPane)
         await wait_for(pilot, lambda: pane.used > 0, timeout=30)
-        assert pane.used == counter.count(app.screen.chat.engine_messages())
+        assert pane.used == app.engine.count_tokens(app.screen.chat.engine_messages()) > 0
+        pane_before = pane.used
         messages = app.screen.chat.engine_messages() + [{"role": "user", "content": "More"}]
         app.screen.query_one(Composer).text = "More"
         await pilot.press("enter")
         await wait_for(pilot, lambda: len(app.screen.chat.messages) == 4 and not app.screen.streaming, timeout=60)
-        assert app.engine.stats().n_prompt_tokens == counter.count(messages, add_generation_prompt=True)
+        # the reply's prompt is the resumed conversation, the new turn and the generation prompt
+        assert app.engine.stats().n_prompt_tokens > app.engine.count_tokens(messages) > pane_before
