@@ -118,5 +118,5 @@ class StatsEvent:
 
 @dataclass(frozen=True)
 class DoneEvent:
-    reason: str  # "eos" | "stop" | "length" | "cancelled" | "error"
+    reason: str  # "eos" | "stop" | "length" (max tokens) | "context" (context full) | "cancelled" | "error"
     error: str = ""  # one-line message when reason == "error"

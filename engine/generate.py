@@ -10,7 +10,7 @@ Choices this module makes, so callers know what to expect:
 - A prompt that leaves no room to generate (>= n_ctx tokens) ends the job with
   DoneEvent("error", "prompt is N tokens but the context is C (use --ctx)"). Old turns are never
   dropped silently; the UI decides what to cut. Generation stops with "length" when max_tokens
-  are out or the context is full, whichever comes first.
+  are out, and with "context" when the context is full first.
 - A model without a chat template runs in completion mode: chat() joins the message contents with
   blank lines and continues that text; Engine.info.has_chat_template is False so the UI/CLI say so.
 - Stop strings are matched on the decoded text, also across token boundaries: text that might be
@@ -19,7 +19,7 @@ Choices this module makes, so callers know what to expect:
   it (with the EOS id) is sent first.
 - Sampling knobs are read at the start of a job; Job.update_sampling() swaps them at the next step.
 - A grammar (engine/grammar.py) constrains every token of the reply. When it is complete the
-  reply ends with "eos"; when max_tokens or the context cut it first, with "length" (the reply is
+  reply ends with "eos"; when max_tokens or the context cut it first, with "length" or "context" (the reply is
   then an incomplete structure, which the UI and the CLI say). Stop strings still apply.
 - How one step turns the fed token into the next is a step strategy (engine/steps.py).
 - Speculative decoding (engine/speculative.py): spec=SpecConfig(mode="lookup") drafts from the
@@ -623,7 +623,7 @@ class Generation:
                     text += stops.flush() + flush_decoder(decoder)
                 self.job._put(TokenEvent(text, token, logprob))
                 if last:
-                    return self.finish("eos" if complete else "length")
+                    return self.finish("eos" if complete else "length" if n_generated >= params.max_tokens else "context")
             fed = steps[-1][0]
             if time.perf_counter() - self.last_stats >= STATS_INTERVAL_S:
                 self.job._put(StatsEvent(self.snapshot()))

@@ -19,7 +19,7 @@ FORMAT_VERSION = 1
 class ChatMessage:
     role: str  # "user" | "assistant"
     content: str
-    status: str = "done"  # assistant: "done" | "stopped" | "length" | "error"
+    status: str = "done"  # assistant: "done" | "stopped" | "length" | "context" | "error"
     error: str = ""
     created: float = 0.0
     sampling: dict | None = None  # assistant: the knobs that produced this reply
@@ -96,8 +96,8 @@ class Chat:
             lines += ["## System", "", self.system_prompt, ""]
         for m in self.messages:
             note = "" if m.status == "done" else f" ({m.status})"
-            if m.status == "length" and m.grammar:
-                note = " (length, structured reply incomplete)"
+            if m.status in ("length", "context") and m.grammar:
+                note = f" ({m.status}, structured reply incomplete)"
             lines += [f"## {m.role.capitalize()}{note}", "", m.content, ""]
         return "\n".join(lines)
 

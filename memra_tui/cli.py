@@ -203,7 +203,10 @@ def stream(job, show_stats: bool, grammar=None, spec: SpecConfig | None = None) 
                 sys.stdout.flush()
                 if event.reason == "error":
                     raise MemraError(event.error)
-                if grammar is not None and event.reason == "length":
+                if event.reason == "context":
+                    say(f"{PROG}: the context is full ({stats.n_ctx_used if stats else '?'} tokens): the reply "
+                        "was cut there (a larger --ctx, or a new chat)")
+                if grammar is not None and event.reason in ("length", "context"):
                     say(f"{PROG}: the structured reply ({grammar.label}) is incomplete: it was cut by "
                         "--max-tokens or the context")
                 if show_stats and stats is not None:

@@ -406,3 +406,11 @@ def test_flags_that_fit_the_mode_say_nothing(scripted_load, monkeypatch, capsys)
     assert cli.main(["--resume", "--ctx", "2048"]) == 0
     assert cli.main(["--prompt", "hi", "--raw", "--temperature", "0", "--stats"]) == 0
     assert "note:" not in capsys.readouterr().err
+
+
+def test_a_reply_cut_by_a_full_context_says_so(tiny_llama_path):
+    """Issue 17: the reply that hit the context limit says "context full", not max tokens."""
+    run = memra_chat(str(tiny_llama_path), "--backend", "cpu", "--ctx", "24", "--prompt", "hi", "--max-tokens", "500",
+                     "--temperature", "0", "--stats")
+    assert run.returncode == 0, run.stderr
+    assert "the context is full (24 tokens)" in run.stderr and "[context]" in run.stderr

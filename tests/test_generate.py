@@ -90,11 +90,13 @@ def test_max_tokens_gives_length_with_exactly_that_many_tokens():
     assert len(result.token_ids) == 7
 
 
-def test_full_context_gives_length():
+def test_full_context_says_context_not_length():
+    """Issue 17: the reply that hit the context limit says so, not "max tokens"."""
     backend = ScriptedBackend(n_ctx=20, script=ids_of("z" * 40))
     with fake_engine(backend) as eng:
         result = run(eng, "0123456789", SamplingParams(temperature=0.0, max_tokens=100))  # 11 with BOS
-    assert result.done.reason == "length"
+        assert run(eng, "0123456789", SamplingParams(temperature=0.0, max_tokens=10)).done.reason == "length"
+    assert result.done.reason == "context"
     assert 11 + len(result.token_ids) == 21  # 9 decoded to fill the cache, plus the last sampled token
     assert backend.n_past == 20
 
@@ -104,7 +106,7 @@ def test_prompt_longer_than_context_is_an_error_event():
     with fake_engine(backend) as eng:
         result = run(eng, "x" * 40)
         assert result.done == DoneEvent("error", "prompt is 41 tokens but the context is 32 (use --ctx)")
-        assert run(eng, "short").done.reason in ("eos", "length")  # the engine still works
+        assert run(eng, "short").done.reason in ("eos", "length", "context")  # the engine still works
 
 
 def test_invalid_sampling_is_an_error_event_not_an_exception():

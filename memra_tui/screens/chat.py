@@ -41,7 +41,8 @@ from memra_tui.widgets.key_footer import KeyFooter
 
 log = logging.getLogger("memra_tui")
 
-DONE_STATUS = {"eos": "done", "stop": "done", "length": "length", "cancelled": "stopped", "error": "error"}
+DONE_STATUS = {"eos": "done", "stop": "done", "length": "length", "context": "context", "cancelled": "stopped",
+               "error": "error"}
 CODE_BLOCK_RE = re.compile(r"```[^\n]*\n(.*?)```", re.S)
 
 
@@ -293,7 +294,7 @@ class ChatScreen(Screen):
                                                   grammar=self._reply_grammar_dict(), spec=self._spec_dict()))
         else:  # nothing came back: keep the error on screen, but do not save an empty reply
             self.notify(f"reply failed: {done.error}", severity="error", timeout=8)
-        if self._last_stats is not None and status in ("done", "length", "stopped") and self._last_stats.n_generated:
+        if self._last_stats is not None and status in ("done", "length", "context", "stopped") and self._last_stats.n_generated:
             self.decode_history.append(self._last_stats.decode_tok_s)
             self.query_one(EnginePanes).history = list(self.decode_history)
         self._job = self._buffer = self._reply_view = None

@@ -27,6 +27,7 @@ STATUS_TEXT = {
     "streaming": "▍ generating…",
     "stopped": "■ stopped",
     "length": "… cut at max tokens",
+    "context": "… context full: cut here (a larger --ctx, or a new chat)",
     "error": "✗ error",
 }
 CHUNK_CHARS = 800  # the streamed chunk is split once it is twice this long
@@ -143,7 +144,7 @@ class MessageView(Vertical):
         text = STATUS_TEXT.get(self._status, self._status)
         if self._status == "error" and self._error:
             text = f"{text}: {self._error}"
-        if self._status == "length" and self.structured:
+        if self._status in ("length", "context") and self.structured:
             text = f"{text} · structured reply incomplete"
         label.update(text)
         label.set_class(bool(text), "-shown")

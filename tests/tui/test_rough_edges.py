@@ -315,3 +315,11 @@ def test_wrap_and_ellipsize_break_only_between_words():
     assert ellipsize("fits", 4).plain == "fits"
     assert ellipsize("T 0.7 · top-k 40 · top-p 0.95", 16).plain == "T 0.7 · top-k…"
     assert ellipsize("T 0.7 · top-k 40 · seed 1234", 26, breaks="·", words=False).plain == "T 0.7 · top-k 40…"
+
+
+def test_the_status_line_says_context_full():
+    from memra_tui.screens.chat import DONE_STATUS
+    from memra_tui.widgets.message_view import STATUS_TEXT
+
+    assert DONE_STATUS["context"] == "context" and DONE_STATUS["length"] == "length"
+    assert STATUS_TEXT["context"].startswith("… context full") and "max tokens" in STATUS_TEXT["length"]
