@@ -11,13 +11,13 @@ of 8 values. numpy references for all of it are in memra_engine.gpu.quant_ref.
 """
 from __future__ import annotations
 
-import os
 
 from dataclasses import dataclass
 
 import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as QT
 
+from memra_engine import switches
 from memra_engine.errors import ModelFormatError, UnsupportedModelError
 
 MATVEC_WARPS = 4          # MV_WARPS in matvec.cu
@@ -207,9 +207,9 @@ def batched_variant(w: GpuWeight) -> tuple[int, int]:
     columns outweighs the weight's (docs/gpu-notes.md, "Speculative decoding"). Each row's sums
     do not depend on R: rows stay bit-identical to decode's.
     MEMRA_BATCHED_R=2|4 forces R (A/B runs; one row per warp, R1, was slower on every shape)."""
-    forced = os.environ.get("MEMRA_BATCHED_R")
+    forced = switches.batched_rows()
     if forced:
-        return (int(forced), 1)
+        return (forced, 1)
     # H200, verify of 8 rows against a decode step: SmolLM2 shape (K = 576) R1 2.47x, R2 2.29x,
     # R4 2.39x; Llama-8B shape (K = 4096) R1 5.68x, R2 3.47x, R4 2.81x
     return (4, 1) if w.cols >= 2048 else (2, 1)

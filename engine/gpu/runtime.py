@@ -6,11 +6,11 @@ cuModuleGetFunction fails inside a capture region; `kernel()` refuses lookups wh
 """
 from __future__ import annotations
 
-import os
 from typing import Sequence
 
 import numpy as np
 
+from memra_engine import switches
 from memra_engine.errors import DeviceError
 from memra_engine.gpu import build
 from memra_engine.gpu.pdl import PdlKernels
@@ -55,9 +55,9 @@ class GpuRuntime:
                 self._modules[family] = cuda.module_from_buffer(fatbins[family])
             self.built_sm90 = built_sm90 = build.has_sm90_features(self.arch)
             # Programmatic dependent launch inside captured graphs (MEMRA_PDL=0 turns it off).
-            self.use_pdl = built_sm90 and os.environ.get("MEMRA_PDL", "1") != "0"
+            self.use_pdl = built_sm90 and switches.pdl()
             # Attention splits merged inside thread-block clusters: sm_90+ (MEMRA_ATTN_CLUSTER=0 turns it off).
-            self.cluster_attention = built_sm90 and os.environ.get("MEMRA_ATTN_CLUSTER", "1") != "0"
+            self.cluster_attention = built_sm90 and switches.attn_cluster()
             # cuLaunchKernelEx: PDL in graphs, and every launch of a kernel with a 16-block cluster
             self.pdl = PdlKernels(fatbins) if built_sm90 else None
         except Exception:

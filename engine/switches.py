@@ -1,0 +1,22 @@
+"""Every MEMRA_* environment switch the engine reads, in one place. They exist for A/B runs and
+debugging on the GPU; the defaults are what users get. The README's "Switches" table lists
+these and the ones scripts/ and tests/ read."""
+from __future__ import annotations
+
+import os
+
+
+def pdl() -> bool:
+    """MEMRA_PDL=0: captured graphs launch without programmatic dependent launch (sm_90+)."""
+    return os.environ.get("MEMRA_PDL", "1") != "0"
+
+
+def attn_cluster() -> bool:
+    """MEMRA_ATTN_CLUSTER=0: decode attention takes the split path instead of clusters (sm_90+)."""
+    return os.environ.get("MEMRA_ATTN_CLUSTER", "1") != "0"
+
+
+def batched_rows() -> int | None:
+    """MEMRA_BATCHED_R=2|4: rows per warp of the batched (verify) matvec; None: chosen per shape."""
+    forced = os.environ.get("MEMRA_BATCHED_R")
+    return int(forced) if forced else None
