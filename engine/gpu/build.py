@@ -192,10 +192,13 @@ def build_all(archs: Sequence[str] | None = None, progress: Progress = None, cac
     """Build every family in parallel (one nvcc process each). Failures are returned, not raised."""
     families = kernel_families()
     jobs = jobs or max(1, min(len(families), os.cpu_count() or 1))
+    # Each nvcc call also compiles its archs on `jobs` threads: with one call per family the
+    # longest families (matvec.cu, attention.cu) otherwise ran on one core at the end (CI's
+    # two-core kernel-build test: 5:52 -> 4:28).
 
     def one(family: str) -> bytes | DeviceError:
         try:
-            return build_fatbin(family, archs, progress, cache_dir)
+            return build_fatbin(family, archs, progress, cache_dir, threads=jobs)
         except DeviceError as err:
             return err
 
