@@ -90,7 +90,10 @@ class WrappedText(Static):
         return len(wrap_words(self.text, width))
 
     def render(self) -> Text:
-        return Text("\n".join(wrap_words(self.text, self.content_size.width)), no_wrap=True, overflow="crop")
+        width = self.content_size.width
+        if width <= 0:  # not laid out yet: wrapping at width 1 would stack the text a letter a line
+            return Text(self.text, no_wrap=True, overflow="crop")
+        return Text("\n".join(wrap_words(self.text, width)), no_wrap=True, overflow="crop")
 
 
 class OneLine(Static):

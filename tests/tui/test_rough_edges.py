@@ -323,3 +323,13 @@ def test_the_status_line_says_context_full():
 
     assert DONE_STATUS["context"] == "context" and DONE_STATUS["length"] == "length"
     assert STATUS_TEXT["context"].startswith("… context full") and "max tokens" in STATUS_TEXT["length"]
+
+
+def test_wrapped_text_before_layout_is_the_whole_text():
+    """Before its first layout a WrappedText has width 0: it renders its text whole, not one letter
+    per line (CI queried the load error screen's text in that moment)."""
+    from memra_tui.widgets.fit_text import WrappedText
+
+    w = WrappedText("bad.gguf: not a GGUF file")
+    assert w.content_size.width == 0
+    assert str(w.render()) == "bad.gguf: not a GGUF file"
