@@ -25,7 +25,6 @@ import numpy as np
 from memra_engine.errors import DeviceOutOfMemory
 
 DECAY = 0.95
-MIN_SLOTS_PER_TOP_K = 1
 MAX_COPIES_IN_FLIGHT = 64  # admissions wait while this many copies are queued on the copy stream
 
 
@@ -106,9 +105,9 @@ class ExpertPolicy:
 
 def slots_for_budget(budget: int, n_layer: int, n_expert: int, top_k: int, slot_bytes: int) -> int:
     """Slots per layer that `budget` bytes hold (at most every expert); DeviceOutOfMemory when
-    fewer than the floor of MIN_SLOTS_PER_TOP_K x top_k."""
+    fewer than top_k (one token's experts)."""
     n = min(n_expert, budget // (n_layer * slot_bytes))
-    floor = min(n_expert, MIN_SLOTS_PER_TOP_K * top_k)
+    floor = top_k  # config_from_gguf keeps top_k <= n_expert
     if n < floor:
         need = floor * n_layer * slot_bytes
         raise DeviceOutOfMemory(

@@ -54,7 +54,6 @@ class GpuWeights:
         self.fused = arch_module(cfg.arch).FUSED
         self.shapes = arch_module(cfg.arch).tensor_shapes(cfg)
         self.experts_resident = experts_resident
-        self.stacks: list[ExpertStack] = []  # every expert stack, in upload order
 
     # ---- planning ----------------------------------------------------------------------------
     def _entries(self):
@@ -98,11 +97,9 @@ class GpuWeights:
         """Upload everything (dry: placeholders at address 0, for sizing the scratch arena)."""
         self.layers = [SimpleNamespace() for _ in range(self.cfg.n_layer)]
         self.rope_freqs = None
-        self.stacks = []
         for kind, name, layer, group in self._entries():
             if kind == "experts":
                 value = self._experts(rt, pool, group, f"blk.{layer}.{name}", dry)
-                self.stacks.append(value)
             elif kind == "vector":
                 host = np.concatenate([dequantize(p).reshape(-1).astype(np.float32) for p in group])
                 if dry:
