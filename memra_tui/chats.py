@@ -1,7 +1,9 @@
 """Chats on disk: one JSON file per chat under <data_dir>/chats, written atomically.
 
 Serialization is deterministic (sorted keys, fixed indent), so a chat that is loaded and saved
-again without changes is the same bytes. A file that does not parse is reported and left alone.
+again without changes is the same bytes. A file that does not parse, or holds the wrong types, is
+reported in one line and moved aside to <name>.corrupt-<UTC time> (its bytes as they were), so it
+is neither listed again nor ever overwritten. A file from a newer memra is skipped and left alone.
 """
 from __future__ import annotations
 
@@ -13,6 +15,37 @@ from pathlib import Path
 from memra_tui.settings import atomic_write_text
 
 FORMAT_VERSION = 1
+
+
+class ChatFileError(ValueError):
+    """The file is not a chat this version can read; the message is one line."""
+
+
+def _text(data: dict, key: str, default: str = "") -> str:
+    value = data.get(key, default)
+    if not isinstance(value, str):
+        raise ChatFileError(f"{key} is a {type(value).__name__}, not text")
+    return value
+
+
+LAST_TIME = 253_402_300_800.0  # 10000-01-01 UTC: later times (and NaN) break time.gmtime in the chat list
+
+
+def _number(data: dict, key: str) -> float:
+    """A timestamp: seconds since 1970, one the chat list can show."""
+    value = data.get(key, 0.0)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ChatFileError(f"{key} is a {type(value).__name__}, not a number")
+    if not 0.0 <= value < LAST_TIME:
+        raise ChatFileError(f"{key} is {value!r}, not a time")
+    return float(value)
+
+
+def _record(data: dict, key: str) -> dict | None:
+    value = data.get(key)
+    if value is not None and not isinstance(value, dict):
+        raise ChatFileError(f"{key} is a {type(value).__name__}, not an object")
+    return value
 
 
 @dataclass
@@ -28,17 +61,19 @@ class ChatMessage:
 
     @classmethod
     def from_dict(cls, d: dict) -> "ChatMessage":
+        if not isinstance(d, dict):
+            raise ChatFileError(f"a message is a {type(d).__name__}, not an object")
         if d.get("role") not in ("user", "assistant") or not isinstance(d.get("content"), str):
-            raise ValueError("message needs role user/assistant and string content")
+            raise ChatFileError("message needs role user/assistant and string content")
         return cls(
             role=d["role"],
             content=d["content"],
-            status=str(d.get("status", "done")),
-            error=str(d.get("error", "")),
-            created=float(d.get("created", 0.0)),
-            sampling=d.get("sampling"),
-            grammar=d.get("grammar"),
-            spec=d.get("spec"),
+            status=_text(d, "status", "done"),
+            error=_text(d, "error"),
+            created=_number(d, "created"),
+            sampling=_record(d, "sampling"),
+            grammar=_record(d, "grammar"),
+            spec=_record(d, "spec"),
         )
 
 
@@ -73,20 +108,32 @@ class Chat:
 
     @classmethod
     def from_json(cls, text: str) -> "Chat":
-        data = json.loads(text)
+        """The chat in `text`; ChatFileError (a ValueError) with one line when it is not one:
+        JSON that does not parse, another version, or a field of the wrong type."""
+        try:
+            data = json.loads(text)
+        except RecursionError:
+            raise ChatFileError("JSON nested too deeply") from None
+        except ValueError as e:
+            raise ChatFileError(f"not valid JSON ({e})") from None
         if not isinstance(data, dict) or data.get("version") != FORMAT_VERSION:
-            raise ValueError("not a memra chat (missing or unknown version)")
+            raise ChatFileError("not a memra chat (missing or unknown version)")
+        messages = data.get("messages", [])
+        if not isinstance(messages, list):
+            raise ChatFileError(f"messages is a {type(messages).__name__}, not a list")
+        if not isinstance(data.get("id"), str) or not data["id"]:
+            raise ChatFileError("id is missing or not text")
         return cls(
-            id=str(data["id"]),
-            title=str(data.get("title", "")),
-            model_path=str(data.get("model_path", "")),
-            system_prompt=str(data.get("system_prompt", "")),
-            sampling=dict(data.get("sampling") or {}),
-            grammar=data.get("grammar"),
-            spec=data.get("spec"),
-            messages=[ChatMessage.from_dict(m) for m in data.get("messages", [])],
-            created=float(data.get("created", 0.0)),
-            updated=float(data.get("updated", 0.0)),
+            id=data["id"],
+            title=_text(data, "title"),
+            model_path=_text(data, "model_path"),
+            system_prompt=_text(data, "system_prompt"),
+            sampling=_record(data, "sampling") or {},
+            grammar=_record(data, "grammar"),
+            spec=_record(data, "spec"),
+            messages=[ChatMessage.from_dict(m) for m in messages],
+            created=_number(data, "created"),
+            updated=_number(data, "updated"),
         )
 
     def to_markdown(self) -> str:
@@ -100,6 +147,15 @@ class Chat:
                 note = f" ({m.status}, structured reply incomplete)"
             lines += [f"## {m.role.capitalize()}{note}", "", m.content, ""]
         return "\n".join(lines)
+
+
+def is_newer_format(raw: bytes) -> bool:
+    """A chat file whose version is a later one than this memra reads (not corrupt: left alone)."""
+    try:
+        version = json.loads(raw).get("version")
+    except (ValueError, AttributeError, RecursionError):
+        return False
+    return isinstance(version, int) and not isinstance(version, bool) and version > FORMAT_VERSION
 
 
 def title_from(text: str, limit: int = 48) -> str:
@@ -135,15 +191,27 @@ class ChatStore:
         return Chat.from_json(self.path_of(chat_id).read_text(encoding="utf-8"))
 
     def list(self) -> tuple[list[Chat], list[str]]:
-        """All readable chats, newest first, and one line per file that could not be read."""
+        """All readable chats, newest first, and one line per file that could not be read. A corrupt
+        file is moved aside (set_aside), so the next list does not report it again."""
         chats, problems = [], []
         if not self.dir.is_dir():
             return chats, problems
         for path in sorted(self.dir.glob("*.json")):
             try:
-                chat = Chat.from_json(path.read_text(encoding="utf-8"))
-            except (OSError, ValueError, KeyError, TypeError) as e:
-                problems.append(f"skipped corrupt chat file {path.name}: {str(e).splitlines()[0][:80]}")
+                raw = path.read_bytes()
+            except OSError as e:
+                problems.append(f"skipped chat file {path.name}: could not read it ({e.strerror or e})")
+                continue
+            try:
+                chat = Chat.from_json(raw.decode("utf-8"))
+            except UnicodeDecodeError:
+                problems.append(self.set_aside(path, "not UTF-8 text"))
+                continue
+            except ChatFileError as e:
+                if is_newer_format(raw):
+                    problems.append(f"skipped chat file {path.name}: written by a newer memra; left as it is")
+                else:
+                    problems.append(self.set_aside(path, str(e)))
                 continue
             if chat.id != path.stem:
                 problems.append(f"skipped chat file {path.name}: its id says {chat.id!r}")
@@ -151,6 +219,21 @@ class ChatStore:
             chats.append(chat)
         chats.sort(key=lambda c: (c.updated, c.id), reverse=True)
         return chats, problems
+
+    def set_aside(self, path: Path, reason: str) -> str:
+        """Rename a corrupt chat file to <name>.corrupt-<UTC time> (never over another file) and
+        return the one line that says so."""
+        reason = " ".join(reason.split())[:80]
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(self.clock()))
+        aside, n = path.with_name(f"{path.name}.corrupt-{stamp}"), 1
+        while aside.exists():
+            n += 1
+            aside = path.with_name(f"{path.name}.corrupt-{stamp}-{n}")
+        try:
+            path.rename(aside)
+        except OSError as e:
+            return f"skipped corrupt chat file {path.name}: {reason}; could not move it aside ({e.strerror or e})"
+        return f"skipped corrupt chat file {path.name}: {reason}; kept aside as {aside.name}"
 
     def latest(self) -> tuple[Chat | None, list[str]]:
         chats, problems = self.list()

@@ -1,4 +1,4 @@
-"""Saved chats: byte-for-byte across restarts, corrupt files skipped and left alone, the chat list,
+"""Saved chats: byte-for-byte across restarts, corrupt files reported and kept aside, the chat list,
 and the store itself (atomic writes, deterministic JSON)."""
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ async def test_a_chat_survives_a_restart_byte_for_byte(make_app, paths):
     assert files[0].read_bytes() == before  # opening and quitting does not rewrite it
 
 
-async def test_a_corrupt_chat_file_is_skipped_with_a_notice_and_left_alone(make_app, paths):
+async def test_a_corrupt_chat_file_is_skipped_with_a_notice_and_kept_aside(make_app, paths):
     store = ChatStore(paths.chats_dir, paths.exports_dir, FixedClock())
     good = store.new_chat("m.gguf", {})
     good.messages = [ChatMessage("user", "kept"), ChatMessage("assistant", "yes")]
@@ -58,17 +58,100 @@ async def test_a_corrupt_chat_file_is_skipped_with_a_notice_and_left_alone(make_
         await wait_ready(pilot)
         assert app.screen.chat.id == good.id
         notices = [n.message for n in app._notifications]
-        assert any("skipped corrupt chat file 29991231-235959.json" in n for n in notices)
+        assert any("skipped corrupt chat file 29991231-235959.json" in n
+                   and "kept aside as 29991231-235959.json.corrupt-30000101-0000" in n for n in notices)
         assert any("skipped corrupt chat file 29991231-235958.json" in n for n in notices)
+        assert all("\n" not in n for n in notices)
         await pilot.press("ctrl+n")
         await send(pilot, "a new chat after the corrupt ones")
         await pilot.press("f4")
         await pilot.pause()
         assert isinstance(app.screen, ChatListScreen)
         assert len(app.screen.chats) == 2  # the two good ones, not the corrupt ones
-    assert corrupt.read_bytes() == corrupt_bytes
-    assert truncated.read_bytes() == b""
-    assert len(list(paths.chats_dir.glob("*.json"))) == 4
+        # kept aside: the chat list does not report them again
+        assert len([n for n in app._notifications if "29991231-235959.json" in n.message]) == 1
+    assert not corrupt.exists() and not truncated.exists()
+    [aside] = paths.chats_dir.glob("29991231-235959.json.corrupt-30000101-0000*")
+    assert aside.read_bytes() == corrupt_bytes
+    [aside] = paths.chats_dir.glob("29991231-235958.json.corrupt-30000101-0000*")
+    assert aside.read_bytes() == b""
+    assert len(list(paths.chats_dir.glob("*.json"))) == 2
+    assert len(list(paths.chats_dir.glob("*.corrupt-*"))) == 2
+
+
+WRONG_TYPES = {
+    "messages is text": '{"version": 1, "id": "ID", "messages": "hello"}',
+    "a message is a number": '{"version": 1, "id": "ID", "messages": [7]}',
+    "sampling is text": '{"version": 1, "id": "ID", "sampling": "hot"}',
+    "created is text": '{"version": 1, "id": "ID", "created": "yesterday"}',
+    "updated is NaN": '{"version": 1, "id": "ID", "updated": NaN}',
+    "updated past year 9999": '{"version": 1, "id": "ID", "updated": 1e300}',
+    "title is a list": '{"version": 1, "id": "ID", "title": ["a"]}',
+    "id is a number": '{"version": 1, "id": 5}',
+    "message status is a list": '{"version": 1, "id": "ID", "messages": [{"role": "user", "content": "x", "status": []}]}',
+    "message grammar is text": '{"version": 1, "id": "ID", "messages": [{"role": "assistant", "content": "x", "grammar": "json"}]}',
+    "the whole file is a list": '[1, 2]',
+    "nested too deeply": "[" * 100_000,
+    "truncated": '{"version": 1, "id": "ID", "mess',
+}
+
+
+@pytest.mark.parametrize("case", list(WRONG_TYPES))
+def test_a_chat_file_with_wrong_types_is_reported_in_one_line_and_kept_aside(paths, case):
+    store = ChatStore(paths.chats_dir, paths.exports_dir, FixedClock())
+    paths.chats_dir.mkdir(parents=True)
+    bad = paths.chats_dir / "ID.json"
+    bad.write_text(WRONG_TYPES[case].replace("ID", "20200101-000000"))
+    before = bad.read_bytes()
+    chats, problems = store.list()
+    assert chats == [] and len(problems) == 1 and "\n" not in problems[0], problems
+    assert problems[0].startswith("skipped corrupt chat file ID.json: ") and "kept aside as ID.json.corrupt-" in problems[0]
+    assert not bad.exists()
+    [aside] = paths.chats_dir.glob("ID.json.corrupt-*")
+    assert aside.read_bytes() == before
+    assert store.list() == ([], [])  # reported once
+
+
+def test_a_set_aside_file_is_never_overwritten_and_a_newer_format_is_left_alone(paths):
+    clock = FixedClock()
+    store = ChatStore(paths.chats_dir, paths.exports_dir, clock)
+    paths.chats_dir.mkdir(parents=True)
+    taken = store.new_chat("m.gguf", {}).id  # the name the next new chat would take
+    (paths.chats_dir / f"{taken}.json").write_bytes(b"\xff\xfe not utf-8")
+    newer = paths.chats_dir / "20200101-000000.json"
+    newer.write_text('{"version": 2, "id": "20200101-000000", "whatever": []}')
+    store.clock = FixedClock(clock.start)  # a new chat now would take `taken` again
+    _, problems = store.list()
+    assert any("not UTF-8" in p and "kept aside" in p for p in problems)
+    assert any("written by a newer memra; left as it is" in p for p in problems)
+    assert newer.exists()
+    chat = store.new_chat("m.gguf", {})
+    store.save(chat)
+    [aside] = paths.chats_dir.glob("*.corrupt-*")
+    assert aside.read_bytes() == b"\xff\xfe not utf-8"
+    # a second corrupt file of the same name in the same second goes beside the first, not over it
+    (paths.chats_dir / f"{taken}.json").write_bytes(b"{")
+    store.clock = lambda: clock.start
+    store.set_aside(paths.chats_dir / f"{taken}.json", "x")
+    store.clock = lambda: clock.start
+    (paths.chats_dir / f"{taken}.json").write_bytes(b"[")
+    store.set_aside(paths.chats_dir / f"{taken}.json", "x")
+    assert len(list(paths.chats_dir.glob("*.corrupt-*"))) == 3
+
+
+async def test_resume_with_only_a_chat_of_wrong_types_opens_a_new_chat(make_app, paths):
+    paths.chats_dir.mkdir(parents=True)
+    bad = paths.chats_dir / "20200101-000000.json"
+    bad.write_text('{"version": 1, "id": "20200101-000000", "messages": "hello"}')
+    app = make_app(Script(tokens_per_s=3000), resume=True)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_ready(pilot)
+        notices = [n.message for n in app._notifications]
+        assert any("skipped corrupt chat file 20200101-000000.json: messages is a str, not a list; kept aside" in n
+                   for n in notices), notices
+        assert app.screen.chat.messages == []
+        await send(pilot, "still works")
+    assert len(list(paths.chats_dir.glob("*.corrupt-*"))) == 1
 
 
 async def test_chat_list_opens_renames_exports_and_deletes(make_app, paths):
