@@ -9,7 +9,7 @@
 // Batched (C columns, for speculative verify) reads each weight unit once for all C columns, R
 // rows per warp (2 or 4) sharing each column's activation loads.
 // Per column, the order of every float operation is that of the one-column kernel (same units
-// per lane, same tree), so verify gives bit-identical rows to decode (DESIGN.md §5 rule 3).
+// per lane, same tree), so verify gives bit-identical rows to decode (docs/design.md §5 rule 3).
 //
 // q8_1 activation buffer, per token t at t*stride (stride = q8_1_stride(K), see quant_ops.py):
 //   int8 qs[Kq] | int8 qs2[Kq] | float4 ds[Kq/32] = (d1, sum, d2, 0)  (Kq = K rounded up to 32;

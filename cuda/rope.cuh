@@ -1,6 +1,6 @@
 // The rotation of one rope pair, shared by rope.cu's kernels and the fused qkv matvec
 // (matvec.cu): one definition, so both give the same bits (decode fuses it, verify and prefill
-// do not, and DESIGN.md §5 rule 3 wants their rows identical). The products are spelled out
+// do not, and docs/design.md §5 rule 3 wants their rows identical). The products are spelled out
 // (__fmul_rn / __fmaf_rn) so no contraction choice is left to the compiler in either context.
 // angle = p * base^(-2i/hd) / freq_factors[i] (freq_factors may be null), p = pos * pos_scale.
 #pragma once

@@ -1,4 +1,4 @@
-"""The Backend protocol: what the generation loop calls, on the cpu and the gpu alike (DESIGN.md §4).
+"""The Backend protocol: what the generation loop calls, on the cpu and the gpu alike (docs/design.md §4.1).
 
 A backend owns the weights and the KV cache of one sequence. `n_past` counts the tokens in the
 cache; prefill/decode/verify append at n_past, truncate rolls it back. Logits are float32 numpy

@@ -1,4 +1,4 @@
-"""Plain data that crosses the seam between the engine and the UI (DESIGN.md §3)."""
+"""Plain data that crosses the seam between the engine and the UI (docs/design.md §3.2)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace

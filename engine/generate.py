@@ -1,4 +1,4 @@
-"""The generation loop and the engine API the UI and CLI use (DESIGN.md §3).
+"""The generation loop and the engine API the UI and CLI use (docs/design.md §3).
 
 One Engine owns one background thread. That thread opens the model, creates the backend (a CUDA
 context belongs to the thread that made it) and runs jobs one after another. chat()/complete()
@@ -555,7 +555,7 @@ class Generation:
 
     def decode_loop(self, prompt: list[int], constraint: GrammarConstraint | None) -> None:
         """Feed a token, get the next ones from the step strategy (engine/steps.py), stream them.
-        A fixed seed repeats a reply on the same backend (DESIGN.md §5 rule 6), not across backends."""
+        A fixed seed repeats a reply on the same backend (docs/design.md §5 rule 6), not across backends."""
         model, backend, params = self.model, self.model.backend, self.sampling
         tokenizer = model.tokenizer
         eos_ids = set(tokenizer.eos_ids)

@@ -16,7 +16,7 @@ engine/steps.py; this module holds the parts that do not touch a backend's sampl
   ordinary sampler (engine/sampling.py, or the device sampler per verify row) does that walk.
 - SpecCounters: drafted / accepted / rounds and acceptance by draft position, for EngineStats.
 
-Exactness (DESIGN.md §5): p and q are final distributions after the grammar mask, penalties,
+Exactness (docs/design.md §5 rules 4 and 5): p and q are final distributions after the grammar mask, penalties,
 filters and temperature, with the same knobs; the penalties of row i see the history plus the
 drafts before i, which are exactly the accepted tokens whenever row i is used.
 """
@@ -32,7 +32,7 @@ from memra_engine.model.gguf_file import GGUFFile
 SPEC_MODES = ("off", "lookup", "draft")
 MAX_DRAFT = 15          # a verify pass is at most 16 rows: the GPU's batched matvec bound (rows
                         # beyond it take the prefill GEMM, whose rows are not bit-identical to decode)
-DEFAULT_DRAFT_MAX = 8   # docs/gpu-notes.md, "Speculative decoding": the measured best on the H200
+DEFAULT_DRAFT_MAX = 8   # docs/gpu-log.md, "Speculative decoding": the measured best on the H200
 DEFAULT_DRAFT_MIN = 1
 LOOKUP_NGRAM_MAX = 3    # prompt lookup matches the last 3 tokens, then the last 2; a lone token
 LOOKUP_NGRAM_MIN = 2    # matches often and is mostly wrong, and a rejected round costs more than a step

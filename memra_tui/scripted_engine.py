@@ -1,4 +1,4 @@
-"""A stand-in for memra_engine.generate.Engine that follows the seam (DESIGN.md §3) exactly.
+"""A stand-in for memra_engine.generate.Engine that follows the seam (docs/design.md §3) exactly.
 
 It plays scripted replies at a set token rate from its own background thread, with fake but
 deterministic stats (decode/prefill speed, VRAM pool or process memory, an optional MoE expert

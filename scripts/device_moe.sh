@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The MoE checks and benchmark on the device (issue 15): the GPU MoE tests, then memra-bench on the
-# Qwen3-MoE shape of DESIGN.md §7 (Q4_K_M) all resident and with MEMRA_MOE_SHARE of the experts' bytes
+# Qwen3-MoE shape of docs/design.md §7 (Q4_K_M) all resident and with MEMRA_MOE_SHARE of the experts' bytes
 # in VRAM (default 0.25). Run after scripts/device_run.sh has installed to /tmp/site (MEMRA_BENCH=0).
 set -uo pipefail
 cd "$(dirname "$0")/.."

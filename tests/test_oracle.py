@@ -132,7 +132,7 @@ def model(request):
 
 
 def test_real_model_configs(smollm2_path, gemma3_path):
-    """The figures DESIGN.md §6 gives for the two real models, read from their metadata."""
+    """The figures docs/design.md §6 gives for the two real models, read from their metadata."""
     from memra_engine.model.config import config_from_gguf
 
     s = config_from_gguf(open_gguf(smollm2_path))

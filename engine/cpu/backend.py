@@ -77,7 +77,7 @@ class CpuBackend:
 
     def verify(self, tokens: Sequence[int]) -> np.ndarray:
         # One decode per row: the rows are then bit-identical to plain decoding, which greedy
-        # speculative decoding needs (DESIGN.md §5.3). A batched pass would round differently.
+        # speculative decoding needs (docs/design.md §5 rule 3). A batched pass would round differently.
         self.check_tokens(tokens)
         return np.stack([self.decode(t) for t in tokens])
 

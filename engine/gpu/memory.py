@@ -2,7 +2,7 @@
 allocator. Every device allocation of the engine goes through here, so the stats are complete
 and an allocation that does not fit fails with a message naming the region sizes.
 
-Regions (DESIGN.md §4): weights, kv, scratch, graph. Sizes are bytes. A region may be reset
+Regions (docs/design.md §4.4): weights, kv, scratch, graph, and experts (the expert cache). Sizes are bytes. A region may be reset
 (scratch between shapes); individual frees are not needed by a bump allocator whose buffers
 live as long as the model.
 """

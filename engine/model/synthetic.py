@@ -1,6 +1,6 @@
 """Write random-weight GGUF models of any supported architecture, shape and quant type.
 
-Tests use the tiny presets; GPU benchmarks use the DESIGN.md §7 shapes (smollm2-135m, gemma3-270m,
+Tests use the tiny presets; GPU benchmarks use the docs/design.md §7 shapes (smollm2-135m, gemma3-270m,
 llama-8b, qwen3-moe). Files use llama.cpp's tensor names and metadata keys, and carry a small
 byte-level BPE tokenizer with ChatML specials (or one copied from a real model), so they run end
 to end in the engine and in llama.cpp.
@@ -127,7 +127,7 @@ def _tiny(arch: str, **kw: Any) -> SyntheticSpec:
 
 
 PRESETS: dict[str, SyntheticSpec] = {
-    # DESIGN.md §7 shapes.
+    # docs/design.md §7 shapes.
     "smollm2-135m": SyntheticSpec(
         "llama", n_layer=30, d_model=576, n_head=9, n_kv_head=3, head_dim=64, d_ff=1536, vocab=49152,
         ctx=8192, quant="Q4_1", embed_type="Q8_0", tied=True, rope_base=100000.0, name="smollm2-135m"),
