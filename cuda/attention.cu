@@ -443,12 +443,12 @@ __device__ void attn_rows(const float* __restrict__ q, int q_ld, const void* __r
 
 // ---- hd64 with an f16 cache: QK and PV on tensor cores ---------------------------------------
 // attn_rows' issue time grows with the keys x heads a block computes in scalar FMAs (a 64-key
-// step ~1 us however its rows are spread over threads, docs/gpu-notes.md round 6); mma.sync
+// step ~1 us however its rows are spread over threads, docs/gpu-log.md round 6); mma.sync
 // m16n8k16 (f16 in, f32 accumulate) does QK and PV in a tenth of the instructions. Same chunk,
 // prologue and output as attn_rows; blocks of 8 warps, so a loop trip takes 128 keys (two chunks):
 // each warp takes 16 of them (two 8-key n-tiles) with its own online softmax, and the warps merge
 // once at the end. The next trip's loads are issued before this trip's math, and the first trip's
-// before the PDL wait where its rows allow. Measured against this (docs/gpu-notes.md rounds 7, 8):
+// before the PDL wait where its rows allow. Measured against this (docs/gpu-log.md rounds 7, 8):
 // 10 warps, a split staged in shared memory by cp.async, two register sets taking turns, and
 // 32 keys a warp per trip without the next-trip loads were all slower in the decode graph.
 // The MMA's rows 0-7 are the block's heads (G <= 8) with q's (and p's) f16 hi halves, rows 8-15 the

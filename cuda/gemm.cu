@@ -119,7 +119,7 @@ __device__ __forceinline__ void gemm_tile(const uint8_t* __restrict__ wq, const 
     }
 }
 
-// Two tile shapes; bench_kernels.py times both (docs/gpu-notes.md has the numbers):
+// Two tile shapes; bench_kernels.py times both (docs/gpu-log.md has the numbers):
 //   gemm_<type>:  64 tokens x  64 rows, 4 warps of 32x32 (34.8 KB shared)
 //   gemm2_<type>: 128 tokens x 128 rows, 8 warps of 64x32 (69.6 KB shared, needs the opt-in)
 typedef GemmTile<64, 64, 2, 2> Tile1;

@@ -11,7 +11,7 @@
 // runs (all of them with top_k off, the best top_k with it on) and finds each cut with
 // block-wide scans and counts, no serial loop. The GPU is therefore exact while no block holds
 // more than local_k (128 up to a 256k vocabulary) of the kept tokens; a wider nucleus is cut to
-// the candidates. See docs/gpu-notes.md, "Sampler, round 3".
+// the candidates. See docs/gpu-engine.md, "The sampler".
 #include "common.cuh"
 
 struct SampleParams {      // mirrored by engine/gpu/sampler.py PARAMS_DTYPE

@@ -3,7 +3,7 @@ declared in cuda/*.cu, with the right number and kinds of arguments and legal la
 
 A recording runtime stands in for GpuRuntime (as in the backend's dry run), so an argument-list
 or kernel-name mismatch between engine/gpu/*.py and cuda/*.cu fails here in CI, not on the device.
-Also checks the kernel count per decode step that docs/gpu-notes.md states (10 per llama layer).
+Also checks the kernel count per decode step that docs/gpu-engine.md states (8 per llama layer, 9 with a merge launch).
 """
 from __future__ import annotations
 

@@ -240,7 +240,7 @@ class GpuOps:
         and the per-forward q8_1 cache. prefill_splits: attn_splits(bucket, hd, cluster=False), the
         grid of a forward of more than BATCHED_MATVEC_MAX tokens, which takes the split path even
         where clusters are on: its rows (GEMM prefill) never have to equal decode rows bit for bit,
-        and a 16-block cluster per row made prefill 2x slower (docs/gpu-notes.md round 7)."""
+        and a 16-block cluster per row made prefill 2x slower (docs/gpu-log.md round 7)."""
         self.arena.reset()
         self._xq.clear()
         self._attn_parts.clear()

@@ -181,7 +181,7 @@ def _columns_variant(n: int) -> int:
 
 def matvec_variant(w: GpuWeight, fused: bool = False) -> tuple[int, int]:
     """(rows per warp, units per lane step) for one-token decode, picked from bench_kernels.py and
-    bench_decode_matvecs.py on the H200 (docs/gpu-notes.md). Every warp reads the whole activation
+    bench_decode_matvecs.py on the H200 (docs/gpu-log.md). Every warp reads the whole activation
     row, so with the two-term q8_1 (2.5x the bytes of one term) tall matrices want two rows per warp
     (Q4_1 3072x576: 1.92 -> 1.51 µs); rows of K <= 1024 one unit per step; long rows more loads in
     flight (u2; Q8_0 u4 only past K = 4096: at 576x1536 u4 took 1.95 µs, u2 1.60); the K-quants,
@@ -204,7 +204,7 @@ def matvec_variant(w: GpuWeight, fused: bool = False) -> tuple[int, int]:
 def batched_variant(w: GpuWeight) -> tuple[int, int]:
     """(rows per warp, units per step) for 2-16 columns. A warp loads each column's activation
     unit once for its R rows, so R rows per warp divide the activation traffic, which at 8
-    columns outweighs the weight's (docs/gpu-notes.md, "Speculative decoding"). Each row's sums
+    columns outweighs the weight's (docs/gpu-log.md, "Speculative decoding"). Each row's sums
     do not depend on R: rows stay bit-identical to decode's.
     MEMRA_BATCHED_R=2|4 forces R (A/B runs; one row per warp, R1, was slower on every shape)."""
     forced = switches.batched_rows()
@@ -221,7 +221,7 @@ def matvec(rt, w: GpuWeight, x_ptr: int, xq_ptr: int | None, y_ptr: int, n_token
 
     Quant weights read xq, written by quantize_q8_1 over the same n_tokens; xq_ptr=None instead
     quantizes x inside the matvec (one launch instead of two, the same bytes, so the same y: worth
-    it for small K, see docs/gpu-notes.md). Float weights read x. Up to 16 tokens share one pass
+    it for small K, see docs/gpu-log.md). Float weights read x. Up to 16 tokens share one pass
     over the weight; each column's arithmetic is the one-token kernel's, so results are
     bit-identical to n_tokens=1 whatever the variant."""
     lay = w.layout
@@ -271,7 +271,7 @@ GEMM_TILES = {"gemm": (64, 64, 128, 34816), "gemm2": (128, 128, 256, 69632)}
 
 def gemm_variant(w: GpuWeight, n_tokens: int) -> str:
     """The tile shape for a prefill chunk: the 128x128 tile wins once there are enough tiles to
-    keep two blocks per SM busy (bench_kernels.py times both; docs/gpu-notes.md)."""
+    keep two blocks per SM busy (bench_kernels.py times both; docs/gpu-log.md)."""
     return "gemm2" if n_tokens >= 256 and w.rows >= 4096 else "gemm"
 
 

@@ -10,7 +10,7 @@ Filtered draws (any of top_k / top_p / min_p on): stage 1 leaves each 4096-token
 local_k logits sorted; sample_finish merges those runs (all of them with top_k off, the best
 top_k with it on) and cuts top_p / min_p / the draw with block-wide scans. Exact against
 engine/sampling.py as long as no block holds more than local_k of the kept tokens; a wider
-nucleus is cut to the candidates (docs/gpu-notes.md, "Sampler, round 3").
+nucleus is cut to the candidates (docs/gpu-engine.md, "The sampler").
 """
 from __future__ import annotations
 

@@ -228,9 +228,9 @@ def test_real_vocab_same_seed_same_tokens(gpu, big_sampler):
 
 
 def test_a_nucleus_wider_than_the_candidates_keeps_the_candidates(gpu):
-    """The bound in docs/gpu-notes.md: each 4096-token block gives its best local_k candidates; a
-    nucleus with more than that in one block (N(0, 3^2) logits, top_p 0.95: ~23k tokens of 262k)
-    is cut to the candidates, drawn from by their softmax."""
+    """The bound in docs/gpu-engine.md, "The sampler": each 4096-token block gives its best
+    local_k candidates; a nucleus with more than that in one block (N(0, 3^2) logits, top_p 0.95:
+    ~23k tokens of 262k) is cut to the candidates, drawn from by their softmax."""
     vocab = 262144
     sampler = GpuSampler(gpu.rt, _GraphPoolView(gpu.pool), vocab)
     logits = (np.random.default_rng(0).standard_normal(vocab) * 3).astype(np.float32)
