@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import sys
 import time
 from pathlib import Path
@@ -33,6 +34,9 @@ from memra_tui.settings import AppPaths, load_sampling_defaults, save_sampling_d
 from memra_tui.widgets.composer import Composer
 
 log = logging.getLogger("memra_tui")
+
+# SIGTERM (kill, a logout, systemd) and SIGHUP (the terminal closed): save the chat, then exit 128 + signal
+EXIT_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 EngineLoader = Callable[..., object]  # Engine.load's signature: (path, backend=, n_ctx=, draft=, progress=, kv_type=, moe_vram=) -> Engine
 
@@ -95,7 +99,19 @@ class MemraApp(App[int]):
     def on_mount(self) -> None:
         if self._settings_note:
             self.notify(self._settings_note, severity="warning", timeout=8)
+        if not self.is_headless:  # a terminal that can close under us; tests call exit_on_signal themselves
+            loop = asyncio.get_running_loop()
+            for signum in EXIT_SIGNALS:
+                loop.add_signal_handler(signum, self.exit_on_signal, signum)
         self.load_model(self.model)
+
+    def exit_on_signal(self, signum: int) -> None:
+        """SIGTERM or SIGHUP: save the reply in flight, marked interrupted, and exit 128 + signum."""
+        log.info("%s: saving the chat and exiting", signal.Signals(signum).name)
+        for screen in self.screen_stack:
+            if isinstance(screen, ChatScreen):
+                screen.abandon_reply("interrupted")
+        self.exit(128 + signum)
 
     def load_model(self, model: str | None) -> None:
         screen = LoadingScreen(model or "the default model (SmolLM2-135M-Instruct Q4_1)")
@@ -158,11 +174,11 @@ class MemraApp(App[int]):
         grammar = self.initial_grammar.to_dict() if self.initial_grammar is not None else None
         return self.store.new_chat(str(model_path), self.sampling.to_dict(), grammar)
 
-    def save_chat(self, chat: Chat) -> None:
+    def save_chat(self, chat: Chat, touch: bool = True) -> None:
         chat.sampling = self.sampling.to_dict()
         chat.spec = self.spec.to_dict() if self.spec.enabled else None
         try:
-            self.store.save(chat)
+            self.store.save(chat, touch)
         except OSError as e:
             self.notify(f"could not save the chat: {e}", severity="error", timeout=10)
 

@@ -52,7 +52,9 @@ def _record(data: dict, key: str) -> dict | None:
 class ChatMessage:
     role: str  # "user" | "assistant"
     content: str
-    status: str = "done"  # assistant: "done" | "stopped" | "length" | "context" | "error"
+    # assistant: "done" | "stopped" | "length" | "context" | "error" | "interrupted" (the app was
+    # killed or its terminal closed mid-reply: the text is what had arrived)
+    status: str = "done"
     error: str = ""
     created: float = 0.0
     sampling: dict | None = None  # assistant: the knobs that produced this reply

@@ -2,7 +2,9 @@
 
 A reply runs in a thread worker that iterates the engine's Job and fills a ReplyBuffer; this
 screen moves buffered text into the streaming message (at most FLUSH_HZ times a second) and stats
-into the panes (at most STATS_HZ times a second).
+into the panes (at most STATS_HZ times a second). While it streams, the chat file is written again
+every CHECKPOINT_S with the reply so far marked "interrupted", so a kill -9 or a power cut loses at
+most that much of it; the reply's end writes its real status over it.
 """
 from __future__ import annotations
 
@@ -44,6 +46,7 @@ log = logging.getLogger("memra_tui")
 DONE_STATUS = {"eos": "done", "stop": "done", "length": "length", "context": "context", "cancelled": "stopped",
                "error": "error"}
 CODE_BLOCK_RE = re.compile(r"```[^\n]*\n(.*?)```", re.S)
+CHECKPOINT_S = 1.0  # how often the reply in flight is saved, marked "interrupted"
 
 
 def describe_knobs(p: SamplingParams, spec: SpecConfig | None = None) -> str:
@@ -123,6 +126,9 @@ class ChatScreen(Screen):
         self._last_flush = 0.0
         self._flush_timer: Timer | None = None  # a pending one-shot flush, while throttled
         self._context_epoch = 0  # bumped by a reply or another chat: a token count begun before is stale
+        self._checkpoint_timer: Timer | None = None
+        self._checkpointed = ""  # the reply text the last checkpoint saved
+        self._reply_created: float | None = None  # the clock's time of the reply's first checkpoint
 
     # -- layout --------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -216,6 +222,8 @@ class ChatScreen(Screen):
         self._job = engine.chat(self.chat.engine_messages(), sampling=self.sampling, grammar=self._reply_grammar,
                                 spec=self.spec)
         self.streaming = True
+        self._checkpointed, self._reply_created = "", None
+        self._checkpoint_timer = self.set_interval(CHECKPOINT_S, self._checkpoint_reply)
         self._stream_job(self._job, self._buffer)
 
     @work(thread=True, group="reply", exit_on_error=False)
@@ -277,10 +285,35 @@ class ChatScreen(Screen):
             self._stats_unshown = False
             self._last_stats_shown = time.perf_counter()
 
+    def _reply_message(self, text: str, status: str, error: str = "") -> ChatMessage:
+        """The reply as the chat keeps it, with the knobs, grammar and spec that produced it."""
+        created = self._reply_created if self._reply_created is not None else self.app.clock()
+        return ChatMessage("assistant", text, status=status, error=error, created=created,
+                           sampling=self.sampling.to_dict(), grammar=self._reply_grammar_dict(), spec=self._spec_dict())
+
+    def _checkpoint_reply(self) -> None:
+        """Save the chat with the reply so far, marked interrupted: what a kill leaves on disk."""
+        if self._buffer is None:
+            return
+        text = self._buffer.text
+        if not text or text == self._checkpointed:
+            return
+        if self._reply_created is None:
+            self._reply_created = self.app.clock()
+        self._checkpointed = text
+        self.app.save_chat(replace(self.chat, messages=[*self.chat.messages, self._reply_message(text, "interrupted")]),
+                           touch=False)
+
+    def _stop_checkpoints(self) -> None:
+        if self._checkpoint_timer is not None:
+            self._checkpoint_timer.stop()
+            self._checkpoint_timer = None
+
     @on(ReplyFinished)
     async def _reply_finished(self, event: ReplyFinished) -> None:
         if event.job is not self._job:
             return
+        self._stop_checkpoints()
         if self._flush_timer is not None:
             self._flush_timer.stop()
             self._flush_timer = None
@@ -289,9 +322,7 @@ class ChatScreen(Screen):
         status = DONE_STATUS.get(done.reason, "error")
         await view.end_stream(status, done.error)
         if view.text or status != "error":
-            self.chat.messages.append(ChatMessage("assistant", view.text, status=status, error=done.error,
-                                                  created=self.app.clock(), sampling=self.sampling.to_dict(),
-                                                  grammar=self._reply_grammar_dict(), spec=self._spec_dict()))
+            self.chat.messages.append(self._reply_message(view.text, status, done.error))
         else:  # nothing came back: keep the error on screen, but do not save an empty reply
             self.notify(f"reply failed: {done.error}", severity="error", timeout=8)
         if self._last_stats is not None and status in ("done", "length", "context", "stopped") and self._last_stats.n_generated:
@@ -307,14 +338,14 @@ class ChatScreen(Screen):
     def _spec_dict(self) -> dict | None:
         return self.spec.to_dict() if self.spec.enabled else None
 
-    def abandon_reply(self) -> None:
-        """On quit: cancel the reply in flight and save what arrived, marked stopped."""
+    def abandon_reply(self, status: str = "stopped") -> None:
+        """On quit ("stopped") or a signal ("interrupted"): cancel the reply in flight and save what
+        arrived, marked with status."""
         if self._job is None:
             return
         self._job.cancel()
-        self.chat.messages.append(ChatMessage("assistant", self._buffer.text, status="stopped",
-                                              created=self.app.clock(), sampling=self.sampling.to_dict(),
-                                              grammar=self._reply_grammar_dict(), spec=self._spec_dict()))
+        self._stop_checkpoints()
+        self.chat.messages.append(self._reply_message(self._buffer.text, status))
         self._job = None
         self.streaming = False
         self.app.save_chat(self.chat)

@@ -26,6 +26,7 @@ STATUS_TEXT = {
     "done": "",
     "streaming": "▍ generating…",
     "stopped": "■ stopped",
+    "interrupted": "■ interrupted: memra was closed while this reply streamed",
     "length": "… cut at max tokens",
     "context": "… context full: cut here (a larger --ctx, or a new chat)",
     "error": "✗ error",
