@@ -4,16 +4,18 @@ from memra_engine.errors import (
     DeviceError,
     DeviceOutOfMemory,
     GrammarError,
+    HostOutOfMemory,
     MemraError,
     ModelFetchError,
     ModelFormatError,
+    OutOfMemory,
     TemplateError,
     UnsupportedModelError,
 )
 from memra_engine.events import DoneEvent, EngineInfo, EngineStats, MoeStats, StatsEvent, TokenEvent, VramStats
 
 __all__ = [
-    "ContextOverflowError", "DeviceError", "DeviceOutOfMemory", "GrammarError", "MemraError",
-    "ModelFetchError", "ModelFormatError", "TemplateError", "UnsupportedModelError",
+    "ContextOverflowError", "DeviceError", "DeviceOutOfMemory", "GrammarError", "HostOutOfMemory", "MemraError",
+    "ModelFetchError", "ModelFormatError", "OutOfMemory", "TemplateError", "UnsupportedModelError",
     "DoneEvent", "EngineInfo", "EngineStats", "MoeStats", "StatsEvent", "TokenEvent", "VramStats",
 ]

@@ -28,8 +28,17 @@ class DeviceError(MemraError):
     """No usable GPU, kernels missing, or a CUDA failure."""
 
 
-class DeviceOutOfMemory(DeviceError):
+class OutOfMemory(MemraError):
+    """An allocation did not fit: in VRAM (DeviceOutOfMemory) or in host memory (HostOutOfMemory).
+    The UI offers a smaller context for either."""
+
+
+class DeviceOutOfMemory(DeviceError, OutOfMemory):
     """An allocation did not fit in the VRAM pool."""
+
+
+class HostOutOfMemory(OutOfMemory):
+    """A host allocation failed (numpy raised MemoryError): the CPU backend's weights or KV cache."""
 
 
 class GrammarError(MemraError):

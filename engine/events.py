@@ -116,7 +116,14 @@ class StatsEvent:
     stats: EngineStats
 
 
+ERROR_KINDS = ("out_of_memory", "prompt_too_long")  # the errors the UI offers a way out of
+
+
 @dataclass(frozen=True)
 class DoneEvent:
     reason: str  # "eos" | "stop" | "length" (max tokens) | "context" (context full) | "cancelled" | "error"
     error: str = ""  # one-line message when reason == "error"
+    # with reason "error": "out_of_memory" (a smaller context may fit), "prompt_too_long" (the
+    # conversation outgrew the context: old turns could go), "" for any other. A label for the UI
+    # to act on, derived from the error: two events with the same message are equal whatever it is.
+    error_kind: str = field(default="", compare=False)

@@ -11,6 +11,10 @@ Choices this module makes, so callers know what to expect:
   DoneEvent("error", "prompt is N tokens but the context is C (use --ctx)"). Old turns are never
   dropped silently; the UI decides what to cut. Generation stops with "length" when max_tokens
   are out, and with "context" when the context is full first.
+- Out of memory (the VRAM pool, the CPU backend's memory check, or numpy's MemoryError) is an
+  OutOfMemory error with one line that names the way out (a smaller --ctx): Engine.load raises it,
+  and in a reply it ends the job with DoneEvent("error", ..., error_kind="out_of_memory"), forgets
+  the cache and leaves the engine usable. A prompt that does not fit has error_kind "prompt_too_long".
 - A model without a chat template runs in completion mode: chat() joins the message contents with
   blank lines and continues that text; Engine.info.has_chat_template is False so the UI/CLI say so.
 - Stop strings are matched on the decoded text, also across token boundaries: text that might be
@@ -43,7 +47,7 @@ import numpy as np
 
 from memra_engine.backend import common_prefix_len
 from memra_engine.backend_select import choose_backend, create_backend
-from memra_engine.errors import ContextOverflowError, GrammarError, MemraError
+from memra_engine.errors import ContextOverflowError, GrammarError, HostOutOfMemory, MemraError, OutOfMemory
 from memra_engine.events import DoneEvent, EngineInfo, EngineStats, StatsEvent, TokenEvent
 from memra_engine.grammar import Grammar, GrammarConstraint, GrammarTokenizer
 from memra_engine.kv_type import DEFAULT_KV_TYPE, check_kv_type
@@ -57,6 +61,13 @@ Progress = Callable[[str], None]
 Event = TokenEvent | StatsEvent | DoneEvent
 
 STATS_INTERVAL_S = 0.25
+OOM_HINT = "try a smaller --ctx or a smaller model"
+
+
+def host_out_of_memory(err: MemoryError, doing: str) -> HostOutOfMemory:
+    """numpy's MemoryError as the one-line error a user can act on."""
+    detail = " ".join(str(err).split())[:120]
+    return HostOutOfMemory(f"out of host memory {doing}" + (f" ({detail})" if detail else "") + f"; {OOM_HINT}")
 
 
 # ---------------------------------------------------------------------------------------- jobs
@@ -419,6 +430,9 @@ class Engine:
             # the MoE pane starts from the load-time totals (replies then report their own share)
             self._publish(EngineStats(n_ctx=model.backend.n_ctx, vram=model.backend.memory_stats(),
                                       moe=model.backend.moe_stats()))
+        except MemoryError as err:
+            ready.put(host_out_of_memory(err, "while loading the model"))
+            return
         except BaseException as err:  # handed to load(), which raises it on the caller's thread
             ready.put(err)
             return
@@ -454,6 +468,15 @@ class Engine:
             Generation(model, job, self._publish).run()
         except GrammarError as err:  # the cache holds exactly what was fed: keep it
             job._put(DoneEvent("error", str(err)))
+        except ContextOverflowError as err:  # refused before any change to the cache
+            self._forget_cache(model)
+            job._put(DoneEvent("error", str(err), error_kind="prompt_too_long"))
+        except OutOfMemory as err:
+            self._forget_cache(model)
+            job._put(DoneEvent("error", str(err), error_kind="out_of_memory"))
+        except MemoryError as err:  # numpy on the CPU backend, or a host buffer of the GPU one
+            self._forget_cache(model)
+            job._put(DoneEvent("error", str(host_out_of_memory(err, "during the reply")), error_kind="out_of_memory"))
         except MemraError as err:
             self._forget_cache(model)
             job._put(DoneEvent("error", str(err)))

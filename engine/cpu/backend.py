@@ -12,7 +12,7 @@ from memra_engine.backend import check_tokens
 from memra_engine.cpu.kv_cache import KvCache
 from memra_engine.cpu.ops import CpuOps
 from memra_engine.cpu.weights import DEFAULT_BUDGET_BYTES, CpuWeights
-from memra_engine.errors import ContextOverflowError
+from memra_engine.errors import ContextOverflowError, HostOutOfMemory
 from memra_engine.events import MoeStats, VramStats
 from memra_engine.kv_type import DEFAULT_KV_TYPE, check_kv_type
 from memra_engine.model import arch_module
@@ -45,9 +45,9 @@ class CpuBackend:
         kv_bytes = KvCache.bytes_needed(cfg.n_layer, cfg.n_kv_head, n_ctx, cfg.head_dim)
         available = psutil.virtual_memory().available
         if kv_bytes > available:
-            raise ContextOverflowError(
+            raise HostOutOfMemory(
                 f"a {n_ctx}-token context needs {kv_bytes / 2**30:.1f} GiB of KV cache but only "
-                f"{available / 2**30:.1f} GiB of memory is free; use a smaller context"
+                f"{available / 2**30:.1f} GiB of memory is free; try a smaller --ctx"
             )
         self.n_ctx = n_ctx
         self.n_past = 0
