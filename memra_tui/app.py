@@ -19,7 +19,7 @@ from textual.app import App
 from textual.binding import Binding
 from textual.message import Message
 
-from memra_engine.errors import MemraError
+from memra_engine.errors import MemraError, OutOfMemory
 from memra_engine.grammar import Grammar
 from memra_engine.sampling import SamplingParams
 from memra_engine.speculative import SpecConfig
@@ -27,6 +27,7 @@ from memra_tui.chats import Chat, ChatStore
 from memra_tui.commands import MemraCommands
 from memra_tui.screens.chat import ChatScreen, usable_spec
 from memra_tui.screens.chat_list import ChatListScreen
+from memra_tui.screens.context_size import smaller_context
 from memra_tui.screens.help import HelpScreen
 from memra_tui.screens.load_error import LoadErrorScreen
 from memra_tui.screens.loading import LoadingScreen
@@ -55,10 +56,11 @@ class EngineLoaded(Message):
 
 
 class LoadFailed(Message):
-    def __init__(self, error: str, model: str) -> None:
+    def __init__(self, error: str, model: str, out_of_memory: bool = False) -> None:
         super().__init__()
         self.error = error
         self.model = model
+        self.out_of_memory = out_of_memory
 
 
 class MemraApp(App[int]):
@@ -92,6 +94,7 @@ class MemraApp(App[int]):
         self.sampling, settings_note = load_sampling_defaults(paths)
         self._settings_note = settings_note
         self.engine = None
+        self._reopen_chat: Chat | None = None  # the chat to show again once a reload is done
         self._engine_closing = False
         self._crash_line = ""
 
@@ -113,7 +116,10 @@ class MemraApp(App[int]):
                 screen.abandon_reply("interrupted")
         self.exit(128 + signum)
 
-    def load_model(self, model: str | None) -> None:
+    def load_model(self, model: str | None, n_ctx: int | None = None) -> None:
+        """Load model (None: the default one), with n_ctx tokens of context if given."""
+        if n_ctx is not None:
+            self.n_ctx = n_ctx
         screen = LoadingScreen(model or "the default model (SmolLM2-135M-Instruct Q4_1)")
         if len(self.screen_stack) > 1:
             self.switch_screen(screen)
@@ -130,7 +136,8 @@ class MemraApp(App[int]):
                                       progress=lambda text: self.post_message(LoadProgress(text)))
         except MemraError as e:
             log.info("load failed: %s", e)
-            self.post_message(LoadFailed(str(e).splitlines()[0] if str(e) else type(e).__name__, shown))
+            self.post_message(LoadFailed(str(e).splitlines()[0] if str(e) else type(e).__name__, shown,
+                                         out_of_memory=isinstance(e, OutOfMemory)))
             return
         except Exception as e:  # a bug: full traceback to the log, one line on screen
             log.exception("load crashed")
@@ -145,8 +152,21 @@ class MemraApp(App[int]):
             self.screen.add_step(message.text)
 
     def on_load_failed(self, message: LoadFailed) -> None:
+        offered_ctx = smaller_context(self.n_ctx) if message.out_of_memory else None
         self.switch_screen(LoadErrorScreen(message.error, "" if message.model == "default model" else message.model,
-                                           self.picker_root))
+                                           self.picker_root, offered_ctx))
+
+    async def reload_engine(self, n_ctx: int) -> None:
+        """Load the same model again with n_ctx tokens of context (say, after running out of
+        memory) and reopen the chat that was open. The old engine goes first, and its memory with it."""
+        for screen in self.screen_stack:
+            if isinstance(screen, ChatScreen):
+                screen.abandon_reply()
+                self._reopen_chat = screen.chat
+        engine, self.engine = self.engine, None
+        if engine is not None:
+            await asyncio.to_thread(engine.close)
+        self.load_model(self.model or None, n_ctx)
 
     def on_engine_loaded(self, message: EngineLoaded) -> None:
         if self._engine_closing:
@@ -154,8 +174,8 @@ class MemraApp(App[int]):
             return
         self.engine = message.engine
         self.model = message.model or self.model
-        chat = None
-        if self.resume:
+        chat, self._reopen_chat = self._reopen_chat, None
+        if chat is None and self.resume:
             chat, problems = self.store.latest()
             for line in problems:
                 self.notify(line, severity="warning", timeout=10)

@@ -15,6 +15,7 @@ COMMANDS = [
     ("Chats", "open, rename, delete or export saved chats", "screen.chats"),
     ("Knobs", "edit sampling parameters and speculative decoding", "screen.knobs"),
     ("Grammar", "constrain replies: JSON, a JSON schema, a regex, Lark or GBNF", "screen.grammar"),
+    ("Context size", "load the model again with another context size; the chat stays open", "screen.context_size"),
     ("Toggle panes", "show or hide the engine and knobs panes", "screen.toggle_panes"),
     ("Copy reply", "copy the last reply to the clipboard", "screen.copy_reply"),
     ("Copy code block", "copy the last code block of the last reply", "screen.copy_code"),

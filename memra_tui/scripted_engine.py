@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterator
 
-from memra_engine.errors import MemraError, ModelFormatError
+from memra_engine.errors import DeviceOutOfMemory, MemraError, ModelFormatError
 from memra_engine.events import DoneEvent, EngineInfo, EngineStats, MoeStats, StatsEvent, TokenEvent, VramStats
 from memra_engine.sampling import SamplingParams
 from memra_engine.speculative import DraftLength, SpecConfig, SpecCounters
@@ -66,6 +66,10 @@ class Script:
     fail_drafts: dict[str, str] = field(default_factory=dict)  # draft path -> MemraError message (say, another vocabulary)
     load_delay_s: float = 0.0
     chat_template: bool = True  # False: a model without one (completion mode)
+    # faults: loading with a context above oom_above_ctx runs out of VRAM (the KV cache does not
+    # fit); with one above reply_oom_above_ctx, every reply runs out after 3 tokens (the scratch)
+    oom_above_ctx: int | None = None
+    reply_oom_above_ctx: int | None = None
 
 
 class ScriptedJob:
@@ -193,6 +197,11 @@ class ScriptedEngine:
                 time.sleep(script.load_delay_s / 3)
             if shown in script.fail_paths:
                 raise ModelFormatError(script.fail_paths[shown])
+            if script.oom_above_ctx is not None and n_ctx > script.oom_above_ctx:
+                raise DeviceOutOfMemory(
+                    f"cannot reserve {n_ctx // 8} MiB for the kv region (weights 4258.0 MiB, kv {n_ctx // 8}.0 MiB; "
+                    f"device free {script.oom_above_ctx // 8 + 100}.0 MiB of 8192.0 MiB); try a smaller --ctx, "
+                    "--kv-type q8_0, or a smaller model")
             if draft is not None and str(draft) in script.fail_drafts:
                 raise MemraError(script.fail_drafts[str(draft)])
             return cls(script, shown, n_ctx, kv_type, str(draft) if draft is not None else None, moe_vram)
@@ -254,7 +263,8 @@ class ScriptedEngine:
             return self._finish(job, DoneEvent("error", "spec mode draft: no draft model loaded (use --draft)"))
         n_prompt = self._prompt_tokens(job)
         if n_prompt >= self.info.n_ctx:
-            return self._finish(job, DoneEvent("error", f"prompt of {n_prompt} tokens does not fit in n_ctx={self.info.n_ctx}"))
+            return self._finish(job, DoneEvent("error", f"prompt of {n_prompt} tokens does not fit in n_ctx={self.info.n_ctx}",
+                                               error_kind="prompt_too_long"))
         tokens = split_tokens(self.script.replies[job.index % len(self.script.replies)])
         if self.script.n_tokens is not None:
             tokens = [tokens[i % len(tokens)] for i in range(self.script.n_tokens)]
@@ -278,6 +288,10 @@ class ScriptedEngine:
                 time.sleep(min(wait, 0.005))
             if job._cancelled.is_set():
                 return self._finish(job, DoneEvent("cancelled"), n_prompt, i, rate)
+            if i == 3 and self.script.reply_oom_above_ctx is not None and self.info.n_ctx > self.script.reply_oom_above_ctx:
+                return self._finish(job, DoneEvent(
+                    "error", "scratch region full: attention needs 96.0 MiB, 12.0 MiB of 96.0 MiB left; try a smaller "
+                    "--ctx, --kv-type q8_0, or a smaller model", error_kind="out_of_memory"))
             if job.spec_rounds.tokens_left == 0:  # a round is over: a new spec applies from here
                 if job._spec_update is not None:
                     spec, job._spec_update = job._spec_update, None

@@ -29,6 +29,7 @@ from memra_engine.sampling import SamplingParams
 from memra_engine.speculative import SpecConfig
 from memra_tui.chats import Chat, ChatMessage, title_from
 from memra_tui.screens.chat_list import ChatListScreen
+from memra_tui.screens.context_size import ContextSizeScreen, smaller_context
 from memra_tui.screens.text_prompt import TextPromptScreen
 from memra_tui.streaming import FLUSH_HZ, STATS_HZ, ReplyBuffer, ReplyFinished, ReplyProgress
 from memra_tui.widgets.composer import Composer
@@ -331,6 +332,8 @@ class ChatScreen(Screen):
         self._job = self._buffer = self._reply_view = None
         self.streaming = False
         self.app.save_chat(self.chat)
+        if done.error_kind == "out_of_memory":
+            self._ask_context_size(smaller_context(self.info.n_ctx), f"Out of memory: {done.error}")
 
     def _reply_grammar_dict(self) -> dict | None:
         return self._reply_grammar.to_dict() if self._reply_grammar is not None else None
@@ -411,6 +414,18 @@ class ChatScreen(Screen):
         self.query_one(Composer).focus()
         self._show_grammar_note()
         self._count_context()
+
+    def action_context_size(self) -> None:
+        if not self._refuse_while_streaming():
+            self._ask_context_size(self.info.n_ctx)
+
+    def _ask_context_size(self, offered: int, note: str = "") -> None:
+        """Offer to load the model again with another context; the app reopens this chat after."""
+        def chosen(n_ctx: int | None) -> None:
+            if n_ctx is not None:
+                self.app.call_later(self.app.reload_engine, n_ctx)
+
+        self.app.push_screen(ContextSizeScreen(offered, note), chosen)
 
     def action_toggle_panes(self) -> None:
         shown = self.panes_shown if self.panes_shown is not None else self.has_class("-wide")
