@@ -23,6 +23,7 @@ from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tok
 from tokenizers import Tokenizer as HFTokenizer
 
 from memra_engine.errors import ModelFormatError, UnsupportedModelError
+from memra_engine.pretokenizers import PreTokenizer, pre_tokenizer_for
 
 log = logging.getLogger(__name__)
 
@@ -35,32 +36,6 @@ END_OF_GENERATION_TEXTS = frozenset({
     "<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|eom_id|>", "<|endoftext|>", "<|end|>",
     "<|end_of_text|>", "<EOT>", "_<EOT>", "<end_of_utterance>",
 })
-
-# --- pre-tokenizer split regexes, as llama.cpp's llm_tokenizer_bpe applies them in sequence ---------
-_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
-_LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-           r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-          r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_TEKKEN = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
-           r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
-           r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_GPT4O = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
-          r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
-          r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_DEFAULT_SPLITS = (r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", r"[0-9][0-9][0-9]")
-
-PRE_TOKENIZER_SPLITS: dict[str, tuple[str, ...]] = {
-    "default": _DEFAULT_SPLITS,
-    **dict.fromkeys(("gpt-2", "phi-2", "mpt", "olmo", "jais", "roberta-bpe", "gigachat", "mellum"), (_GPT2,)),
-    **dict.fromkeys(("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b"),
-                    (r"\p{N}", _GPT2)),
-    **dict.fromkeys(("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "dbrx",
-                     "smaug-bpe", "lfm2", "midm-2.0"), (_LLAMA3,)),
-    **dict.fromkeys(("qwen2", "qwen2.5", "deepseek-r1-qwen", "stablelm2", "hunyuan", "megrez"), (_QWEN2,)),
-    "tekken": (_TEKKEN,),
-    **dict.fromkeys(("gpt-4o", "llama4"), (_GPT4O,)),
-}
 
 _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
@@ -82,9 +57,10 @@ def bytes_to_unicode() -> dict[int, str]:
 class Vocabulary:
     """What the GGUF says about its tokenizer, checked, in python values."""
 
-    kind: str                       # tokenizer.ggml.model: "gpt2" or "llama"
-    pre: str                        # tokenizer.ggml.pre
+    kind: str                       # tokenizer.ggml.model: "gpt2", "llama" or "gemma4"
+    pre: str                        # tokenizer.ggml.pre ("gemma4" for a gemma4 vocabulary, as llama.cpp sets)
     architecture: str
+    name: str                       # general.name, lower case (llama.cpp keys Phi-3's token attributes on it)
     tokens: list[str]
     token_types: list[int]
     scores: list[float] | None
@@ -103,17 +79,26 @@ class Vocabulary:
 
     @property
     def prepends_space(self) -> bool:
-        """Llama-style SentencePiece: one ▁ goes in front of the text, and decoding strips it again."""
-        return self.kind == "llama" and self.add_space_prefix and not self.is_gemma
+        """Llama-style SentencePiece: ▁ goes in front of the text and of the text after each special
+        token, and decoding strips it again from the very start."""
+        return self.kind == "llama" and self.add_space_prefix
+
+    @property
+    def is_byte_level(self) -> bool:
+        return self.kind != "llama" and self.pre_tokenizer.byte_level
+
+    @property
+    def pre_tokenizer(self) -> PreTokenizer:
+        return pre_tokenizer_for(self.pre)
 
     @classmethod
     def from_metadata(cls, md: Mapping[str, Any], source: str) -> Vocabulary:
         kind = md.get("tokenizer.ggml.model")
         if kind is None:
             raise ModelFormatError(f"{source}: no tokenizer in the file (tokenizer.ggml.model missing)")
-        if kind not in ("gpt2", "llama"):
+        if kind not in ("gpt2", "llama", "gemma4"):
             raise UnsupportedModelError(
-                f"{source}: tokenizer type {kind!r} is not supported (supported: gpt2, llama)")
+                f"{source}: tokenizer type {kind!r} is not supported (supported: gpt2, llama, gemma4)")
         tokens = md.get("tokenizer.ggml.tokens")
         if not isinstance(tokens, list) or not tokens or not all(isinstance(t, str) for t in tokens):
             raise ModelFormatError(f"{source}: tokenizer.ggml.tokens missing or not a list of strings")
@@ -124,8 +109,8 @@ class Vocabulary:
         for key, values in (("token_type", token_types), ("scores", scores)):
             if values is not None and len(values) != n:
                 raise ModelFormatError(f"{source}: tokenizer.ggml.{key} has {len(values)} entries for {n} tokens")
-        if kind == "gpt2" and not merges:
-            raise ModelFormatError(f"{source}: byte-level BPE vocabulary without tokenizer.ggml.merges")
+        if kind != "llama" and not merges:
+            raise ModelFormatError(f"{source}: BPE vocabulary without tokenizer.ggml.merges")
 
         def token_id(key: str) -> int | None:
             value = md.get(f"tokenizer.ggml.{key}")
@@ -135,43 +120,57 @@ class Vocabulary:
                 raise ModelFormatError(f"{source}: tokenizer.ggml.{key}={value!r} is not a token id below {n}")
             return value
 
-        # llama.cpp adds BOS to a SentencePiece vocabulary that does not say otherwise.
-        add_bos = md.get("tokenizer.ggml.add_bos_token", kind == "llama")
+        # A gemma4 vocabulary always uses the gemma4 pre-tokenizer, whatever the file says.
+        pre = "gemma4" if kind == "gemma4" else str(md.get("tokenizer.ggml.pre", "default"))
+        # llama.cpp's default for add_bos: on for SentencePiece and for the pre-tokenizers that set it
+        # (Llama 3, Tekken, ...); the file's own key wins, except that Gemma 4 always starts with BOS.
+        default_bos = kind == "llama" or bool(pre_tokenizer_for(pre).add_bos)
+        add_bos = bool(md.get("tokenizer.ggml.add_bos_token", default_bos)) or pre == "gemma4"
         return cls(
-            kind=kind, pre=str(md.get("tokenizer.ggml.pre", "default")),
-            architecture=str(md.get("general.architecture", "")),
+            kind=kind, pre=pre, architecture=str(md.get("general.architecture", "")),
+            name=str(md.get("general.name", "")).lower(),
             tokens=tokens, token_types=[int(t) for t in token_types],
             scores=None if scores is None else [float(s) for s in scores], merges=merges,
             bos_id=token_id("bos_token_id"), eos_id=token_id("eos_token_id"), eot_id=token_id("eot_token_id"),
             eom_id=token_id("eom_token_id"), unk_id=token_id("unknown_token_id"),
-            add_bos=bool(add_bos), add_space_prefix=bool(md.get("tokenizer.ggml.add_space_prefix", True)),
+            add_bos=add_bos, add_space_prefix=bool(md.get("tokenizer.ggml.add_space_prefix", kind == "llama")),
         )
 
 
 # --- building the HF tokenizer ------------------------------------------------------------------
 
-def _pre_tokenizer_splits(pre: str) -> tuple[str, ...]:
-    splits = PRE_TOKENIZER_SPLITS.get(pre)
-    if splits is None:
-        log.warning("tokenizer.ggml.pre=%r is not known; splitting text with llama.cpp's default regexes", pre)
-        splits = PRE_TOKENIZER_SPLITS["default"]
-    return splits
+def _merge_pairs(merges: Sequence[str]) -> list[tuple[str, str]]:
+    """"left right" merge strings, cut where llama.cpp cuts them: at the first space after the first
+    character (a merge of a space token is " x"). One without a space can never apply; it is left out."""
+    pairs = []
+    for merge in merges:
+        cut = merge.find(" ", 1)
+        if cut >= 0:
+            pairs.append((merge[:cut], merge[cut + 1:]))
+    return pairs
 
 
-def _build_byte_level(v: Vocabulary) -> tuple[HFTokenizer, list[str]]:
-    """Byte-level BPE: the file's vocab and merges, with llama.cpp's split regexes for v.pre."""
-    spelling = bytes_to_unicode()
-    alphabet = set(spelling.values())
-    # A token written outside the byte alphabet (a mislabelled added token) is respelled byte-wise,
-    # so the BPE model can still reach it from its bytes.
-    spelled = [t if set(t) <= alphabet else "".join(spelling[b] for b in t.encode()) for t in v.tokens]
-    merges = [tuple(m.split(" ", 1)) for m in v.merges]
-    hf = HFTokenizer(models.BPE(vocab={t: i for i, t in enumerate(spelled)}, merges=merges))
-    splits = [pre_tokenizers.Split(Regex(rx), behavior="isolated") for rx in _pre_tokenizer_splits(v.pre)]
-    hf.pre_tokenizer = pre_tokenizers.Sequence(
-        [*splits, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    hf.decoder = decoders.ByteLevel()
-    return hf, spelled
+def _build_bpe(v: Vocabulary) -> HFTokenizer:
+    """BPE with the file's vocab and merges and llama.cpp's pre-tokenizer for v.pre: over GPT-2's byte
+    alphabet for most, over raw UTF-8 with ▁ for spaces and <0xNN> byte tokens for gemma4's.
+
+    Tokens spelled outside the byte alphabet (added tokens such as "<｜begin▁of▁sentence｜>", or a run
+    of spaces) keep their spelling: as in llama.cpp, only the added-token match reaches them."""
+    rule = v.pre_tokenizer
+    model = models.BPE(vocab={t: i for i, t in enumerate(v.tokens)}, merges=_merge_pairs(v.merges),
+                       byte_fallback=not rule.byte_level, ignore_merges=rule.ignore_merges)
+    hf = HFTokenizer(model)
+    words = [pre_tokenizers.Split(Regex(rx), behavior="isolated") for rx in rule.splits]
+    if rule.byte_level:
+        hf.pre_tokenizer = pre_tokenizers.Sequence(
+            [*words, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        hf.decoder = decoders.ByteLevel()
+        return hf
+    if rule.escape_spaces:
+        hf.normalizer = normalizers.Replace(" ", "\u2581")
+    hf.pre_tokenizer = pre_tokenizers.Sequence(words)
+    hf.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
+    return hf
 
 
 def _merges_by_score(tokens: Sequence[str], scores: Sequence[float]) -> list[tuple[str, str]]:
@@ -190,13 +189,11 @@ def _merges_by_score(tokens: Sequence[str], scores: Sequence[float]) -> list[tup
     return [(left, right) for *_, left, right in ranked]
 
 
-def _build_sentencepiece(v: Vocabulary) -> tuple[HFTokenizer, list[str]]:
+def _build_sentencepiece(v: Vocabulary) -> HFTokenizer:
     """SentencePiece vocabulary as BPE over ▁-escaped text with <0xNN> byte fallback."""
     tokens = v.tokens
     scores = v.scores
     if v.is_gemma:
-        # Gemma files store tokens of two or more spaces with real spaces; the model sees them as ▁▁.
-        tokens = ["\u2581" * len(t) if " " in t and not t.strip() else t for t in tokens]
         # Gemma's scores do not follow its merge order; the order of the tokens in the file does.
         scores = [-float(i) for i in range(len(tokens))]
     elif scores is None:
@@ -204,36 +201,36 @@ def _build_sentencepiece(v: Vocabulary) -> tuple[HFTokenizer, list[str]]:
     unk = tokens[v.unk_id] if v.unk_id is not None else None
     hf = HFTokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=_merges_by_score(tokens, scores),
                                 unk_token=unk, fuse_unk=True, byte_fallback=True))
+    # ▁ for every space, and (add_space_prefix) one more in front of the text and of the text after
+    # each special token, as llama.cpp does; the tokenizer splits the added tokens off before it
+    # normalizes the pieces between them. Decoding strips the first one again.
+    escape = normalizers.Replace(" ", "\u2581")
+    hf.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), escape]) if v.prepends_space else escape
     decode_steps = [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
-    if v.is_gemma:
-        # Gemma writes every space as ▁ and never prepends one.
-        hf.normalizer = normalizers.Replace(" ", "\u2581")
-    else:
-        # Llama/Mistral style: ▁ for spaces, and (add_space_prefix) one ▁ in front of the text, which
-        # decoding strips again. Like transformers, "first" prepends only at the very start of the text.
-        hf.pre_tokenizer = pre_tokenizers.Metaspace(
-            replacement="\u2581", prepend_scheme="first" if v.prepends_space else "never", split=False)
-        if v.prepends_space:
-            decode_steps.append(decoders.Strip(content=" ", left=1, right=0))
+    if v.prepends_space:
+        decode_steps.append(decoders.Strip(content=" ", left=1, right=0))
     hf.decoder = decoders.Sequence(decode_steps)
-    return hf, tokens
+    return hf
 
 
-def _add_special_tokens(hf: HFTokenizer, v: Vocabulary, model_tokens: list[str]) -> None:
-    """Control tokens become special added tokens and user-defined ones plain added tokens, so text
-    that contains them is matched whole instead of being cut into pieces (as llama.cpp does)."""
-    byte_level = v.kind == "gpt2"
-    alphabet = set(bytes_to_unicode().values())
-    control = [AddedToken(t, normalized=False, special=True)
-               for t, kind in zip(v.tokens, v.token_types)
-               # In a byte-level vocab a control token outside the byte alphabet is a llama.cpp
-               # mislabel; transformers skips those, and so do we.
-               if kind == TOKEN_CONTROL and (not byte_level or set(t) <= alphabet)]
+def _strips_space_after(v: Vocabulary, token: str, kind: int) -> bool:
+    """llama.cpp's one per-model token attribute that changes chat prompts: for Phi-3 (by general.name),
+    special tokens other than <unk>, <s> and <|endoftext|> eat the whitespace after them."""
+    return ("phi-3" in v.name or "phi3" in v.name) and token not in ("<unk>", "<s>", "<|endoftext|>") and (
+        kind != TOKEN_NORMAL or token == "</s>")
+
+
+def _add_special_tokens(hf: HFTokenizer, v: Vocabulary) -> None:
+    """Control and unknown tokens become special added tokens and user-defined ones plain added
+    tokens: text that contains them is matched whole, as written (not byte- or ▁-encoded), before the
+    rest is split and merged, as llama.cpp does."""
+    special = (TOKEN_CONTROL, TOKEN_UNKNOWN)
+    control = [AddedToken(t, normalized=False, special=True, rstrip=_strips_space_after(v, t, kind))
+               for t, kind in zip(v.tokens, v.token_types) if kind in special]
     if control:
         hf.add_special_tokens(control)
-    known = set(model_tokens)
-    user_defined = [AddedToken(t, normalized=False, special=False)
-                    for t, kind in zip(v.tokens, v.token_types) if kind == TOKEN_USER_DEFINED and t in known]
+    user_defined = [AddedToken(t, normalized=False, special=False, rstrip=_strips_space_after(v, t, kind))
+                    for t, kind in zip(v.tokens, v.token_types) if kind == TOKEN_USER_DEFINED]
     if user_defined:
         hf.add_tokens(user_defined)
 
@@ -241,7 +238,7 @@ def _add_special_tokens(hf: HFTokenizer, v: Vocabulary, model_tokens: list[str])
 def _token_bytes(v: Vocabulary, hf: HFTokenizer) -> list[bytes]:
     """The bytes each token id stands for when decoded, in the same way hf.decode spells them."""
     added = {i: t.content for i, t in hf.get_added_tokens_decoder().items()}
-    if v.kind == "gpt2":
+    if v.is_byte_level:
         to_byte = {c: b for b, c in bytes_to_unicode().items()}
         out = []
         for i, token in enumerate(v.tokens):
@@ -354,9 +351,9 @@ def load_tokenizer(source: Any) -> Tokenizer:
         metadata, name = source, "model"
     vocab = Vocabulary.from_metadata(metadata, name)
     try:
-        build = _build_byte_level if vocab.kind == "gpt2" else _build_sentencepiece
-        hf, model_tokens = build(vocab)
-        _add_special_tokens(hf, vocab, model_tokens)
+        build = _build_sentencepiece if vocab.kind == "llama" else _build_bpe
+        hf = build(vocab)
+        _add_special_tokens(hf, vocab)
     except ModelFormatError as e:
         raise ModelFormatError(f"{name}: {e}") from None
     except Exception as e:  # tokenizers rejects a malformed vocab/merge list with its own exceptions

@@ -324,15 +324,36 @@ def sentencepiece_llama(gemma3_path):
     return load_tokenizer(metadata), oracle
 
 
+def llama_cpp_spm_ids(oracle, specials: dict[str, int], text: str) -> list[int]:
+    """The ids of transformers' SentencePiece model, put together the way llama.cpp does it: the text is
+    cut at the added tokens, and every piece between them gets its own ▁ in front, even one that
+    already starts with a space. (transformers prepends ▁ only to the very first piece, and only when
+    it does not start with a space: " Hello" is ▁Hello there, ▁ + ▁Hello in llama.cpp.)"""
+    pattern = "|".join(re.escape(t) for t in sorted(specials, key=len, reverse=True))
+    ids: list[int] = []
+    for piece in re.split(f"({pattern})", text):
+        if piece in specials:
+            ids.append(specials[piece])
+        elif piece:
+            ids += [t.id for t in oracle.model.tokenize("\u2581" + piece.replace(" ", "\u2581"))]
+    return ids
+
+
 def test_sentencepiece_with_scores_matches_transformers(sentencepiece_llama):
     tok, oracle = sentencepiece_llama
+    specials = {t.content: i for i, t in tok.hf.get_added_tokens_decoder().items()}
     assert [tok.token_piece(i) for i in tok.encode("Hello world")] == ["▁H", "ello", "▁world"]
+    # llama.cpp's prefix rule: " Hello" is ▁ + ▁Hello (transformers: ▁Hello), and text after a special
+    # token gets a ▁ of its own.
+    assert [tok.token_piece(i) for i in tok.encode(" Hello")] == ["▁", "▁H", "ello"]
+    assert [tok.token_piece(i) for i in tok.encode("<start_of_turn>user")] == ["<start_of_turn>", "▁user"]
     for text in TEXTS:
         ids = tok.encode(text)
-        assert ids == oracle.encode(text, add_special_tokens=False).ids, text
+        assert ids == llama_cpp_spm_ids(oracle, specials, text), text
         assert tok.decode(ids) == oracle.decode(ids, skip_special_tokens=False)
-        # The prepended ▁ is stripped again; a text's own first space is lost as in SentencePiece.
-        if not text.startswith(" "):
+        # The prepended ▁ is stripped again, so the text comes back, leading spaces and all; the ▁ after
+        # a special token stays a space, as in llama.cpp's detokenizer.
+        if not any(name in text for name in specials):
             assert tok.decode(ids) == text
         assert "".join(stream(tok, ids)) == tok.decode(ids), text
     assert tok.encode("hi", add_special=True)[0] == 2
