@@ -1,10 +1,14 @@
 """The model's tokenizer, rebuilt from the vocabulary a GGUF file carries, as a `tokenizers.Tokenizer`.
 
 A GGUF has no tokenizer.json. It stores the tokens, their types, and either BPE merges (byte-level
-"gpt2" vocabularies) or per-token scores (SentencePiece "llama" vocabularies), under llama.cpp's key
-names. We turn those into HF `tokenizers` objects the same way transformers' GGUF loader does, so
-its tokenizer is our test oracle, and pick the pre-tokenizer split regexes llama.cpp uses for each
-`tokenizer.ggml.pre`, so prompts split the way the model was trained on.
+"gpt2" vocabularies, and "gemma4" ones over ▁-escaped UTF-8) or per-token scores (SentencePiece
+"llama" vocabularies), under llama.cpp's key names. Users bring files that llama.cpp tokenizes, so
+llama.cpp is the reference: the ids must be the ones its llama_tokenize gives, which
+tests/test_tokenizer_llama_cpp.py checks on its own vocabularies. We build the HF `tokenizers`
+objects much as transformers' GGUF loader does (its tokenizer is the second oracle in
+tests/test_tokenizer.py), and follow llama.cpp where the two differ: the pre-tokenizer of each
+`tokenizer.ggml.pre` (engine/pretokenizers.py), SentencePiece's ▁ prefix in front of every piece of text
+between special tokens, and which added tokens are matched in text.
 
 Decoding for display goes through `StreamDecoder`: each token's raw bytes are fed to an incremental
 UTF-8 decoder, so a character spread over several tokens (byte-level BPE pieces, or SentencePiece
