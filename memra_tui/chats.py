@@ -96,11 +96,16 @@ class Chat:
     messages: list[ChatMessage] = field(default_factory=list)
     created: float = 0.0
     updated: float = 0.0
+    # messages[:context_start] were dropped from the model's context when the chat outgrew it (the
+    # user said yes): kept here and on screen, no longer sent
+    context_start: int = 0
 
-    def engine_messages(self) -> list[dict]:
-        """What the engine sees: the system prompt, then each turn's role and text."""
+    def engine_messages(self, start: int | None = None) -> list[dict]:
+        """What the engine sees: the system prompt, then each turn's role and text from
+        messages[start] on (default: context_start)."""
+        start = self.context_start if start is None else start
         out = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
-        out += [{"role": m.role, "content": m.content} for m in self.messages if m.content or m.role == "user"]
+        out += [{"role": m.role, "content": m.content} for m in self.messages[start:] if m.content or m.role == "user"]
         return out
 
     def to_json(self) -> str:
@@ -125,6 +130,9 @@ class Chat:
             raise ChatFileError(f"messages is a {type(messages).__name__}, not a list")
         if not isinstance(data.get("id"), str) or not data["id"]:
             raise ChatFileError("id is missing or not text")
+        context_start = data.get("context_start", 0)
+        if isinstance(context_start, bool) or not isinstance(context_start, int) or not 0 <= context_start <= len(messages):
+            raise ChatFileError(f"context_start is {context_start!r}, not a message index")
         return cls(
             id=data["id"],
             title=_text(data, "title"),
@@ -136,6 +144,7 @@ class Chat:
             messages=[ChatMessage.from_dict(m) for m in messages],
             created=_number(data, "created"),
             updated=_number(data, "updated"),
+            context_start=context_start,
         )
 
     def to_markdown(self) -> str:
@@ -143,7 +152,9 @@ class Chat:
                  f"- created: {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(self.created))} UTC", ""]
         if self.system_prompt:
             lines += ["## System", "", self.system_prompt, ""]
-        for m in self.messages:
+        for i, m in enumerate(self.messages):
+            if i == self.context_start and i:
+                lines += [f"*The {i} messages above were dropped from the model's context to make room.*", ""]
             note = "" if m.status == "done" else f" ({m.status})"
             if m.status in ("length", "context") and m.grammar:
                 note = f" ({m.status}, structured reply incomplete)"

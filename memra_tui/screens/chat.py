@@ -30,7 +30,8 @@ from memra_engine.speculative import SpecConfig
 from memra_tui.chats import Chat, ChatMessage, title_from
 from memra_tui.screens.chat_list import ChatListScreen
 from memra_tui.screens.context_size import ContextSizeScreen, smaller_context
-from memra_tui.screens.text_prompt import TextPromptScreen
+from memra_tui.context_fit import Fit, fit_to_context, reply_room
+from memra_tui.screens.text_prompt import ConfirmScreen, TextPromptScreen
 from memra_tui.streaming import FLUSH_HZ, STATS_HZ, ReplyBuffer, ReplyFinished, ReplyProgress
 from memra_tui.widgets.composer import Composer
 from memra_tui.widgets.context_usage import ContextPane
@@ -202,6 +203,9 @@ class ChatScreen(Screen):
             del self.chat.messages[self.editing_index:]
             await transcript.remove_from(self.editing_index)
             self._end_edit()
+            if self.chat.context_start > len(self.chat.messages):  # a dropped message was edited: send it again
+                self.chat.context_start = len(self.chat.messages)
+                await transcript.show_chat(self.chat)
         message = ChatMessage("user", event.text, created=self.app.clock())
         if not self.chat.messages:
             self.chat.title = title_from(event.text)
@@ -334,6 +338,54 @@ class ChatScreen(Screen):
         self.app.save_chat(self.chat)
         if done.error_kind == "out_of_memory":
             self._ask_context_size(smaller_context(self.info.n_ctx), f"Out of memory: {done.error}")
+        elif done.error_kind == "prompt_too_long":
+            self._fit_worker(self.chat, self.sampling.max_tokens)
+
+    # -- a conversation that outgrew the context: offer to drop the oldest turns ----------------
+    @work(thread=True, group="fit", exclusive=True, exit_on_error=False)
+    def _fit_worker(self, chat: Chat, max_tokens: int) -> None:
+        engine = self.app.engine
+        if engine is None:
+            return
+        try:
+            fit = fit_to_context(chat, engine.count_tokens, self.info.n_ctx, reply_room(self.info.n_ctx, max_tokens))
+        except Exception:  # counting failed: the error on screen already says the prompt is too long
+            log.exception("counting the chat's tokens failed")
+            return
+        self.app.call_from_thread(self._offer_to_drop, chat, fit)
+
+    def _offer_to_drop(self, chat: Chat, fit: Fit) -> None:
+        if chat is not self.chat or self.streaming:
+            return
+        n_ctx = self.info.n_ctx
+        if fit.start is None:
+            self.notify(f"your last message does not fit the {n_ctx}-token context with room for a reply: shorten "
+                        "it, or use a larger --ctx", severity="error", timeout=12)
+            return
+        n_drop = fit.start - chat.context_start
+
+        def chosen(drop: bool | None) -> None:
+            if drop:
+                self.run_worker(self._drop_oldest(chat, fit.start), group="fit")
+            else:
+                self.notify("kept every message: the model cannot reply until the chat fits (Ctrl+R asks again, "
+                            "Ctrl+N starts a new chat; or a larger --ctx)", severity="warning", timeout=10)
+
+        self.app.push_screen(ConfirmScreen(
+            f"This chat has outgrown the context: {fit.tokens} tokens, and the model holds {n_ctx}. Drop the "
+            f"oldest {n_drop} messages from what the model sees ({fit.tokens_after} tokens left) and reply "
+            "again? They stay in the chat and on screen."), chosen)
+
+    async def _drop_oldest(self, chat: Chat, start: int) -> None:
+        if chat is not self.chat or self.streaming:
+            return
+        n_drop = start - chat.context_start
+        chat.context_start = start
+        await self.query_one(Transcript).show_chat(chat)
+        self.app.save_chat(chat)
+        self.notify(f"the oldest {n_drop} messages are no longer sent to the model (kept in the chat)", timeout=5)
+        self._count_context()
+        await self._start_reply()
 
     def _reply_grammar_dict(self) -> dict | None:
         return self._reply_grammar.to_dict() if self._reply_grammar is not None else None

@@ -8,6 +8,8 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, TextArea
 
+from memra_tui.widgets.fit_text import WrappedText
+
 
 class TextPromptScreen(ModalScreen[str | None]):
     DEFAULT_CSS = """
@@ -63,7 +65,7 @@ class ConfirmScreen(ModalScreen[bool]):
 
     def compose(self) -> ComposeResult:
         with Vertical():
-            yield Label(self.question)
+            yield WrappedText(self.question, id="question")  # a long question wraps at word boundaries
             yield Label("[b]y[/b] yes   [b]n[/b] no")
 
     def action_answer(self, yes: bool) -> None:

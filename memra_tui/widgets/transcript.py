@@ -5,7 +5,13 @@ from textual.containers import VerticalScroll
 from textual.widgets import Label
 
 from memra_tui.chats import Chat, ChatMessage
+from memra_tui.widgets.fit_text import WrappedText
 from memra_tui.widgets.message_view import MessageView
+
+
+def dropped_note(n: int) -> str:
+    return (f"▲ the {n} messages above are kept here but no longer sent to the model "
+            "(dropped to fit the context)")
 
 
 class Transcript(VerticalScroll):
@@ -13,6 +19,8 @@ class Transcript(VerticalScroll):
     Transcript { height: 1fr; padding: 0 1; border: round $primary 40%; border-title-color: $text-muted; }
     Transcript > .system { color: $text-muted; text-style: italic; margin: 0 0 1 0; }
     Transcript > .empty { color: $text-muted; width: 1fr; content-align: center middle; height: 3; }
+    Transcript > .dropped-note { color: $warning; margin: 0 0 1 0; }
+    Transcript > MessageView.-dropped { text-opacity: 60%; }
     """
 
     def on_mount(self) -> None:
@@ -24,8 +32,11 @@ class Transcript(VerticalScroll):
         widgets = []
         if chat.system_prompt:
             widgets.append(Label(f"system: {chat.system_prompt}", classes="system"))
-        widgets += [MessageView(m.role, m.content, m.status, m.error, structured=bool(m.grammar))
-                    for m in chat.messages]
+        for i, m in enumerate(chat.messages):
+            if i == chat.context_start and i:
+                widgets.append(WrappedText(dropped_note(i), classes="dropped-note"))
+            view = MessageView(m.role, m.content, m.status, m.error, structured=bool(m.grammar))
+            widgets.append(view.set_class(i < chat.context_start, "-dropped"))
         if not widgets:
             widgets.append(Label("Type a message below; Enter sends, Ctrl+J adds a line. F1 lists every key.",
                                  classes="empty"))

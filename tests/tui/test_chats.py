@@ -90,6 +90,7 @@ WRONG_TYPES = {
     "id is a number": '{"version": 1, "id": 5}',
     "message status is a list": '{"version": 1, "id": "ID", "messages": [{"role": "user", "content": "x", "status": []}]}',
     "message grammar is text": '{"version": 1, "id": "ID", "messages": [{"role": "assistant", "content": "x", "grammar": "json"}]}',
+    "context_start past the messages": '{"version": 1, "id": "ID", "context_start": 3}',
     "the whole file is a list": '[1, 2]',
     "nested too deeply": "[" * 100_000,
     "truncated": '{"version": 1, "id": "ID", "mess',
