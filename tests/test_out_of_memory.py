@@ -21,12 +21,18 @@ def one_line(text: str) -> bool:
     return bool(text) and "\n" not in text and len(text) < 300
 
 
-def test_a_huge_ctx_on_the_cpu_is_a_one_line_out_of_memory_error(tmp_path):
+@pytest.fixture(scope="module")
+def long_context_model(tmp_path_factory):
+    """Trained for 16M tokens, with 256 layers: that context needs ~550 GB of KV cache."""
     from memra_engine.model.synthetic import write_synthetic_gguf
 
-    path = write_synthetic_gguf(tmp_path / "long.gguf", preset="tiny-llama", seed=7, ctx=1 << 24, n_layer=64)
+    return write_synthetic_gguf(tmp_path_factory.mktemp("m") / "long.gguf", preset="tiny-llama", seed=7,
+                                ctx=1 << 24, n_layer=256)
+
+
+def test_a_huge_ctx_on_the_cpu_is_a_one_line_out_of_memory_error(long_context_model):
     with pytest.raises(OutOfMemory) as err:
-        Engine.load(path, backend="cpu", n_ctx=1 << 24)
+        Engine.load(long_context_model, backend="cpu", n_ctx=1 << 24)
     assert one_line(str(err.value)) and "needs" in str(err.value) and str(err.value).endswith("try a smaller --ctx")
 
 
@@ -79,3 +85,12 @@ def test_a_prompt_that_does_not_fit_is_labelled_for_the_ui(tiny_llama_path):
     with Engine.load(tiny_llama_path, backend="cpu", n_ctx=32) as eng:
         done = eng.chat([{"role": "user", "content": "the cat sat on the mat " * 20}], GREEDY).collect().done
     assert done.reason == "error" and done.error_kind == "prompt_too_long" and done.error.endswith("(use --ctx)")
+
+
+def test_the_cli_says_out_of_memory_in_one_line_and_exits_1(long_context_model, capsys):
+    from memra_tui.cli import main
+
+    code = main([str(long_context_model), "--backend", "cpu", "--ctx", str(1 << 24), "--prompt", "hi"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and err[-1].startswith("memra-chat: error: a 16777216-token context needs ")
+    assert err[-1].endswith("try a smaller --ctx") and not any("Traceback" in line for line in err)
