@@ -28,9 +28,9 @@ from memra_engine.grammar import Grammar
 from memra_engine.sampling import SamplingParams
 from memra_engine.speculative import SpecConfig
 from memra_tui.chats import Chat, ChatMessage, title_from
+from memra_tui.context_fit import Fit, fit_to_context, reply_room
 from memra_tui.screens.chat_list import ChatListScreen
 from memra_tui.screens.context_size import ContextSizeScreen, smaller_context
-from memra_tui.context_fit import Fit, fit_to_context, reply_room
 from memra_tui.screens.text_prompt import ConfirmScreen, TextPromptScreen
 from memra_tui.streaming import FLUSH_HZ, STATS_HZ, ReplyBuffer, ReplyFinished, ReplyProgress
 from memra_tui.widgets.composer import Composer

@@ -4,13 +4,19 @@ messages stay in the chat file and on screen, marked."""
 from __future__ import annotations
 
 import pytest
-from tui_helpers import send, wait_for, wait_ready
+from tui_helpers import FixedClock, send, wait_for, wait_ready
 
+from memra_engine.generate import Engine
+from memra_engine.model.synthetic import write_synthetic_gguf
+from memra_engine.sampling import SamplingParams
+from memra_tui.app import MemraApp
 from memra_tui.chats import Chat, ChatMessage, ChatStore
 from memra_tui.context_fit import fit_to_context, reply_room
 from memra_tui.screens.chat import ChatScreen
 from memra_tui.screens.text_prompt import ConfirmScreen
 from memra_tui.scripted_engine import Script, ScriptedEngine
+from memra_tui.settings import save_sampling_defaults
+from memra_tui.widgets.composer import Composer
 from memra_tui.widgets.fit_text import WrappedText
 from memra_tui.widgets.message_view import MessageView
 
@@ -120,3 +126,25 @@ def test_fit_drops_whole_turns_keeps_the_system_prompt_and_the_last_message():
     chat.messages[-1].content = "w " * 60
     assert fit_to_context(chat, engine.count_tokens, 64, 16).start is None
     engine.close()
+
+
+async def test_with_the_real_engine_the_dropped_chat_fits_and_the_reply_comes(tmp_path, paths):
+    model = write_synthetic_gguf(tmp_path / "tiny-llama.gguf", preset="tiny-llama", seed=7)  # a 256-token context
+    save_sampling_defaults(paths, SamplingParams(seed=11, max_tokens=8))
+    app = MemraApp(str(model), "cpu", 256, True, paths=paths, load_engine=Engine.load, clock=FixedClock())
+    chat = app.store.new_chat(str(model), {})
+    for n in range(6):
+        chat.messages += [ChatMessage("user", f"question {n}: " + "tell me more " * 4),
+                          ChatMessage("assistant", f"answer {n}: " + "here is more " * 4)]
+    app.store.save(chat)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_ready(pilot)
+        app.screen.query_one(Composer).text = "and the last one?"
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), timeout=30)
+        await pilot.press("y")
+        await wait_for(pilot, lambda: isinstance(app.screen, ChatScreen) and not app.screen.streaming
+                       and app.screen.chat.messages[-1].role == "assistant", timeout=60)
+        reply = app.screen.chat.messages[-1]
+        assert reply.status in ("done", "length", "context") and app.screen.chat.context_start > 0
+        assert app.engine.stats().n_prompt_tokens + 8 <= 256
