@@ -37,7 +37,7 @@ from memra_tui.widgets.composer import Composer
 log = logging.getLogger("memra_tui")
 
 # SIGTERM (kill, a logout, systemd) and SIGHUP (the terminal closed): save the chat, then exit 128 + signal
-EXIT_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+EXIT_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
 
 EngineLoader = Callable[..., object]  # Engine.load's signature: (path, backend=, n_ctx=, draft=, progress=, kv_type=, moe_vram=) -> Engine
 
@@ -105,7 +105,10 @@ class MemraApp(App[int]):
         if not self.is_headless:  # a terminal that can close under us; tests call exit_on_signal themselves
             loop = asyncio.get_running_loop()
             for signum in EXIT_SIGNALS:
-                loop.add_signal_handler(signum, self.exit_on_signal, signum)
+                try:
+                    loop.add_signal_handler(signum, self.exit_on_signal, signum)
+                except (NotImplementedError, RuntimeError):  # an event loop without signals (Windows)
+                    log.info("cannot catch %s here", signal.Signals(signum).name)
         self.load_model(self.model)
 
     def exit_on_signal(self, signum: int) -> None:
