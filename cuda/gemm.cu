@@ -31,13 +31,17 @@ struct GemmTile {
     static constexpr int SMEM = SMEM_AB > BM * LDC * 4 ? SMEM_AB : BM * LDC * 4;
 };
 
-template <class T, class G, int BM, int BN, int WN>
+// ROUTED (the MoE prefill GEMM): tile token t is slot slots[t] of the routed FFN; its x row is
+// slots[t] / x_div (x_div = top_k: one x row per token; 1: one per slot) and its y row slots[t].
+template <class T, class G, int BM, int BN, int WN, bool ROUTED = false>
 __device__ __forceinline__ void gemm_tile(const uint8_t* __restrict__ wq, const uint8_t* __restrict__ wm,
                                           const float* __restrict__ x, float* __restrict__ y,
-                                          int rows, int cols, int n_tokens) {
+                                          int rows, int cols, int n_tokens,
+                                          const int* __restrict__ slots = nullptr, int x_div = 1) {
     extern __shared__ int4 gemm_smem[];
     half* xs = reinterpret_cast<half*>(gemm_smem);
     half* ws = xs + BM * GEMM_LDS;
+    __shared__ int slot_of[ROUTED ? BM : 1];
     constexpr int UPT = GEMM_BK / T::UE;  // weight units per row per K step
     const int tid = threadIdx.x, warp = tid >> 5;
     const int t0 = blockIdx.y * BM, r0 = blockIdx.x * BN;
@@ -50,6 +54,10 @@ __device__ __forceinline__ void gemm_tile(const uint8_t* __restrict__ wq, const 
     for (int i = 0; i < G::FM; ++i)
 #pragma unroll
         for (int j = 0; j < G::FN; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
+    if (ROUTED) {
+        for (int i = tid; i < BM; i += G::THREADS) slot_of[i] = t0 + i < n_tokens ? slots[t0 + i] : 0;
+        __syncthreads();
+    }
 
     for (int k0 = 0; k0 < cols; k0 += GEMM_BK) {
         // activation tile, f32 -> f16, 4 values per thread per step
@@ -58,7 +66,7 @@ __device__ __forceinline__ void gemm_tile(const uint8_t* __restrict__ wq, const 
             const int t = t0 + tt, k = k0 + kk;
             float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             if (t < n_tokens) {
-                const float* src = x + (size_t)t * cols + k;
+                const float* src = x + (size_t)(ROUTED ? slot_of[tt] / x_div : t) * cols + k;
                 if (xvec && k + 3 < cols) {
                     v = *reinterpret_cast<const float4*>(src);
                 } else {
@@ -115,7 +123,7 @@ __device__ __forceinline__ void gemm_tile(const uint8_t* __restrict__ wq, const 
     for (int i = tid; i < BM * BN; i += G::THREADS) {
         const int tt = i / BN, rr = i % BN;
         const int t = t0 + tt, r = r0 + rr;
-        if (t < n_tokens && r < rows) y[(size_t)t * rows + r] = cs[tt * G::LDC + rr];
+        if (t < n_tokens && r < rows) y[(size_t)(ROUTED ? slot_of[tt] : t) * rows + r] = cs[tt * G::LDC + rr];
     }
 }
 
@@ -138,6 +146,25 @@ typedef GemmTile<128, 128, 2, 4> Tile2;
         gemm_tile<TYPE##_t, Tile2, 128, 128, 4>(wq, wm, x, y, rows, cols, n_tokens);                        \
     }
 
+// moe_gemm_<type>(table, meta_offset, offsets, order, x, y, rows, cols, top_k, x_per_slot): the
+// MoE prefill GEMM over the slots moe_sort grouped per expert (cuda/moe.cu). Block z = expert e
+// takes its slots order[offsets[e] ..] 64 at a time, weights at table[e] (q plane; the meta plane
+// meta_offset bytes on). y[slot] = expert @ x(slot), x(slot) = x[slot / top_k] or x[slot].
+// grid (ceil(rows/64), ceil(T/64), n_expert), block 128, dynamic shared Tile1::SMEM: each token's
+// experts are distinct (moe_topk's are), so no expert has more than T slots; blocks past their
+// expert's slots return at once.
+#define MOE_GEMM_ENTRY(TYPE)                                                                                \
+    extern "C" __global__ __launch_bounds__(128) void moe_gemm_##TYPE(                                      \
+        const unsigned long long* table, long long meta_offset, const int* offsets, const int* order,       \
+        const float* x, float* y, int rows, int cols, int top_k, int x_per_slot) {                          \
+        pdl_entry();                                                                                        \
+        const int e = blockIdx.z, a = offsets[e], n = offsets[e + 1] - a;                                   \
+        if ((int)blockIdx.y * 64 >= n) return;                                                              \
+        const uint8_t* wq = reinterpret_cast<const uint8_t*>(table[e]);                                     \
+        gemm_tile<TYPE##_t, Tile1, 64, 64, 2, true>(wq, wq + meta_offset, x, y, rows, cols, n, order + a,   \
+                                                    x_per_slot ? 1 : top_k);                                \
+    }
+
 GEMM_ENTRY(q4_0)
 GEMM_ENTRY(q4_1)
 GEMM_ENTRY(q5_0)
@@ -152,6 +179,18 @@ GEMM_ENTRY(iq4_xs)
 GEMM_ENTRY(f16)
 GEMM_ENTRY(bf16)
 GEMM_ENTRY(f32)
+
+MOE_GEMM_ENTRY(q4_0)
+MOE_GEMM_ENTRY(q4_1)
+MOE_GEMM_ENTRY(q5_0)
+MOE_GEMM_ENTRY(q5_1)
+MOE_GEMM_ENTRY(q8_0)
+MOE_GEMM_ENTRY(q4_K)
+MOE_GEMM_ENTRY(q5_K)
+MOE_GEMM_ENTRY(q6_K)
+MOE_GEMM_ENTRY(q2_K)
+MOE_GEMM_ENTRY(q3_K)
+MOE_GEMM_ENTRY(iq4_xs)
 
 // memra-kernel: gemm_q4_0(PPPPiii)
 // memra-kernel: gemm2_q4_0(PPPPiii)
@@ -181,3 +220,14 @@ GEMM_ENTRY(f32)
 // memra-kernel: gemm2_bf16(PPPPiii)
 // memra-kernel: gemm_f32(PPPPiii)
 // memra-kernel: gemm2_f32(PPPPiii)
+// memra-kernel: moe_gemm_q4_0(PqPPPPiiii)
+// memra-kernel: moe_gemm_q4_1(PqPPPPiiii)
+// memra-kernel: moe_gemm_q5_0(PqPPPPiiii)
+// memra-kernel: moe_gemm_q5_1(PqPPPPiiii)
+// memra-kernel: moe_gemm_q8_0(PqPPPPiiii)
+// memra-kernel: moe_gemm_q4_K(PqPPPPiiii)
+// memra-kernel: moe_gemm_q5_K(PqPPPPiiii)
+// memra-kernel: moe_gemm_q6_K(PqPPPPiiii)
+// memra-kernel: moe_gemm_q2_K(PqPPPPiiii)
+// memra-kernel: moe_gemm_q3_K(PqPPPPiiii)
+// memra-kernel: moe_gemm_iq4_xs(PqPPPPiiii)

@@ -330,7 +330,7 @@ MATVEC_Q_ALL(iq4_xs)
 // a VRAM slot or, under the expert cache, in host memory mapped for the device (a miss read in
 // place: engine/gpu/expert_cache.py). x_per_slot: slot s reads xq row s (down: each slot has its
 // own activation), else row s / top_k (gate|up: the token's). y: [n_slots][rows].
-template <class T>
+template <class T, int R, int U>
 __device__ __forceinline__ void moe_matvec(const unsigned long long* __restrict__ table, long long meta_offset,
                                            const int* __restrict__ ids, const int8_t* __restrict__ xq,
                                            float* __restrict__ y, int rows, int cols, int stride, int top_k,
@@ -339,15 +339,23 @@ __device__ __forceinline__ void moe_matvec(const unsigned long long* __restrict_
     const int s = blockIdx.y;
     const uint8_t* wq = reinterpret_cast<const uint8_t*>(table[ids[s]]);
     const int8_t* x = xq + (size_t)(x_per_slot ? s : s / top_k) * stride;
-    matvec_q<T, 1, 1, 1, false>(wq, wq + meta_offset, x, y + (size_t)s * rows, rows, cols, 1, stride);
+    matvec_q<T, R, 1, U, false>(wq, wq + meta_offset, x, y + (size_t)s * rows, rows, cols, 1, stride);
 }
 
-#define MOE_MATVEC(TYPE)                                                                                     \
-    extern "C" __global__ __launch_bounds__(MV_WARPS * 32) void moe_matvec_##TYPE(                               \
+// moe_matvec_<type>_r<R>u<U>: grid (ceil(rows / (4 R)), slots), block 128. Any R, U gives the same
+// bits (a row's sums do not depend on the rows its warp holds).
+#define MOE_MATVEC_RU(TYPE, R, U)                                                                            \
+    extern "C" __global__ __launch_bounds__(MV_WARPS * 32) void moe_matvec_##TYPE##_r##R##u##U(                  \
         const unsigned long long* table, long long meta_offset, const int* ids, const int8_t* xq, float* y,     \
         int rows, int cols, int stride, int top_k, int x_per_slot) {                                          \
-        moe_matvec<TYPE##_t>(table, meta_offset, ids, xq, y, rows, cols, stride, top_k, x_per_slot);            \
+        moe_matvec<TYPE##_t, R, U>(table, meta_offset, ids, xq, y, rows, cols, stride, top_k, x_per_slot);      \
     }
+#define MOE_MATVEC(TYPE)       \
+    MOE_MATVEC_RU(TYPE, 1, 1)  \
+    MOE_MATVEC_RU(TYPE, 2, 1)  \
+    MOE_MATVEC_RU(TYPE, 1, 2)  \
+    MOE_MATVEC_RU(TYPE, 2, 2)  \
+    MOE_MATVEC_RU(TYPE, 4, 1)
 
 MOE_MATVEC(q4_0)
 MOE_MATVEC(q4_1)
@@ -584,14 +592,58 @@ MATVEC_F_ALL(f32)
 // memra-kernel: matvec_f32_c4(PPPiii)
 // memra-kernel: matvec_f32_c8(PPPiii)
 // memra-kernel: matvec_f32_c16(PPPiii)
-// memra-kernel: moe_matvec_q4_0(PqPPPiiiii)
-// memra-kernel: moe_matvec_q4_1(PqPPPiiiii)
-// memra-kernel: moe_matvec_q5_0(PqPPPiiiii)
-// memra-kernel: moe_matvec_q5_1(PqPPPiiiii)
-// memra-kernel: moe_matvec_q8_0(PqPPPiiiii)
-// memra-kernel: moe_matvec_q4_K(PqPPPiiiii)
-// memra-kernel: moe_matvec_q5_K(PqPPPiiiii)
-// memra-kernel: moe_matvec_q6_K(PqPPPiiiii)
-// memra-kernel: moe_matvec_q2_K(PqPPPiiiii)
-// memra-kernel: moe_matvec_q3_K(PqPPPiiiii)
-// memra-kernel: moe_matvec_iq4_xs(PqPPPiiiii)
+// memra-kernel: moe_matvec_q4_0_r1u1(PqPPPiiiii)
+// memra-kernel: moe_matvec_q4_0_r2u1(PqPPPiiiii)
+// memra-kernel: moe_matvec_q4_0_r1u2(PqPPPiiiii)
+// memra-kernel: moe_matvec_q4_0_r2u2(PqPPPiiiii)
+// memra-kernel: moe_matvec_q4_0_r4u1(PqPPPiiiii)
+// memra-kernel: moe_matvec_q4_1_r1u1(PqPPPiiiii)
+// memra-kernel: moe_matvec_q4_1_r2u1(PqPPPiiiii)
+// memra-kernel: moe_matvec_q4_1_r1u2(PqPPPiiiii)
+// memra-kernel: moe_matvec_q4_1_r2u2(PqPPPiiiii)
+// memra-kernel: moe_matvec_q4_1_r4u1(PqPPPiiiii)
+// memra-kernel: moe_matvec_q5_0_r1u1(PqPPPiiiii)
+// memra-kernel: moe_matvec_q5_0_r2u1(PqPPPiiiii)
+// memra-kernel: moe_matvec_q5_0_r1u2(PqPPPiiiii)
+// memra-kernel: moe_matvec_q5_0_r2u2(PqPPPiiiii)
+// memra-kernel: moe_matvec_q5_0_r4u1(PqPPPiiiii)
+// memra-kernel: moe_matvec_q5_1_r1u1(PqPPPiiiii)
+// memra-kernel: moe_matvec_q5_1_r2u1(PqPPPiiiii)
+// memra-kernel: moe_matvec_q5_1_r1u2(PqPPPiiiii)
+// memra-kernel: moe_matvec_q5_1_r2u2(PqPPPiiiii)
+// memra-kernel: moe_matvec_q5_1_r4u1(PqPPPiiiii)
+// memra-kernel: moe_matvec_q8_0_r1u1(PqPPPiiiii)
+// memra-kernel: moe_matvec_q8_0_r2u1(PqPPPiiiii)
+// memra-kernel: moe_matvec_q8_0_r1u2(PqPPPiiiii)
+// memra-kernel: moe_matvec_q8_0_r2u2(PqPPPiiiii)
+// memra-kernel: moe_matvec_q8_0_r4u1(PqPPPiiiii)
+// memra-kernel: moe_matvec_q4_K_r1u1(PqPPPiiiii)
+// memra-kernel: moe_matvec_q4_K_r2u1(PqPPPiiiii)
+// memra-kernel: moe_matvec_q4_K_r1u2(PqPPPiiiii)
+// memra-kernel: moe_matvec_q4_K_r2u2(PqPPPiiiii)
+// memra-kernel: moe_matvec_q4_K_r4u1(PqPPPiiiii)
+// memra-kernel: moe_matvec_q5_K_r1u1(PqPPPiiiii)
+// memra-kernel: moe_matvec_q5_K_r2u1(PqPPPiiiii)
+// memra-kernel: moe_matvec_q5_K_r1u2(PqPPPiiiii)
+// memra-kernel: moe_matvec_q5_K_r2u2(PqPPPiiiii)
+// memra-kernel: moe_matvec_q5_K_r4u1(PqPPPiiiii)
+// memra-kernel: moe_matvec_q6_K_r1u1(PqPPPiiiii)
+// memra-kernel: moe_matvec_q6_K_r2u1(PqPPPiiiii)
+// memra-kernel: moe_matvec_q6_K_r1u2(PqPPPiiiii)
+// memra-kernel: moe_matvec_q6_K_r2u2(PqPPPiiiii)
+// memra-kernel: moe_matvec_q6_K_r4u1(PqPPPiiiii)
+// memra-kernel: moe_matvec_q2_K_r1u1(PqPPPiiiii)
+// memra-kernel: moe_matvec_q2_K_r2u1(PqPPPiiiii)
+// memra-kernel: moe_matvec_q2_K_r1u2(PqPPPiiiii)
+// memra-kernel: moe_matvec_q2_K_r2u2(PqPPPiiiii)
+// memra-kernel: moe_matvec_q2_K_r4u1(PqPPPiiiii)
+// memra-kernel: moe_matvec_q3_K_r1u1(PqPPPiiiii)
+// memra-kernel: moe_matvec_q3_K_r2u1(PqPPPiiiii)
+// memra-kernel: moe_matvec_q3_K_r1u2(PqPPPiiiii)
+// memra-kernel: moe_matvec_q3_K_r2u2(PqPPPiiiii)
+// memra-kernel: moe_matvec_q3_K_r4u1(PqPPPiiiii)
+// memra-kernel: moe_matvec_iq4_xs_r1u1(PqPPPiiiii)
+// memra-kernel: moe_matvec_iq4_xs_r2u1(PqPPPiiiii)
+// memra-kernel: moe_matvec_iq4_xs_r1u2(PqPPPiiiii)
+// memra-kernel: moe_matvec_iq4_xs_r2u2(PqPPPiiiii)
+// memra-kernel: moe_matvec_iq4_xs_r4u1(PqPPPiiiii)

@@ -2,43 +2,47 @@
 // outputs. The expert matvecs themselves are in matvec.cu (moe_matvec_<type>).
 #include "common.cuh"
 
-#define MOE_MAX_PER_LANE 128  // experts per lane: up to 4096 experts per layer
+#define MOE_MAX_EXPERTS 4096  // router logits of one token in shared memory: 16 KB
 
 // moe_topk: router logits f32 [T][n_expert] -> ids int [T][k], weights f32 [T][k]. One warp per
 // token. p = softmax(logits); the k experts of highest p, best first (ties: the lower id), each
 // with weight p (divided by the k weights' sum when renorm). Choosing on the logits picks the
 // same experts as on p (exp is monotonic). log_ids (not null): the ids also go to
 // log_ids[t * k + j], the routing log the host reads for the expert cache's counters.
+// The logits are read once into shared memory: the k passes over them then cost shared-memory
+// latency, not an L2 round trip each (7.3 -> ~2 µs at 64 experts, docs/gpu-log.md).
 extern "C" __global__ void moe_topk(const float* __restrict__ logits, int* __restrict__ ids,
                                     float* __restrict__ weights, int* __restrict__ log_ids, int n_expert, int k,
                                     int renorm) {
+    __shared__ float sl[MOE_MAX_EXPERTS];
     pdl_entry();
     const int t = blockIdx.x, lane = threadIdx.x;
     const float* l = logits + (size_t)t * n_expert;
     float mx = -INFINITY;
-    for (int e = lane; e < n_expert; e += WARP) mx = fmaxf(mx, l[e]);
+    for (int e = lane; e < n_expert; e += WARP) {
+        sl[e] = l[e];
+        mx = fmaxf(mx, sl[e]);
+    }
     mx = warp_max(mx);
     float sum = 0.0f;
-    for (int e = lane; e < n_expert; e += WARP) sum += expf(l[e] - mx);
+    for (int e = lane; e < n_expert; e += WARP) sum += expf(sl[e] - mx);
     sum = warp_sum(sum);
-    unsigned taken[MOE_MAX_PER_LANE / 32] = {0};
     float picked[16];
     float total = 0.0f;
     for (int j = 0; j < k; ++j) {
         float best = -INFINITY;
         int bi = 0x7fffffff;
-        for (int e = lane, i = 0; e < n_expert; e += WARP, ++i)
-            if (!(taken[i >> 5] >> (i & 31) & 1u) && (l[e] > best || (l[e] == best && e < bi))) best = l[e], bi = e;
+        for (int e = lane; e < n_expert; e += WARP)
+            if (sl[e] > best || (sl[e] == best && e < bi)) best = sl[e], bi = e;
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) {
             const float ob = __shfl_xor_sync(0xffffffffu, best, o);
             const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
             if (ob > best || (ob == best && oi < bi)) best = ob, bi = oi;
         }
-        if ((bi & 31) == lane) {
-            const int i = bi >> 5;
-            taken[i >> 5] |= 1u << (i & 31);
-        }
+        __syncwarp();
+        if ((bi & 31) == lane) sl[bi] = -INFINITY;  // taken: no later pass picks it again
+        __syncwarp();
         const float p = expf(best - mx) / sum;
         picked[j] = p;
         total += p;
@@ -49,6 +53,49 @@ extern "C" __global__ void moe_topk(const float* __restrict__ logits, int* __res
     }
     if (lane == 0)
         for (int j = 0; j < k; ++j) weights[t * k + j] = renorm ? picked[j] / total : picked[j];
+}
+
+// moe_sort: the slots of T tokens x k experts grouped per expert, for the prefill GEMM.
+// ids int [S] (S = T * k) -> offsets int [n_expert + 1] (expert e's slots are
+// order[offsets[e] .. offsets[e + 1])), order int [S] (slot indices, ascending within an expert:
+// a stable, deterministic grouping). One block of 1024 threads; warp w takes experts w, w + 32, ...
+// and walks the slots 32 at a time with a ballot, so each slot's place is its rank among the
+// slots of its expert before it. S <= MOE_SORT_MAX.
+#define MOE_SORT_MAX 8192
+extern "C" __global__ __launch_bounds__(1024) void moe_sort(const int* __restrict__ ids, int* __restrict__ offsets,
+                                                            int* __restrict__ order, int n_slots, int n_expert) {
+    __shared__ int sid[MOE_SORT_MAX];
+    __shared__ int count[MOE_MAX_EXPERTS + 1];
+    pdl_entry();
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, n_warps = blockDim.x >> 5;
+    for (int s = tid; s < n_slots; s += blockDim.x) sid[s] = ids[s];
+    __syncthreads();
+    for (int e = warp; e < n_expert; e += n_warps) {
+        int c = 0;
+        for (int s0 = 0; s0 < n_slots; s0 += WARP) c += __popc(__ballot_sync(0xffffffffu, s0 + lane < n_slots && sid[s0 + lane] == e));
+        if (lane == 0) count[e] = c;
+    }
+    __syncthreads();
+    if (tid == 0) {  // exclusive scan over at most a few thousand experts: cheap next to the GEMMs
+        int acc = 0;
+        for (int e = 0; e < n_expert; ++e) {
+            const int c = count[e];
+            count[e] = acc;
+            offsets[e] = acc;
+            acc += c;
+        }
+        offsets[n_expert] = acc;
+    }
+    __syncthreads();
+    for (int e = warp; e < n_expert; e += n_warps) {
+        int at = count[e];
+        for (int s0 = 0; s0 < n_slots; s0 += WARP) {
+            const bool mine = s0 + lane < n_slots && sid[s0 + lane] == e;
+            const unsigned m = __ballot_sync(0xffffffffu, mine);
+            if (mine) order[at + __popc(m & ((1u << lane) - 1))] = s0 + lane;
+            at += __popc(m);
+        }
+    }
 }
 
 // moe_combine: out[t][i] = sum_j weights[t*k + j] * y[(t*k + j)][i], j in order (best expert first).

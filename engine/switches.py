@@ -20,3 +20,12 @@ def batched_rows() -> int | None:
     """MEMRA_BATCHED_R=2|4: rows per warp of the batched (verify) matvec; None: chosen per shape."""
     forced = os.environ.get("MEMRA_BATCHED_R")
     return int(forced) if forced else None
+
+
+def moe_matvec_variant() -> tuple[int, int] | None:
+    """MEMRA_MOE_RU=R,U: rows per warp and units per step of the MoE expert matvec; None: the default."""
+    forced = os.environ.get("MEMRA_MOE_RU")
+    if not forced:
+        return None
+    r, u = (int(v) for v in forced.split(","))
+    return r, u

@@ -304,12 +304,19 @@ def moe_paths(tmp_path_factory):
 @pytest.mark.parametrize("name", list(MOE_MODELS))
 @pytest.mark.parametrize("T", [1, 5, 40])
 def test_moe_layers_route_on_the_device(moe_paths, name, T):
-    """Per layer: the router matmul, moe_topk, one expert matvec for gate|up and one for down
-    over all T * top_k slots, silu, and moe_combine; no host round trip in between."""
+    """Per layer: the router matmul, moe_topk, then for up to 16 tokens one expert matvec for
+    gate|up and one for down over all T * top_k slots, and for prefill moe_sort and one grouped
+    tensor-core GEMM each; silu, and moe_combine; no host round trip in between."""
     launches = run_forward(moe_paths[name], T)
     cfg = config_from_gguf(open_gguf(moe_paths[name]))
     assert launches.count("moe_topk") == launches.count("moe_combine") == cfg.n_layer
-    assert sum(n.startswith("moe_matvec_") for n in launches) == 2 * cfg.n_layer
+    if T <= 16:
+        assert sum(n.startswith("moe_matvec_") for n in launches) == 2 * cfg.n_layer
+        assert "moe_sort" not in launches and not any(n.startswith("moe_gemm_") for n in launches)
+    else:
+        assert launches.count("moe_sort") == cfg.n_layer
+        assert sum(n.startswith("moe_gemm_") for n in launches) == 2 * cfg.n_layer
+        assert not any(n.startswith("moe_matvec_") for n in launches)
     # the F32 router never takes the f16 GEMM (close calls between experts would flip)
     assert launches.count("matvec_f32_c16") + launches.count("matvec_f32_c8") + launches.count("matvec_f32_c1") \
         + launches.count("matvec_f32_c2") + launches.count("matvec_f32_c4") >= cfg.n_layer

@@ -14,13 +14,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from memra_engine import switches
 from memra_engine.errors import UnsupportedModelError
 from memra_engine.gpu import quant_ops
 from memra_engine.gpu.memory import ALIGN
 from memra_engine.model.gguf_file import TensorInfo
 
 MAX_TOP_K = 16  # moe_topk keeps the chosen weights in registers (cuda/moe.cu)
-MAX_EXPERTS = 4096  # moe_topk: 128 experts per lane
+MAX_EXPERTS = 4096  # moe_topk: the logits of one token in shared memory
 
 
 def _aligned(n: int) -> int:
@@ -83,13 +84,48 @@ def topk(rt, logits_ptr: int, ids_ptr: int, weights_ptr: int, log_ptr: int, n_to
     rt.launch("moe_topk", n_tokens, 32, (logits_ptr, ids_ptr, weights_ptr, log_ptr, n_expert, k, int(bool(renorm))))
 
 
+MATVEC_VARIANTS = ((1, 1), (2, 1), (1, 2), (2, 2), (4, 1))  # (rows per warp, units per step): moe_matvec_*_r<R>u<U>
+SORT_MAX_SLOTS = 8192  # moe_sort keeps the slots' expert ids in shared memory (cuda/moe.cu)
+GEMM_TOKENS = 64  # tokens (slots) per moe_gemm tile (cuda/gemm.cu, Tile1)
+GEMM_SMEM = 34816
+
+
+def matvec_variant(stack: ExpertStack) -> tuple[int, int]:
+    """(rows per warp, units per step) of the expert matvec; MEMRA_MOE_RU=R,U forces one (A/B runs).
+    H200, Qwen3-MoE shape decode (2048 x 768 experts, top-8; scripts/profile_decode.py, 24 layers):
+    Q4_K gate|up and down r1u1 12.53, r2u1 10.10, r4u1 11.46 µs a launch; Q6_K down 10.83, 9.46,
+    9.05 µs. Two rows per warp keep more loads in flight than one; the other types follow Q4_K by
+    analogy (not timed)."""
+    forced = switches.moe_matvec_variant()
+    if forced:
+        return forced
+    return (4, 1) if stack.layout.kernel_type == "q6_K" else (2, 1)
+
+
 def expert_matvec(rt, stack: ExpertStack, ids_ptr: int, xq_ptr: int, y_ptr: int, n_slots: int, top_k: int,
-                  x_per_slot: bool) -> None:
-    """y[s] = expert ids[s] @ x(s) for every slot s (cuda/matvec.cu, moe_matvec_<type>)."""
-    rt.launch(f"moe_matvec_{stack.layout.kernel_type}", (-(-stack.rows // quant_ops.MATVEC_WARPS), n_slots),
-              32 * quant_ops.MATVEC_WARPS,
+                  x_per_slot: bool, variant: tuple[int, int] | None = None) -> None:
+    """y[s] = expert ids[s] @ x(s) for every slot s (cuda/matvec.cu, moe_matvec_<type>_r<R>u<U>)."""
+    r, u = variant or matvec_variant(stack)
+    rt.launch(f"moe_matvec_{stack.layout.kernel_type}_r{r}u{u}",
+              (-(-stack.rows // (quant_ops.MATVEC_WARPS * r)), n_slots), 32 * quant_ops.MATVEC_WARPS,
               (stack.table_ptr, np.int64(stack.meta_offset), ids_ptr, xq_ptr, y_ptr, stack.rows, stack.cols,
                quant_ops.q8_1_stride(stack.cols), top_k, int(bool(x_per_slot))))
+
+
+def sort_slots(rt, ids_ptr: int, offsets_ptr: int, order_ptr: int, n_slots: int, n_expert: int) -> None:
+    """Group the slots per expert for expert_gemm: offsets int [E + 1], order int [S] (cuda/moe.cu)."""
+    assert n_slots <= SORT_MAX_SLOTS
+    rt.launch("moe_sort", 1, 1024, (ids_ptr, offsets_ptr, order_ptr, n_slots, n_expert))
+
+
+def expert_gemm(rt, stack: ExpertStack, offsets_ptr: int, order_ptr: int, x_ptr: int, y_ptr: int, n_tokens: int,
+                top_k: int, x_per_slot: bool) -> None:
+    """Prefill: y[s] = expert(s) @ x(s) on tensor cores, each expert's slots (sort_slots) in tiles of
+    64; x f32 rows per token (x_per_slot False) or per slot (cuda/gemm.cu, moe_gemm_<type>)."""
+    name = f"moe_gemm_{stack.layout.kernel_type}"
+    rt.launch(name, (-(-stack.rows // 64), -(-n_tokens // GEMM_TOKENS), stack.n_expert), 128,
+              (stack.table_ptr, np.int64(stack.meta_offset), offsets_ptr, order_ptr, x_ptr, y_ptr, stack.rows,
+               stack.cols, top_k, int(bool(x_per_slot))), shared=GEMM_SMEM)
 
 
 def combine(rt, y_ptr: int, weights_ptr: int, out_ptr: int, n_tokens: int, d: int, k: int) -> None:

@@ -507,9 +507,11 @@ class GpuOps:
         return DArray(x.ptr + (x.rows - 1) * x.ld * 4, (1,) + x.shape[1:], x.ld)
 
     def moe_ffn(self, layer: int, x: DArray, router, gate_up, down, n_used: int, renormalize: bool) -> DArray:
-        """Router matmul, moe_topk (ids stay on the device), one expert matvec over every (token,
-        expert) slot for gate|up and one for down, then the weighted sum (engine/gpu/moe.py).
-        Each slot's rows are a plain one-token matvec of its expert, at any number of tokens."""
+        """Router matmul, moe_topk (ids stay on the device), the experts, then the weighted sum
+        (engine/gpu/moe.py). Up to BATCHED_MATVEC_MAX tokens (decode, verify) one expert matvec
+        over every (token, expert) slot for gate|up and one for down: each slot's rows are a plain
+        one-token matvec of its expert, so verify rows equal decode rows. Prefill groups the slots
+        per expert (moe_sort) and runs the tensor-core GEMM over each expert's slots."""
         T, k = x.rows, n_used
         S = T * k
         self.flush()
@@ -525,11 +527,20 @@ class GpuOps:
         moe.topk(self.rt, logits.ptr, ids.ptr, weights.ptr, log, T, router.rows, k, renormalize)
         ff = gate_up.rows // 2
         gu = self.new((S, 2 * ff))
-        moe.expert_matvec(self.rt, gate_up, ids.ptr, self._q8_1_of(x, x.width), gu.ptr, S, k, x_per_slot=False)
-        gate, up = self.split(gu, (ff, ff))
-        h = self._gated("silu_mul_f32", gate, up)
         y = self.new((S, down.rows))
-        moe.expert_matvec(self.rt, down, ids.ptr, self._q8_1_of(h, ff), y.ptr, S, k, x_per_slot=True)
+        if T <= BATCHED_MATVEC_MAX:
+            moe.expert_matvec(self.rt, gate_up, ids.ptr, self._q8_1_of(x, x.width), gu.ptr, S, k, x_per_slot=False)
+            gate, up = self.split(gu, (ff, ff))
+            h = self._gated("silu_mul_f32", gate, up)
+            moe.expert_matvec(self.rt, down, ids.ptr, self._q8_1_of(h, ff), y.ptr, S, k, x_per_slot=True)
+        else:
+            assert S <= moe.SORT_MAX_SLOTS, "prefill chunks are bounded so that T * top_k slots fit moe_sort"
+            offsets, order = self.new((gate_up.n_expert + 1,)), self.new((S,))
+            moe.sort_slots(self.rt, ids.ptr, offsets.ptr, order.ptr, S, gate_up.n_expert)
+            moe.expert_gemm(self.rt, gate_up, offsets.ptr, order.ptr, x.ptr, gu.ptr, T, k, x_per_slot=False)
+            gate, up = self.split(gu, (ff, ff))
+            h = self._gated("silu_mul_f32", gate, up)
+            moe.expert_gemm(self.rt, down, offsets.ptr, order.ptr, h.ptr, y.ptr, T, k, x_per_slot=True)
         out = self.new((T, down.rows))
         moe.combine(self.rt, y.ptr, weights.ptr, out.ptr, T, down.rows, k)
         return out

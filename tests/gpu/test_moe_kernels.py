@@ -3,8 +3,12 @@ cuda/matvec.cu, engine/gpu/moe.py), on random inputs with NaN-poisoned outputs.
 
 - moe_topk: the same expert ids as a stable numpy argsort of the logits (ties cannot occur in
   random floats), weights within 1e-6 relative of the float64 softmax (expf vs exp);
-- moe_matvec: every slot's rows bit-identical to a one-token dense matvec (r1u1) of its expert
-  on its activation row: the same kernel body, so the cache and the resident path agree exactly;
+- moe_matvec (every rows-per-warp variant): every slot's rows bit-identical to a one-token dense
+  matvec (r1u1) of its expert on its activation row: the same kernel body, so the cache and the
+  resident path agree exactly;
+- moe_sort: the slots grouped per expert exactly as a stable numpy argsort of the ids;
+- moe_gemm (prefill): every slot's rows bit-identical to the dense prefill GEMM of its expert on
+  its activation rows, and within the dense GEMM's bound (1e-3 relative L2) of float64 numpy;
 - moe_combine: within 1e-6 relative of the float64 weighted sum (fma order).
 """
 from __future__ import annotations
@@ -13,7 +17,7 @@ import numpy as np
 import pytest
 
 from memra_engine.gpu import moe, quant_ops
-from memra_engine.gpu.quant_ref import random_weight_bytes
+from memra_engine.gpu.quant_ref import dequantize_weight, random_weight_bytes
 from memra_engine.model.gguf_file import TensorInfo
 
 pytestmark = pytest.mark.gpu
@@ -71,15 +75,64 @@ def test_expert_matvec_slots_equal_dense_matvecs(gpu, ggml_type, x_per_slot):
     xp = gpu.put(x)
     xq = gpu.empty(quant_ops.q8_1_nbytes(cols, n_x) // 4, poison=False)
     quant_ops.quantize_q8_1(gpu.rt, xp, xq, cols, n_x)
-    y = gpu.empty(S * rows)
-    moe.expert_matvec(gpu.rt, stack, gpu.put(ids), xq, y, S, k, x_per_slot)
-    got = gpu.get(y, (S, rows))
     stride = quant_ops.q8_1_stride(cols)
+    want = []
     for s in range(S):
-        want = gpu.empty(rows)
+        out = gpu.empty(rows)
         row = s if x_per_slot else s // k
-        quant_ops.matvec(gpu.rt, dense[ids[s]], 0, xq + row * stride, want, 1, variant=(1, 1))
-        np.testing.assert_array_equal(got[s], gpu.get(want, (rows,)), err_msg=f"slot {s} expert {ids[s]}")
+        quant_ops.matvec(gpu.rt, dense[ids[s]], 0, xq + row * stride, out, 1, variant=(1, 1))
+        want.append(gpu.get(out, (rows,)))
+    idp = gpu.put(ids)
+    for variant in moe.MATVEC_VARIANTS:
+        y = gpu.empty(S * rows)
+        moe.expert_matvec(gpu.rt, stack, idp, xq, y, S, k, x_per_slot, variant=variant)
+        got = gpu.get(y, (S, rows))
+        for s in range(S):
+            np.testing.assert_array_equal(got[s], want[s], err_msg=f"r{variant[0]}u{variant[1]} slot {s} expert {ids[s]}")
+    gpu.rt.check()
+
+
+@pytest.mark.parametrize("n_slots,n_expert", [(6, 6), (150 * 4, 6), (512 * 8, 64), (8192, 128)])
+def test_sort_groups_the_slots_per_expert_stably(gpu, n_slots, n_expert):
+    rng = np.random.default_rng(n_slots)
+    ids = rng.integers(0, n_expert, n_slots).astype(np.int32)
+    ids[: n_slots // 3] = n_expert - 1  # one expert far more popular, as real routing is
+    offsets, order = gpu.empty(n_expert + 1), gpu.empty(n_slots)
+    moe.sort_slots(gpu.rt, gpu.put(ids), offsets, order, n_slots, n_expert)
+    counts = np.bincount(ids, minlength=n_expert)
+    np.testing.assert_array_equal(gpu.get(offsets, (n_expert + 1,), np.int32), np.concatenate([[0], np.cumsum(counts)]))
+    np.testing.assert_array_equal(gpu.get(order, (n_slots,), np.int32), np.argsort(ids, kind="stable"))
+
+
+@pytest.mark.parametrize("x_per_slot", [False, True])
+@pytest.mark.parametrize("ggml_type", QUANT_TYPES, ids=lambda t: t.name)
+def test_expert_gemm_slots_equal_dense_gemms(gpu, ggml_type, x_per_slot):
+    rng = np.random.default_rng(100 + int(ggml_type))
+    n_expert, rows, cols, T, k = 5, 160, 512, 90, 3
+    stack, dense = expert_stack(gpu, ggml_type, n_expert, rows, cols, rng)
+    S = T * k
+    # k distinct experts per token, as moe_topk gives (moe_gemm's grid relies on it: no expert has
+    # more than T slots); expert 4 in every token: 90 slots, two token tiles
+    ids = np.stack([np.concatenate([[4], rng.permutation(4)[:k - 1]]) for _ in range(T)]).astype(np.int32).reshape(-1)
+    n_x = S if x_per_slot else T
+    x = rng.standard_normal((n_x, cols)).astype(np.float32)
+    xp = gpu.put(x)
+    offsets, order = gpu.empty(n_expert + 1), gpu.empty(S)
+    moe.sort_slots(gpu.rt, gpu.put(ids), offsets, order, S, n_expert)
+    y = gpu.empty(S * rows)
+    moe.expert_gemm(gpu.rt, stack, offsets, order, xp, y, T, k, x_per_slot)
+    got = gpu.get(y, (S, rows))
+    assert np.isfinite(got).all(), "unwritten (NaN-poisoned) slot rows"
+    rows_of = np.arange(S) if x_per_slot else np.arange(S) // k
+    for e in range(n_expert):
+        slots = np.flatnonzero(ids == e)
+        xe = np.ascontiguousarray(x[rows_of[slots]])
+        out = gpu.empty(len(slots) * rows)
+        quant_ops.gemm(gpu.rt, dense[e], gpu.put(xe), out, len(slots), variant="gemm")
+        np.testing.assert_array_equal(got[slots], gpu.get(out, (len(slots), rows)), err_msg=f"expert {e}")
+        ref = xe.astype(np.float64) @ dequantize_weight(ggml_type, stack.parts[0].data[e], rows, cols).T.astype(np.float64)
+        err = np.linalg.norm(got[slots] - ref) / np.linalg.norm(ref)
+        assert err <= 1e-3, f"expert {e}: rel err {err:.2e}"
     gpu.rt.check()
 
 

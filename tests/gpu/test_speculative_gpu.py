@@ -95,7 +95,8 @@ def test_greedy_speculative_replies_equal_plain_replies(paths, name, grammar):
     messages = [{"role": "user", "content": repeating_prompt()}]
     with Engine.load(paths[name], backend="cuda", n_ctx=1024, draft=paths[name + "-other"]) as eng:
         plain = eng.chat(messages, GREEDY, grammar=g).collect()
-        assert plain.done.reason in ("eos", "length") and len(plain.token_ids) > 16
+        # "context": the greedy reply of a random model can run until the context is full
+        assert plain.done.reason in ("eos", "length", "context") and len(plain.token_ids) > 16
         for spec in (SpecConfig(mode="lookup"), SpecConfig(mode="draft", draft_max=4)):
             got = eng.chat(messages, GREEDY, grammar=g, spec=spec).collect()
             assert got.token_ids == plain.token_ids, spec
