@@ -84,7 +84,7 @@ def topk(rt, logits_ptr: int, ids_ptr: int, weights_ptr: int, log_ptr: int, n_to
     rt.launch("moe_topk", n_tokens, 32, (logits_ptr, ids_ptr, weights_ptr, log_ptr, n_expert, k, int(bool(renorm))))
 
 
-MATVEC_VARIANTS = ((1, 1), (2, 1), (1, 2), (2, 2), (4, 1))  # (rows per warp, units per step): moe_matvec_*_r<R>u<U>
+MATVEC_VARIANTS = ((1, 1), (2, 1), (4, 1))  # (rows per warp, units per step): moe_matvec_*_r<R>u<U>
 SORT_MAX_SLOTS = 8192  # moe_sort keeps the slots' expert ids in shared memory (cuda/moe.cu)
 GEMM_TOKENS = 64  # tokens (slots) per moe_gemm tile (cuda/gemm.cu, Tile1)
 GEMM_SMEM = 34816
