@@ -38,7 +38,9 @@ _DEEPSEEK_LLM_LETTERS = (  # \u escapes: characters that Unicode normalization w
     "A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ-ᵷᵹ-ᶚḀ-ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛ"
     "ὝὟ-\u1f7dᾀ-ᾴᾶ-ᾼ\u1fbeῂ-ῄῆ-ῌῐ-\u1fd3ῖ-\u1fdbῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤ\u2126ℨ\u212a-ℭℯ-ℴℹℼ-ℿⅅ-ⅉⅎↃↄⰀ-ⱻⱾ-"
     "ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-𐳲𑢠-𑣟𞤀-𞥃")
-_CJK_HANGUL = "[一-龥ࠀ-一가-퟿]+"
+# llama.cpp runs a regex without \p{..} on the text with every non-ASCII space replaced by \v, so a
+# literal range never matches U+3000 and the other spaces in it: `&&[^\s]` takes them out here too.
+_CJK_HANGUL = "[[一-龥ࠀ-一가-퟿]&&[^\\s]]+"
 _CJK_KANA = "[一-龥぀-ゟ゠-ヿ]+"
 _DEEPSEEK3_WORDS = (r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
                     r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -59,8 +61,9 @@ _GRANITE_MULTI = (rf"[^\r\n\p{{L}}\p{{N}}]?{_UPPER_M}*{_LOWER_M}+{_CONTRACTIONS}
                   rf"|[^\r\n\p{{L}}\p{{N}}]?{_UPPER_M}+{_LOWER_M}*{_CONTRACTIONS}?"
                   r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _POOR_SPLIT = " ?[^(\\s|.,!?…。，、।۔،)]+"
-# Digit runs cut into threes from the right, the first group taking the remainder (AFMoE's splitter).
-_DIGITS_FROM_RIGHT = r"\p{N}{1,3}(?=(?:\p{N}{3})*(?!\p{N}))"
+# AFMoE's hand-written digit splitter (Tiny Aya's too): digit runs cut into threes from the right, the
+# first group taking the remainder, and that first group still joined to the text before it.
+_DIGITS_FROM_RIGHT = r"\P{N}*\p{N}{1,3}(?=(?:\p{N}{3})*(?!\p{N}))"
 _NEWLINE_RUNS = "[^\\n]+|[\\n]+"
 # Kimi K2's hand-written splitter: Han runs, then words of any other letters (no case, no \p{M}).
 _HAN = r"[\x{4E00}-\x{9FFF}\x{3400}-\x{4DBF}\x{20000}-\x{2A6DF}\x{2A700}-\x{2EBEF}\x{F900}-\x{FAFF}\x{2F800}-\x{2FA1F}]"
@@ -98,7 +101,7 @@ _TYPES: dict[tuple[str, ...], PreTokenizer] = {
         PreTokenizer((_LLAMA3,), ignore_merges=True, add_bos=True),
     ("dbrx", "smaug-bpe"): PreTokenizer((_LLAMA3,)),
     ("jais-2",): PreTokenizer((_JAIS2,)),
-    ("deepseek-llm",): PreTokenizer(("[\r\n]", rf"\s?[{_DEEPSEEK_LLM_LETTERS}]+", r"\s?[!-/:-~！-／：-～‘-‟　-。]+",
+    ("deepseek-llm",): PreTokenizer(("[\r\n]", rf"\s?[{_DEEPSEEK_LLM_LETTERS}]+", r"\s?[[!-/:-~！-／：-～‘-‟　-。]&&[^\s]]+",
                                      r"\s+\z", _CJK_HANGUL, r"\p{N}+")),
     ("deepseek-v3", "hunyuan-dense", "joyai-llm", "hy_v4"):
         PreTokenizer((r"\p{N}{1,3}", _CJK_KANA, _DEEPSEEK3_WORDS)),

@@ -161,11 +161,19 @@ def _build_bpe(v: Vocabulary) -> HFTokenizer:
     Tokens spelled outside the byte alphabet (added tokens such as "<｜begin▁of▁sentence｜>", or a run
     of spaces) keep their spelling: as in llama.cpp, only the added-token match reaches them."""
     rule = v.pre_tokenizer
-    model = models.BPE(vocab={t: i for i, t in enumerate(v.tokens)}, merges=_merge_pairs(v.merges),
+    vocab = {t: i for i, t in enumerate(v.tokens)}
+    model = models.BPE(vocab=vocab, merges=_merge_pairs(v.merges),
                        byte_fallback=not rule.byte_level, ignore_merges=rule.ignore_merges)
     hf = HFTokenizer(model)
     words = [pre_tokenizers.Split(Regex(rx), behavior="isolated") for rx in rule.splits]
     if rule.byte_level:
+        # An ASCII character the vocabulary has no token for (Falcon's lack control characters) is
+        # dropped by both, but in llama.cpp it still stands between its neighbours, which never merge
+        # across it; `tokenizers` would merge them. A word of its own keeps them apart.
+        spelling = bytes_to_unicode()
+        missing = "".join(f"\\x{{{b:02x}}}" for b in range(128) if spelling[b] not in vocab)
+        if missing:
+            words.append(pre_tokenizers.Split(Regex(f"[{missing}]"), behavior="isolated"))
         hf.pre_tokenizer = pre_tokenizers.Sequence(
             [*words, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
         hf.decoder = decoders.ByteLevel()

@@ -37,7 +37,7 @@ VOCABS = ["aquila", "baichuan", "command-r", "deepseek-coder", "deepseek-llm", "
           "gpt-neox", "llama-bpe", "llama-spm", "mpt", "phi-3", "qwen2", "qwen35", "refact", "starcoder"]
 
 # Every tokenizer.ggml.pre name llama.cpp's llama-vocab.cpp accepts for a BPE vocabulary. Each is also
-# checked on GPT-2's vocabulary with only that field changed. (The ▁-escaped pre-tokenizers, "gemma4",
+# checked on GPT-2's and Llama 3's vocabularies with only that field changed. (The ▁-escaped pre-tokenizers, "gemma4",
 # "granite-embed-multi-311m" and "sarvam-moe", need a ▁-spelled vocabulary: Gemma 4's file covers them.)
 PRE_NAMES = [
     "default", "minicpm5", "llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0",
@@ -102,6 +102,24 @@ WORDS = [
     "The quick brown fox jumps over the lazy dog. THE QUICK BROWN FOX!",
 ]
 
+# Where llama.cpp's pre-tokenizers differ from each other: runs of whitespace of many lengths before
+# a word, letter case inside words, accents, apostrophes, slashes, digit runs, CJK next to Latin.
+PRE_BASES = ["gpt-2", "llama-bpe"]
+SPLITTER_EDGES = [
+    "a" + "".join(" " * n + "w" for n in (1, 2, 3, 4, 5, 8, 9, 16, 17, 33, 65)),
+    "x" + " " * 20 + "\n" + " " * 7 + "\ty" + "\t" * 5 + "z" + " \r\n" * 3 + "  ",
+    "CamelCaseWord camelCase HTTPServer getHTTPResponse ÉCOLEÉcole ĞüzelÇok ǅungla ᾈ XMLHttpRequest",
+    "l'homme d'état, Ankara'nın, they'RE we'Ve it'S don't rock'n'roll O'Neil's '90s",
+    "path/to/file//x /usr/bin/ a/b/c/ ///\n// comment\n/*x*/ https://a.b/c?d=e",
+    "12 123 1234 12345 123456 1234567 x1y22z333 ٣٤٥ ۱۲۳ ๑๒๓ ½¼ ①② 12.5% $1,234.56",
+    "abc1234567 def  42\n      1234 end", "      418942 after spaces", "x\u3000\u3000y \u00a0\u00a0z\u2009 \u2028w",
+    "Hel\x0blo wo\x1frld \x0b\u1680 a\x07b\x1b[0m",
+    "English中文混合Text日本語とEnglish한국어Mixed ｆｕｌｌ　ｗｉｄｔｈ　ｓｐａｃｅ「括弧」、句読点。",
+    "e\u0301 a\u0308o\u0308 n\u0303 \u0915\u094d\u0937 \u0e01\u0e34\u0e48 x\u20dd \u05e9\u05c1\u05b8",
+    "foo--bar a.b.c x...y !!!?? (a)[b]{c} <tag> @user #hash $var %d ^_^ ~/.rc `code` \\n",
+    "<sentinel:12> IMGIMGABZ IMGIMGAAAAAZ \t\t    ok  two",
+]
+
 # Character pools for seeded random strings, the same as tests/test_tokenizer.py's.
 POOLS = [
     "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ", "0123456789²½٣", "     \t\n\r",
@@ -149,12 +167,12 @@ def special_texts(tokens: list[str], token_types: list[int]) -> list[str]:
 
 
 def base_texts(models: Path) -> list[str]:
-    return ggml_vocab_test_texts(models) + WHITESPACE + WORDS + SCRIPTS + EMOJI + CODE + random_texts(40, 17)
+    return ggml_vocab_test_texts(models) + SPLITTER_EDGES + WHITESPACE + WORDS + SCRIPTS + EMOJI + CODE + random_texts(40, 17)
 
 
 def pre_override_texts() -> list[str]:
     """A shorter list for the pre-tokenizer variants: each splitter's cases, not every script."""
-    return WHITESPACE + WORDS + SCRIPTS + EMOJI + CODE + random_texts(20, 29)
+    return SPLITTER_EDGES + WHITESPACE + WORDS + SCRIPTS + EMOJI + CODE + random_texts(20, 29)
 
 
 def with_pre(src: Path, pre: str, dst: Path) -> None:
@@ -213,18 +231,20 @@ def main() -> None:
         file = f"ggml-vocab-{vocab}.gguf"
         cases, ids, add_bos = oracle(models / file, texts)
         write_fixture(vocab, {"vocab": file, "add_bos": add_bos}, cases, ids)
-    # Pre-tokenizer names that llama.cpp treats alike give the same ids: one file for each group.
-    groups: dict[str, tuple[list[str], list[str], list[list[int]], bool]] = {}
+    # Pre-tokenizer names that give llama.cpp the same ids share one file. Two base vocabularies:
+    # GPT-2's short tokens hide some differences between splitters that Llama 3's long ones show.
     with tempfile.TemporaryDirectory() as tmp:
-        for pre in PRE_NAMES:
-            path = Path(tmp) / f"{pre}.gguf"
-            with_pre(models / "ggml-vocab-gpt-2.gguf", pre, path)
-            cases, ids, add_bos = oracle(path, pre_override_texts())
-            key = json.dumps([ids, add_bos])
-            groups.setdefault(key, ([], cases, ids, add_bos))[0].append(pre)
-    for names, cases, ids, add_bos in groups.values():
-        header = {"vocab": "ggml-vocab-gpt-2.gguf", "pre": names, "add_bos": add_bos}
-        write_fixture(f"pre-{names[0]}", header, cases, ids)
+        for base in PRE_BASES:
+            groups: dict[str, tuple[list[str], list[str], list[list[int]], bool]] = {}
+            for pre in PRE_NAMES:
+                path = Path(tmp) / f"{pre}.gguf"
+                with_pre(models / f"ggml-vocab-{base}.gguf", pre, path)
+                cases, ids, add_bos = oracle(path, pre_override_texts())
+                key = json.dumps([ids, add_bos])
+                groups.setdefault(key, ([], cases, ids, add_bos))[0].append(pre)
+            for names, cases, ids, add_bos in groups.values():
+                header = {"vocab": f"ggml-vocab-{base}.gguf", "pre": names, "add_bos": add_bos}
+                write_fixture(f"pre-{names[0]}-on-{base}", header, cases, ids)
     cache = Path.home() / ".cache" / "memra" / "models"
     for name, file in (("smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"), ("gemma3", "gemma-3-270m-q4_k_m.gguf")):
         cases, ids, add_bos = oracle(cache / file, texts)

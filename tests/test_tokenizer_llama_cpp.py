@@ -7,8 +7,8 @@ llama-cpp-python 0.3.36 vendors. The vocabularies are that release's vocab-only 
 directory. CI has PyPI, so a failed download fails the tests rather than skipping them.
 
 Each file is one vocabulary: the real ones (SentencePiece, byte-level BPE with its own pre-tokenizer,
-Gemma 4), GPT-2's with tokenizer.ggml.pre set to each other value llama.cpp knows (names that llama.cpp
-splits alike share a file), and the SmolLM2 and Gemma 3 models the other tests use.
+Gemma 4), GPT-2's and Llama 3's with tokenizer.ggml.pre set to each value llama.cpp knows (names that
+gave llama.cpp the same ids share a file), and the SmolLM2 and Gemma 3 models the other tests use.
 """
 from __future__ import annotations
 
@@ -76,12 +76,28 @@ def vocab_path(name: str, llama_cpp_files: Path, request) -> Path:
     return llama_cpp_files / name
 
 
-@pytest.mark.parametrize("fixture", FIXTURE_FILES, ids=[f.stem for f in FIXTURE_FILES])
-def test_encode_matches_llama_cpp(fixture, llama_cpp_files, request):
+def encode_cases() -> list:
+    """One case per vocabulary file; for a file of pre names, one per distinct rule memra has among
+    them (llama.cpp gave every name in the file the same ids, so each rule must give them too)."""
+    cases = []
+    for path in FIXTURE_FILES:
+        header, _ = read_fixture(path)
+        if "pre" not in header:
+            cases.append(pytest.param(path, None, id=path.stem))
+            continue
+        rules = {}
+        for name in header["pre"]:
+            rules.setdefault(PRE_TOKENIZERS.get(name), name)
+        cases += [pytest.param(path, name, id=f"{path.stem}:{name}") for name in rules.values()]
+    return cases
+
+
+@pytest.mark.parametrize("fixture, pre", encode_cases())
+def test_encode_matches_llama_cpp(fixture, pre, llama_cpp_files, request):
     header, cases = read_fixture(fixture)
     metadata = dict(open_gguf(vocab_path(header["vocab"], llama_cpp_files, request)).metadata)
-    if "pre" in header:
-        metadata["tokenizer.ggml.pre"] = header["pre"][0]
+    if pre is not None:
+        metadata["tokenizer.ggml.pre"] = pre
     tok = load_tokenizer(metadata)
     differ = []
     for text, expected in cases:
@@ -95,19 +111,10 @@ def test_encode_matches_llama_cpp(fixture, llama_cpp_files, request):
 
 def test_the_fixtures_cover_every_vocabulary_shape():
     cases = sum(len(read_fixture(f)[1]) for f in FIXTURE_FILES)
-    assert len(FIXTURE_FILES) >= 39 and cases >= 5000
+    assert len(FIXTURE_FILES) >= 68 and cases >= 9000
     kinds = {read_fixture(f)[0]["vocab"] for f in FIXTURE_FILES}
     assert {"ggml-vocab-llama-spm.gguf", "ggml-vocab-phi-3.gguf", "ggml-vocab-gemma-4.gguf",
             "ggml-vocab-llama-bpe.gguf", "ggml-vocab-qwen35.gguf", "gemma3"} <= kinds
-
-
-def test_pre_names_that_llama_cpp_splits_alike_share_a_rule():
-    """A fixture covers a group of pre names that gave llama.cpp the same ids; only its first name is
-    built. The rest must at least be names memra knows (their rule may differ from the first's where
-    GPT-2's vocabulary hides a difference, as qwen2 and qwen35 do)."""
-    for f in FIXTURE_FILES:
-        for name in read_fixture(f)[0].get("pre", []):
-            assert name in PRE_TOKENIZERS, name
 
 
 def test_every_pre_tokenizer_llama_cpp_knows_is_in_the_table(llama_cpp_files):
