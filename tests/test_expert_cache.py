@@ -219,9 +219,10 @@ def fake_cache(sizes: list[tuple[int, int]], n_expert=8, k=2, n_slots=3):
 
 
 def route_one_token(rt, cache, log, ids_per_layer):
-    ids = np.zeros((len(ids_per_layer), cache.log_tokens * cache.k), np.int32)
-    ids[:, :cache.k] = ids_per_layer
-    rt.dev.write(log, ids)
+    # a one-token forward's log block: layer l's k ids at 4 * k * l (GpuOps.moe_ffn); what
+    # follows is poisoned, so a reader that strides by the whole log reads garbage experts
+    rt.dev.write(log, np.full(cache.cfg.n_layer * cache.log_tokens * cache.k, -1, np.int32))
+    rt.dev.write(log, np.asarray(ids_per_layer, np.int32).reshape(len(ids_per_layer), cache.k))
     cache.after_forward(1)
 
 

@@ -82,14 +82,16 @@ def model_paths(tmp_path_factory):
     return {name: write_synthetic_gguf(root / f"{name}.gguf", **kw) for name, kw in MODELS.items()}
 
 
-def run_forward(path, T: int, n_ctx: int = 300, cluster: bool = False, kv_type: str = "f16") -> list[str]:
+def run_forward(path, T: int, n_ctx: int = 300, cluster: bool = False, kv_type: str = "f16",
+                rt: "RecordingRuntime | None" = None, moe_log: tuple[int, int] = (0, 0)) -> list[str]:
     g = open_gguf(path)
     cfg = config_from_gguf(g)
     weights = GpuWeights(g, cfg).upload(None, None, dry=True)
     kv = GpuKvCache(None, cfg.n_layer, cfg.n_kv_head, n_ctx, cfg.head_dim, kv_type)
-    rt = RecordingRuntime()
+    rt = rt or RecordingRuntime()
     ops = GpuOps(None, cfg, kv, Arena(0, 1 << 40), dry=True, cluster=cluster)
     ops.rt = rt
+    ops.moe_log_ptr, ops.moe_log_tokens = moe_log
     ops.begin(attn_splits(kv_bucket(n_ctx), cfg.head_dim, cluster, kv_type), history_ptr=4096,
               prefill_splits=attn_splits(kv_bucket(n_ctx), cfg.head_dim, False, kv_type))
     ids = DArray(1 << 20, (T,), 1)
@@ -321,3 +323,14 @@ def test_moe_layers_route_on_the_device(moe_paths, name, T):
     assert launches.count("matvec_f32_c16") + launches.count("matvec_f32_c8") + launches.count("matvec_f32_c1") \
         + launches.count("matvec_f32_c2") + launches.count("matvec_f32_c4") >= cfg.n_layer
     assert "gemm_f32" not in launches and "gemm2_f32" not in launches
+
+
+@pytest.mark.parametrize("T", [1, 5, 40])
+def test_the_routing_log_of_a_forward_is_one_block(moe_paths, T):
+    """moe_topk writes layer l's ids at log + 4 * k * T * l: the forward's n_layer * T * k ids in
+    one block, which is all the expert cache downloads after a step (engine/gpu/expert_cache.py)."""
+    rt, base = RecordingRuntime(), 1 << 36
+    run_forward(moe_paths["tiny-qwen3moe"], T, rt=rt, moe_log=(base, 64))
+    cfg = config_from_gguf(open_gguf(moe_paths["tiny-qwen3moe"]))
+    logs = [args[3] for kernel, args in rt.calls if kernel == "moe_topk"]
+    assert logs == [base + 4 * cfg.n_expert_used * T * layer for layer in range(cfg.n_layer)]

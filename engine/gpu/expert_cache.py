@@ -203,8 +203,8 @@ class ExpertCache:
         self.in_flight = still
         new = []
         if n_tokens > 0:
-            ids = self.rt.download(self.log_ptr, (self.cfg.n_layer, self.log_tokens * self.k), np.int32)
-            ids = ids[:, :n_tokens * self.k]
+            # only this forward's block: a decode step reads n_layer * k ints, not the whole log
+            ids = self.rt.download(self.log_ptr, (self.cfg.n_layer, n_tokens * self.k), np.int32)
             new = self.policy.route(ids, MAX_COPIES_IN_FLIGHT - len(self.in_flight))
             for layer, _, _, evicted in new:
                 if evicted >= 0:

@@ -214,8 +214,9 @@ class GpuOps:
         self.rt = _DryRuntime() if dry else rt
         self.cfg, self.kv, self.arena, self.dry, self.cluster = cfg, kv, arena, dry, cluster
         self.history_ptr = 0  # device token history the embed kernel records into (0: none)
-        # MoE routing log: moe_topk also writes layer l's ids at moe_log_ptr + 4 * k * l * moe_log_tokens
-        # (forwards of up to moe_log_tokens tokens; the expert cache reads it; 0: off)
+        # MoE routing log: in a forward of T tokens moe_topk also writes layer l's ids at
+        # moe_log_ptr + 4 * k * T * l, so the forward's log is one block of n_layer * T * k ints
+        # the expert cache reads whole (forwards of up to moe_log_tokens tokens; 0: off)
         self.moe_log_ptr, self.moe_log_tokens = 0, 0
         self.n_splits = 1  # attention grid.y of this forward (attn_splits; set per forward by begin)
         self.prefill_splits = 0  # the split path's grid.y, for prefill forwards on the cluster path
@@ -523,7 +524,7 @@ class GpuOps:
         xq = 0 if router.layout.is_float else self._q8_1_of(x, router.cols)
         quant_ops.matvec(self.rt, router, x.ptr, xq, logits.ptr, T)
         ids, weights = self.new((S,)), self.new((S,))
-        log = self.moe_log_ptr + 4 * k * (layer * self.moe_log_tokens) if self.moe_log_ptr and T <= self.moe_log_tokens else 0
+        log = self.moe_log_ptr + 4 * k * T * layer if self.moe_log_ptr and T <= self.moe_log_tokens else 0
         moe.topk(self.rt, logits.ptr, ids.ptr, weights.ptr, log, T, router.rows, k, renormalize)
         ff = gate_up.rows // 2
         gu = self.new((S, 2 * ff))
