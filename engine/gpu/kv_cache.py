@@ -11,12 +11,8 @@ quantize_q8_0); cuda/kv_cache.cu and cuda/rope.cu write them.
 """
 from __future__ import annotations
 
-from memra_engine.gpu.memory import ALIGN
+from memra_engine.gpu.memory import aligned
 from memra_engine.kv_type import DEFAULT_KV_TYPE, Q8_0_BLOCK, check_kv_type
-
-
-def _aligned(n: int) -> int:
-    return -(-n // ALIGN) * ALIGN
 
 
 def buffer_layout(n_kv: int, n_ctx: int, head_dim: int, kv_type: str) -> tuple[int, int]:
@@ -24,7 +20,7 @@ def buffer_layout(n_kv: int, n_ctx: int, head_dim: int, kv_type: str) -> tuple[i
     n_values = n_kv * n_ctx * head_dim
     if kv_type == "f16":
         return 2 * n_values, 0
-    scales_at = _aligned(n_values)
+    scales_at = aligned(n_values)
     return scales_at + 2 * (n_values // Q8_0_BLOCK), scales_at
 
 
@@ -33,7 +29,7 @@ class GpuKvCache:
     def bytes_needed(n_layer: int, n_kv: int, n_ctx: int, head_dim: int, kv_type: str = DEFAULT_KV_TYPE) -> int:
         """kv-region bytes: 2 * n_layer buffers, each rounded up to the pool's alignment."""
         per, _ = buffer_layout(n_kv, n_ctx, head_dim, check_kv_type(kv_type, head_dim))
-        return n_layer * 2 * _aligned(per)
+        return n_layer * 2 * aligned(per)
 
     def __init__(self, pool, n_layer: int, n_kv: int, n_ctx: int, head_dim: int, kv_type: str = DEFAULT_KV_TYPE):
         self.n_ctx = n_ctx

@@ -14,6 +14,13 @@ from memra_engine.errors import DeviceOutOfMemory
 from memra_engine.events import VramStats
 
 ALIGN = 256  # cudaMalloc's own alignment; keeps every buffer 16-byte-load friendly
+
+
+def aligned(n: int) -> int:
+    """n rounded up to ALIGN."""
+    return -(-n // ALIGN) * ALIGN
+
+
 MIB = 1 << 20
 OOM_HINT = "try a smaller --ctx, --kv-type q8_0, or a smaller model"
 OOM_HINT_Q8_0 = "try a smaller --ctx or a smaller model"  # the KV cache is q8_0 already

@@ -9,7 +9,6 @@ decode graph never changes.
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,15 +16,11 @@ import numpy as np
 from memra_engine import switches
 from memra_engine.errors import UnsupportedModelError
 from memra_engine.gpu import quant_ops
-from memra_engine.gpu.memory import ALIGN
+from memra_engine.gpu.memory import aligned
 from memra_engine.model.gguf_file import TensorInfo
 
 MAX_TOP_K = 16  # moe_topk keeps the chosen weights in registers (cuda/moe.cu)
 MAX_EXPERTS = 4096  # moe_topk: the logits of one token in shared memory
-
-
-def _aligned(n: int) -> int:
-    return -(-n // ALIGN) * ALIGN
 
 
 @dataclass
@@ -51,8 +46,7 @@ class ExpertStack:
             raise UnsupportedModelError(f"{name}: {t.ggml_type.name} experts have no GPU kernel (quantized only)")
         rows = sum(p.shape[1] for p in parts)
         layout = quant_ops.weight_layout(t.ggml_type, rows, t.shape[2])
-        nbytes = layout.meta_offset + rows * (t.shape[2] // layout.block_values) * layout.meta_bytes
-        return cls(parts, t.shape[0], rows, t.shape[2], layout, _aligned(nbytes))
+        return cls(parts, t.shape[0], rows, t.shape[2], layout, aligned(layout.nbytes(rows)))
 
     def expert_host_bytes(self, e: int) -> np.ndarray:
         """Expert e's blob as the kernels read it (repacked; padded to expert_bytes)."""
@@ -65,7 +59,7 @@ class ExpertStack:
 
     @property
     def table_bytes(self) -> int:
-        return _aligned(8 * self.n_expert)
+        return aligned(8 * self.n_expert)
 
     @property
     def meta_offset(self) -> int:

@@ -59,6 +59,11 @@ class WeightLayout:
     def is_float(self) -> bool:
         return self.meta_bytes == 0
 
+    def nbytes(self, rows: int) -> int:
+        """Bytes of a weight of `rows` rows in this layout (both planes)."""
+        blocks = rows * (self.padded_cols // self.block_values)
+        return blocks * self.q_bytes if self.is_float else self.meta_offset + blocks * self.meta_bytes
+
 
 @dataclass(frozen=True)
 class GpuWeight:

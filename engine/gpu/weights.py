@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from memra_engine.gpu import quant_ops
-from memra_engine.gpu.memory import ALIGN
+from memra_engine.gpu.memory import ALIGN, aligned
 from memra_engine.gpu.moe import ExpertStack
 from memra_engine.gpu.ops import FusedWeight, Vector
 from memra_engine.model import arch_module
@@ -30,18 +30,11 @@ def _stack(parts: list[TensorInfo], name: str) -> TensorInfo:
 
 def _layout_bytes(t: TensorInfo) -> int:
     rows, cols = (1, t.shape[0]) if len(t.shape) == 1 else (t.shape[0], int(np.prod(t.shape[1:])))
-    lay = quant_ops.weight_layout(t.ggml_type, rows, cols)
-    if lay.is_float:
-        return rows * lay.padded_cols * {"f16": 2, "bf16": 2, "f32": 4}[lay.kernel_type]
-    return lay.meta_offset + rows * (cols // lay.block_values) * lay.meta_bytes
+    return quant_ops.weight_layout(t.ggml_type, rows, cols).nbytes(rows)
 
 
 def _kind(t: TensorInfo) -> str:
     return {1: "vector", 3: "experts"}.get(len(t.shape), "matrix")
-
-
-def _aligned(n: int) -> int:
-    return -(-n // ALIGN) * ALIGN
 
 
 class GpuWeights:
@@ -85,11 +78,11 @@ class GpuWeights:
                 stack = ExpertStack.plan(group, name)
                 total += stack.table_bytes + (stack.n_expert * stack.expert_bytes if self.experts_resident else 0)
             elif kind == "vector":
-                total += _aligned(sum(int(np.prod(p.shape)) for p in group) * 4)
+                total += aligned(sum(int(np.prod(p.shape)) for p in group) * 4)
             elif len({p.ggml_type for p in group}) == 1:
-                total += _aligned(sum(_layout_bytes(p) for p in group) + ALIGN)
+                total += aligned(sum(_layout_bytes(p) for p in group) + ALIGN)
             else:
-                total += sum(_aligned(_layout_bytes(p)) for p in group)
+                total += sum(aligned(_layout_bytes(p)) for p in group)
         return total
 
     # ---- upload ------------------------------------------------------------------------------
