@@ -53,6 +53,9 @@ class MemoryPoolPane(Static):
         for name, n in segments:
             legend.append("■ ", style=COLORS[name])
             legend.append(f"{name} {fmt_bytes(n)}\n")
-        kv_used = s.vram.used.get("kv", 0)
-        legend.append(f"KV used {fmt_bytes(kv_used)} of {fmt_bytes(s.vram.reserved.get('kv', 0))}", style="dim")
+        # the KV buffers are allocated whole at load, so the pool's own "used" is always all of
+        # them: what a user wants is how much of the cache the conversation fills
+        kv = s.vram.reserved.get("kv", 0)
+        filled = kv * min(s.n_ctx_used, s.n_ctx) // s.n_ctx if s.n_ctx else s.vram.used.get("kv", 0)
+        legend.append(f"KV filled {fmt_bytes(filled)} of {fmt_bytes(kv)}", style="dim")
         return Text("\n").join([bar, legend])
