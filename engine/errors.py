@@ -47,3 +47,7 @@ class GrammarError(MemraError):
 
 class ModelFetchError(MemraError):
     """The default model could not be fetched or failed its checksum."""
+
+
+class RemoteError(MemraError):
+    """An OpenAI-compatible server could not be reached, or refused or broke off a request."""

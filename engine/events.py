@@ -2,6 +2,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from memra_engine.candidates import TokenCandidates
 
 
 @dataclass(frozen=True)
@@ -11,11 +15,19 @@ class EngineInfo:
     n_params: int
     quant_mix: str  # e.g. "Q4_1 x210, Q8_0 x1, F32 x61"
     n_ctx: int
-    backend: str  # "cpu" | "cuda"
+    backend: str  # "cpu" | "cuda" | "remote" (an OpenAI-compatible server, engine/remote.py)
     device_name: str
     has_chat_template: bool
     kv_type: str = "f16"  # the KV cache's element type: "f16" | "q8_0"
     draft_model_name: str = ""  # the draft model loaded for speculative decoding ("" = none)
+    # (knob, note) for the knobs the engine does not apply as given: the remote engine's extra
+    # fields (engine/remote_knobs.py). The knobs pane shows each note under its knob.
+    knob_notes: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def remote(self) -> bool:
+        """The model runs on a server: no VRAM pool or expert cache here to show."""
+        return self.backend == "remote"
 
 
 @dataclass
@@ -109,6 +121,9 @@ class TokenEvent:
     text: str  # may be "" while a multi-byte character is incomplete
     id: int
     logprob: float
+    # SamplingParams.top_logprobs > 0: why this token was drawn (engine/candidates.py); None: off,
+    # or a backend that does not report them yet (the cuda sampler)
+    candidates: TokenCandidates | None = None
 
 
 @dataclass(frozen=True)

@@ -355,6 +355,16 @@ class Engine:
             raise MemraError(f"--moe-vram must be a positive size, not {moe_vram} bytes")
         return cls.start(lambda: open_model(g, kind, n_ctx, vram_budget, say, kv_type, draft_g, moe_vram))
 
+    @staticmethod
+    def remote(url: str, model: str | None = None, api_key: str | None = None, timeout: float | None = None,
+               progress: Progress | None = None):
+        """A RemoteEngine (engine/remote.py) on the OpenAI-compatible server at `url`: the same
+        seam (chat, complete, info, stats, count_tokens, close) with the model on the server."""
+        from memra_engine.remote import DEFAULT_TIMEOUT_S, RemoteEngine
+
+        return RemoteEngine.connect(url, model=model, api_key=api_key, progress=progress,
+                                    timeout=DEFAULT_TIMEOUT_S if timeout is None else timeout)
+
     @classmethod
     def start(cls, opener: Callable[[], tuple["LoadedModel", EngineInfo]]) -> "Engine":
         """Start the engine thread, which calls `opener` to build its model state (tests pass fakes)."""
@@ -612,14 +622,16 @@ class Generation:
             steps = strategy.step(fed, budget)
             dt = time.perf_counter() - t0
             model.cached_tokens.append(fed)
-            model.cached_tokens.extend(t for t, _ in steps[:-1])  # a round's kept drafts are cached too
+            model.cached_tokens.extend(step.token for step in steps[:-1])  # a round's kept drafts are cached too
             if n_generated == 0:
                 self.prefill_s += dt
                 self.n_prefilled += 1
             else:
                 self.decode_s += dt
                 self.n_decoded += len(steps)
-            for i, (token, logprob) in enumerate(steps):
+            for i, (token, logprob, candidates) in enumerate(steps):
+                if candidates is not None:
+                    candidates = candidates.with_texts(self.model.tokenizer.token_text)
                 n_generated += 1
                 if n_generated == 1:
                     self.stats.time_to_first_token_s = time.perf_counter() - self.started
@@ -627,13 +639,13 @@ class Generation:
                 if token in eos_ids:
                     held = stops.flush() + flush_decoder(decoder)
                     if held:
-                        self.job._put(TokenEvent(held, token, logprob))
+                        self.job._put(TokenEvent(held, token, logprob, candidates))
                     return self.finish("eos")
                 history.append(token)
                 text, stopped = stops.push(decoder.push(token))
                 if stopped:
                     if text:
-                        self.job._put(TokenEvent(text, token, logprob))
+                        self.job._put(TokenEvent(text, token, logprob, candidates))
                     return self.finish("stop")
                 # The constraint has taken the whole step (a round's tokens), so whether it is
                 # complete (only end-of-text may follow) is known at the step's last token; the last
@@ -644,7 +656,7 @@ class Generation:
                 last = complete or n_generated >= params.max_tokens or full
                 if last:
                     text += stops.flush() + flush_decoder(decoder)
-                self.job._put(TokenEvent(text, token, logprob))
+                self.job._put(TokenEvent(text, token, logprob, candidates))
                 if last:
                     return self.finish("eos" if complete else "length" if n_generated >= params.max_tokens else "context")
             fed = steps[-1][0]

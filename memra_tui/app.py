@@ -265,6 +265,18 @@ class MemraApp(App[int]):
         super()._print_error_renderables()
 
 
+def connected(engine, reconnect: Callable) -> EngineLoader:
+    """A loader that hands over an engine already connected (the remote one: the CLI connects
+    before the UI opens, so an unreachable server is one line on stderr), then connects again
+    for any later load."""
+    first = [engine]
+
+    def load(model, progress=None, **_):
+        return first.pop() if first else reconnect(progress)
+
+    return load
+
+
 def setup_logging(log_file: Path) -> None:
     log_file.parent.mkdir(parents=True, exist_ok=True)
     handler = logging.FileHandler(log_file, encoding="utf-8")
@@ -276,16 +288,23 @@ def setup_logging(log_file: Path) -> None:
 
 def run_app(model: str | None, backend: str, n_ctx: int, resume: bool, kv_type: str = "f16",
             grammar: Grammar | None = None, draft: str | None = None, spec: SpecConfig | None = None,
-            moe_vram: int | None = None) -> int:
+            moe_vram: int | None = None, remote=None) -> int:
     """Open the chat app on `model` (None: the default model). Returns the process exit code.
     grammar: a memra_engine.grammar.Grammar from the command line, active for the chat's replies.
     draft: a draft model's path, loaded with the model; spec: the speculative decoding to start with;
-    moe_vram: bytes of VRAM for MoE experts (None: the engine decides)."""
+    moe_vram: bytes of VRAM for MoE experts (None: the engine decides);
+    remote: (a connected RemoteEngine (engine/remote.py), a function of progress that connects
+    again), to chat through instead of loading a model."""
     from memra_engine.generate import Engine
 
     paths = AppPaths.default()
     setup_logging(paths.log_file)
-    app = MemraApp(model, backend, n_ctx, resume, paths=paths, load_engine=Engine.load, kv_type=kv_type,
+    load_engine = Engine.load
+    if remote is not None:
+        engine, reconnect = remote
+        load_engine = connected(engine, reconnect)
+        model = f"{engine.info.model_name} at {engine.info.device_name}"
+    app = MemraApp(model, backend, n_ctx, resume, paths=paths, load_engine=load_engine, kv_type=kv_type,
                    grammar=grammar, draft=draft, spec=spec, moe_vram=moe_vram)
     code = app.run()
     return app.return_code if code is None else int(code)

@@ -89,6 +89,17 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--draft-min", type=int, default=DEFAULT_DRAFT_MIN, metavar="N",
                    help=f"fewest drafts worth a round; with fewer, a plain step (default {DEFAULT_DRAFT_MIN})")
 
+    r = p.add_argument_group("remote engine (an OpenAI-compatible server: vLLM, SGLang, llama-server)")
+    r.add_argument("--remote", metavar="URL", help="chat with the server at URL, e.g. http://127.0.0.1:8000/v1 "
+                   "(a URL with no path gets /v1)")
+    r.add_argument("--model", dest="remote_model", metavar="NAME",
+                   help="the server's model to use (default: the first it lists; --list-models shows them)")
+    r.add_argument("--list-models", action="store_true", help="print the models the server lists, then exit")
+    r.add_argument("--api-key-env", metavar="VAR", help="read the API key from environment variable VAR (default: "
+                   "the key for URL in the config file remote.json, if any; never from the command line)")
+    r.add_argument("--timeout", type=float, default=None, metavar="S",
+                   help="seconds to wait to connect, and for each read of the reply (default 60)")
+
     e = p.add_argument_group("engine")
     e.add_argument("--backend", choices=("auto", "cpu", "cuda"), default="auto",
                    help="auto takes the GPU when usable, else the CPU (default auto)")
@@ -171,8 +182,11 @@ def run_headless(args: argparse.Namespace) -> int:
     params = sampling_from(args)
     grammar = grammar_from(args)
     spec = spec_from(args)
-    engine = Engine.load(args.model, backend=args.backend, n_ctx=args.ctx, draft=args.draft, kv_type=args.kv_type,
-                         moe_vram=args.moe_vram, progress=say)
+    if args.remote is not None:
+        engine = connect_remote(args)
+    else:
+        engine = Engine.load(args.model, backend=args.backend, n_ctx=args.ctx, draft=args.draft, kv_type=args.kv_type,
+                             moe_vram=args.moe_vram, progress=say)
     try:
         if args.raw:
             job = engine.complete(args.prompt, params, stop=args.stop, grammar=grammar, spec=spec)
@@ -182,12 +196,12 @@ def run_headless(args: argparse.Namespace) -> int:
             messages = [{"role": "system", "content": args.system}] if args.system else []
             messages.append({"role": "user", "content": args.prompt})
             job = engine.chat(messages, params, stop=args.stop, grammar=grammar, spec=spec)
-        return stream(job, args.stats, grammar, spec)
+        return stream(job, args.stats, grammar, spec, remote=engine.info.remote)
     finally:
         engine.close()
 
 
-def stream(job, show_stats: bool, grammar=None, spec: SpecConfig | None = None) -> int:
+def stream(job, show_stats: bool, grammar=None, spec: SpecConfig | None = None, remote: bool = False) -> int:
     last_text, stats = "", None
     try:
         for event in job:
@@ -210,9 +224,10 @@ def stream(job, show_stats: bool, grammar=None, spec: SpecConfig | None = None) 
                     say(f"{PROG}: the structured reply ({grammar.label}) is incomplete: it was cut by "
                         "--max-tokens or the context")
                 if show_stats and stats is not None:
+                    memory = "remote server" if remote else f"rss {stats.vram.process_rss / 2**20:.0f} MB"
                     say(f"[{event.reason}] {stats.n_generated} tokens, decode {stats.decode_tok_s:.1f} tok/s, "
                         f"prefill {stats.prefill_tok_s:.1f} tok/s, first token {stats.time_to_first_token_s:.2f} s, "
-                        f"context {stats.n_ctx_used}/{stats.n_ctx}, rss {stats.vram.process_rss / 2**20:.0f} MB")
+                        f"context {stats.n_ctx_used}/{stats.n_ctx}, {memory}")
                     if spec is not None and spec.enabled:
                         say(f"spec: accepted {stats.spec_accepted} of {stats.spec_drafted} drafted, "
                             f"mean length {stats.spec_mean_length:.2f}")
@@ -256,7 +271,68 @@ def ignored_flags(args: argparse.Namespace) -> str:
             "(in the UI: the knobs, F3, and the system prompt, F5); ignored")
 
 
+REMOTE_ONLY = (("--model", "remote_model"), ("--list-models", "list_models"), ("--api-key-env", "api_key_env"),
+               ("--timeout", "timeout"))
+LOCAL_ONLY = (("--backend", "backend", "auto"), ("--ctx", "ctx", 4096), ("--kv-type", "kv_type", "f16"),
+              ("--moe-vram", "moe_vram", None), ("--draft", "draft", None), ("--lookup", "lookup", False),
+              ("--pull-default", "pull_default", False))
+
+
+def check_remote_flags(args: argparse.Namespace) -> None:
+    """The remote flags need --remote; the local engine's flags do nothing with it (one note)."""
+    if args.remote is None:
+        for flag, dest in REMOTE_ONLY:
+            if getattr(args, dest) not in (None, False):
+                raise MemraError(f"{flag} needs --remote URL")
+        return
+    if args.model is not None:
+        raise MemraError(f"a model file and --remote are two engines: give one (the server's model is --model NAME)")
+    given = [flag for flag, dest, default in LOCAL_ONLY if getattr(args, dest) != default]
+    if given:
+        say(f"{PROG}: note: {', '.join(given)} {'does' if len(given) == 1 else 'do'} nothing with --remote "
+            "(the server runs the model); ignored")
+        args.draft, args.lookup = None, False
+
+
+def remote_api_key(args: argparse.Namespace) -> str | None:
+    """The API key: from the environment variable --api-key-env names, else the config file's
+    entry for this server, else none. Never from the command line."""
+    import os
+
+    from memra_engine.remote import base_url
+    from memra_tui.settings import AppPaths, config_api_key
+
+    if args.api_key_env is not None:
+        key = os.environ.get(args.api_key_env, "")
+        if not key:
+            raise MemraError(f"--api-key-env {args.api_key_env}: that environment variable is not set or empty")
+        return key
+    return config_api_key(AppPaths.default(), base_url(args.remote))
+
+
+def connect_remote(args: argparse.Namespace, api_key: str | None = None, progress=say):
+    from memra_engine.generate import Engine
+
+    if api_key is None:
+        api_key = remote_api_key(args)
+    return Engine.remote(args.remote, model=args.remote_model, api_key=api_key, timeout=args.timeout,
+                         progress=progress)
+
+
+def list_models(args: argparse.Namespace) -> int:
+    engine = connect_remote(args)
+    try:
+        for name in engine.models:
+            print(name)
+    finally:
+        engine.close()
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    check_remote_flags(args)
+    if args.list_models:
+        return list_models(args)
     if note := ignored_flags(args):
         say(note)
     if args.pull_default:
@@ -268,10 +344,15 @@ def run(args: argparse.Namespace) -> int:
     if args.prompt is None:
         grammar = grammar_from(args)  # an invalid one: one line on stderr, no UI
         spec = spec_from(args)
+        # the server first: one that cannot be reached is one line on stderr, before the UI opens
+        remote = None
+        if args.remote is not None:
+            key = remote_api_key(args)
+            remote = (connect_remote(args, key, say), lambda progress: connect_remote(args, key, progress))
         from memra_tui.app import run_app  # lazy: the headless path must not load Textual
 
         return run_app(args.model, args.backend, args.ctx, args.resume, args.kv_type, grammar=grammar,
-                       draft=args.draft, spec=spec, moe_vram=args.moe_vram)
+                       draft=args.draft, spec=spec, moe_vram=args.moe_vram, remote=remote)
     return run_headless(args)
 
 

@@ -86,3 +86,26 @@ def load_sampling_defaults(paths: AppPaths) -> tuple[SamplingParams, str]:
 def save_sampling_defaults(paths: AppPaths, params: SamplingParams) -> None:
     text = json.dumps({"sampling": params.to_dict()}, indent=2, sort_keys=True) + "\n"
     atomic_write_text(paths.settings_file, text)
+
+
+REMOTE_CONFIG = "remote.json"  # {"api_keys": {"http://host:8000/v1": "KEY", ...}}, mode 0600
+
+
+def config_api_key(paths: AppPaths, url: str) -> str | None:
+    """The API key for the server at `url` (its API base) from the config file, or None. The file
+    holds secrets: one that other users can read is refused (MemraError naming the chmod)."""
+    from memra_engine.errors import MemraError
+
+    path = paths.config_dir / REMOTE_CONFIG
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return None
+    if mode & 0o077:
+        raise MemraError(f"{path} holds API keys but other users can read it: chmod 600 {path}")
+    try:
+        keys = json.loads(path.read_text(encoding="utf-8")).get("api_keys", {})
+    except (OSError, ValueError, AttributeError) as e:
+        raise MemraError(f"{path} is not a JSON object with \"api_keys\": {type(e).__name__}") from None
+    key = keys.get(url) or keys.get(url.removesuffix("/v1")) if isinstance(keys, dict) else None
+    return str(key) if key else None
