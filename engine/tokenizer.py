@@ -146,12 +146,7 @@ class Vocabulary:
 def _merge_pairs(merges: Sequence[str]) -> list[tuple[str, str]]:
     """"left right" merge strings, cut where llama.cpp cuts them: at the first space after the first
     character (a merge of a space token is " x"). One without a space can never apply; it is left out."""
-    pairs = []
-    for merge in merges:
-        cut = merge.find(" ", 1)
-        if cut >= 0:
-            pairs.append((merge[:cut], merge[cut + 1:]))
-    return pairs
+    return [(merge[:cut], merge[cut + 1:]) for merge in merges if (cut := merge.find(" ", 1)) >= 0]
 
 
 def _build_bpe(v: Vocabulary) -> HFTokenizer:
@@ -251,13 +246,21 @@ def _token_bytes(v: Vocabulary, hf: HFTokenizer) -> list[bytes]:
     """The bytes each token id stands for when decoded, in the same way hf.decode spells them."""
     added = {i: t.content for i, t in hf.get_added_tokens_decoder().items()}
     if v.is_byte_level:
-        to_byte = {c: b for b, c in bytes_to_unicode().items()}
+        # Each alphabet character stands for its byte, any other character for its UTF-8 bytes:
+        # one str.translate to latin-1 characters does it for every token without a character above
+        # U+00FF outside the alphabet; the rest (few) go character by character.
+        to_byte = {ord(c): b for b, c in bytes_to_unicode().items()}
+        table = {c: chr(to_byte[c]) if c in to_byte else chr(c).encode().decode("latin-1") for c in range(256)}
+        table.update({c: chr(b) for c, b in to_byte.items()})
         out = []
         for i, token in enumerate(v.tokens):
             if i in added:
                 out.append(added[i].encode())
-            else:
-                out.append(b"".join(bytes([to_byte[c]]) if c in to_byte else c.encode() for c in token))
+                continue
+            try:
+                out.append(token.translate(table).encode("latin-1"))
+            except UnicodeEncodeError:
+                out.append(b"".join(bytes([to_byte[ord(c)]]) if ord(c) in to_byte else c.encode() for c in token))
         return out
     out = []
     for i, (token, kind) in enumerate(zip(v.tokens, v.token_types)):

@@ -37,8 +37,10 @@ VOCABS = ["aquila", "baichuan", "command-r", "deepseek-coder", "deepseek-llm", "
           "gpt-neox", "llama-bpe", "llama-spm", "mpt", "phi-3", "qwen2", "qwen35", "refact", "starcoder"]
 
 # Every tokenizer.ggml.pre name llama.cpp's llama-vocab.cpp accepts for a BPE vocabulary. Each is also
-# checked on GPT-2's and Llama 3's vocabularies with only that field changed. (The ▁-escaped pre-tokenizers, "gemma4",
-# "granite-embed-multi-311m" and "sarvam-moe", need a ▁-spelled vocabulary: Gemma 4's file covers them.)
+# checked on GPT-2's and Llama 3's vocabularies with only that field changed. Not here: "gemma4",
+# "granite-embed-multi-311m", "sarvam-moe" and "whitespace" split raw UTF-8, not GPT-2's bytes, and
+# llama.cpp aborts on such a byte-level vocabulary (a word with a space reaches its merge lookup);
+# Gemma 4's own file checks the ▁-escaped kind on a vocabulary made for it.
 PRE_NAMES = [
     "default", "minicpm5", "llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0",
     "lfm2", "jina-v5-nano", "deepseek-llm", "deepseek-coder", "deepseek-v3", "spark2_5", "youtu", "falcon",

@@ -46,34 +46,44 @@ def llama_cpp_files() -> Path:
     import platformdirs
 
     cache = Path(platformdirs.user_cache_dir("memra")) / "llama-cpp-vocab" / LLAMA_CPP_PYTHON.split("==")[1]
-    done = cache / "complete"
-    if done.exists():
+    if cache.is_dir():
         return cache
-    with tempfile.TemporaryDirectory() as tmp:
-        pip = [sys.executable, "-m", "pip", "download", "--quiet", "--no-binary", ":all:", "--no-deps",
-               LLAMA_CPP_PYTHON, "-d", tmp]
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache.parent) as tmp:
+        pip = [sys.executable, "-m", "pip", "download", "--quiet", "--retries", "2", "--no-binary", ":all:",
+               "--no-deps", LLAMA_CPP_PYTHON, "-d", tmp]
         result = subprocess.run(pip, capture_output=True, text=True)
         if result.returncode != 0:
             pytest.fail(f"cannot fetch {LLAMA_CPP_PYTHON} from PyPI for llama.cpp's vocab files "
                         f"(pip download exit {result.returncode}): {result.stderr.strip()[-500:]}")
         (sdist,) = Path(tmp).glob("*.tar.gz")
         wanted = re.compile(re.escape(LLAMA_CPP_IN_SDIST) + r"(models/ggml-vocab-[\w.-]+\.gguf|src/llama-vocab\.cpp)")
-        cache.mkdir(parents=True, exist_ok=True)
+        files = Path(tmp) / "files"
+        files.mkdir()
         with tarfile.open(sdist) as tar:
             for member in tar:
                 match = wanted.fullmatch(member.name)
                 if match and member.isfile():
-                    (cache / Path(match.group(1)).name).write_bytes(tar.extractfile(member).read())
-    done.touch()
+                    (files / Path(match.group(1)).name).write_bytes(tar.extractfile(member).read())
+        # Renamed into place whole, so a cache directory that exists is complete.
+        if not cache.is_dir():
+            files.rename(cache)
     return cache
 
 
-def vocab_path(name: str, llama_cpp_files: Path, request) -> Path:
-    if name == "smollm2":
-        return request.getfixturevalue("smollm2_path")
-    if name == "gemma3":
-        return request.getfixturevalue("gemma3_path")
-    return llama_cpp_files / name
+@pytest.fixture(scope="session")
+def vocab_metadata(llama_cpp_files, request):
+    """The GGUF metadata of a vocabulary by its fixture name, read once per session."""
+    cache: dict[str, dict] = {}
+
+    def metadata(name: str) -> dict:
+        if name not in cache:
+            models = {"smollm2": "smollm2_path", "gemma3": "gemma3_path"}
+            path = request.getfixturevalue(models[name]) if name in models else llama_cpp_files / name
+            cache[name] = dict(open_gguf(path).metadata)
+        return dict(cache[name])
+
+    return metadata
 
 
 def encode_cases() -> list:
@@ -93,9 +103,9 @@ def encode_cases() -> list:
 
 
 @pytest.mark.parametrize("fixture, pre", encode_cases())
-def test_encode_matches_llama_cpp(fixture, pre, llama_cpp_files, request):
+def test_encode_matches_llama_cpp(fixture, pre, vocab_metadata):
     header, cases = read_fixture(fixture)
-    metadata = dict(open_gguf(vocab_path(header["vocab"], llama_cpp_files, request)).metadata)
+    metadata = vocab_metadata(header["vocab"])
     if pre is not None:
         metadata["tokenizer.ggml.pre"] = pre
     tok = load_tokenizer(metadata)
