@@ -46,6 +46,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     seed: int | None = None  # None = random per job
     max_tokens: int = 512
+    top_logprobs: int = 0  # >0: every TokenEvent carries its N candidates (engine/candidates.py)
 
     def validate(self) -> None:
         """Raise ValueError with a one-line message naming the bad field."""
@@ -67,6 +68,8 @@ class SamplingParams:
             raise ValueError("seed must be a non-negative integer")
         if self.max_tokens < 1:
             raise ValueError("max_tokens must be >= 1")
+        if not (0 <= self.top_logprobs <= 20):
+            raise ValueError("top_logprobs must be in [0, 20]")
 
     def to_dict(self) -> dict:
         return asdict(self)

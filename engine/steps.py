@@ -11,8 +11,9 @@ stop strings, events and stats; a strategy owns only "feed a token, get the next
   target's own. They wrap the plain strategy of their backend, which runs the rounds that have no
   draft and owns the knobs and the random stream.
 
-A step returns a list of (token, logprob): one token, or a round's tokens. At most `budget`, so
-a reply never runs past max_tokens.
+A step returns a list of Step (token, logprob, candidates): one token, or a round's tokens. At
+most `budget`, so a reply never runs past max_tokens. candidates (SamplingParams.top_logprobs > 0,
+host sampling only for now) say why the token was drawn (engine/candidates.py).
 
 A grammar constraint (engine/grammar.py) is used the same way by every strategy: ask it for the
 mask of the next position, draw, tell it the token drawn. Speculative rounds also cut drafts at
@@ -22,18 +23,27 @@ drafts and roll it back.
 from __future__ import annotations
 
 import time
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
 from memra_engine.backend import Backend
+from memra_engine.candidates import TokenCandidates, token_candidates
 from memra_engine.grammar import GrammarConstraint
 from memra_engine.sampling import SamplingParams, final_distribution, make_rng, sample
 from memra_engine.speculative import (
     DraftLength, DraftModel, PromptLookup, SpecConfig, SpecCounters, accept_sampled,
 )
 
-Steps = list[tuple[int, float]]
+
+
+class Step(NamedTuple):
+    token: int
+    logprob: float
+    candidates: TokenCandidates | None = None
+
+
+Steps = list[Step]
 
 
 class StepStrategy(Protocol):
@@ -71,10 +81,10 @@ class HostSampling:
         self.params = params
 
     def step(self, fed: int, budget: int = 1) -> Steps:
-        token, logprob = self.draw(self.backend.decode(fed), self.history)
+        step = self.draw(self.backend.decode(fed), self.history)
         if self.constraint is not None:
-            self.constraint.accept(token)
-        return [(token, logprob)]
+            self.constraint.accept(step.token)
+        return [step]
 
     def allowed(self) -> np.ndarray | None:
         if self.constraint is None:
@@ -82,8 +92,15 @@ class HostSampling:
         with self.mask_timer:
             return self.constraint.allowed()
 
-    def draw(self, logits: np.ndarray, history: list[int]) -> tuple[int, float]:
-        return sample(logits, self.params, history, self.rng, self.allowed())
+    def draw(self, logits: np.ndarray, history: list[int]) -> Step:
+        allowed = self.allowed()
+        token, logprob = sample(logits, self.params, history, self.rng, allowed)
+        return Step(token, logprob, self.candidates(logits, history, allowed, token))
+
+    def candidates(self, logits: np.ndarray, history: list[int], allowed: np.ndarray | None,
+                   token: int) -> TokenCandidates | None:
+        n = self.params.top_logprobs
+        return token_candidates(logits, self.params, history, allowed, token, n) if n > 0 else None
 
 
 class DeviceSampling:
@@ -99,13 +116,13 @@ class DeviceSampling:
 
     def step(self, fed: int, budget: int = 1) -> Steps:
         if self.constraint is None:
-            return [self.backend.decode_sample(fed)]
+            return [Step(*self.backend.decode_sample(fed))]
         mask = self.backend.begin_masked_step(fed)  # the GPU runs the forward meanwhile
         with self.mask_timer:
             self.constraint.mask_into(mask)
         token, logprob = self.backend.finish_masked_step()
         self.constraint.accept(token)
-        return [(token, logprob)]
+        return [Step(token, logprob)]
 
 
 class _Rounds:
@@ -195,20 +212,21 @@ class HostSpeculative(_Rounds):
         for i, row in enumerate(rows):
             x = drafts[i] if i < len(drafts) else None
             if x is None or qs is None:  # the bonus row, or a point-mass draft: y ~ p, keep x iff y == x
-                token, logprob = plain.draw(row, hist)
-                kept = token == x
+                step = plain.draw(row, hist)
+                kept = step.token == x
             else:
                 allowed = plain.allowed()
                 ids, p = final_distribution(row, plain.params, hist, allowed)
                 q_ids, q = qs[i]
                 token, kept = accept_sampled(x, ids, p, q_ids, q, plain.rng, row.shape[0])
-                logprob = float(np.log(p[np.flatnonzero(ids == token)[0]]))
+                step = Step(token, float(np.log(p[np.flatnonzero(ids == token)[0]])),
+                            plain.candidates(row, hist, allowed, token))
             if constraint is not None:
-                constraint.accept(token)
-            steps.append((token, logprob))
+                constraint.accept(step.token)
+            steps.append(step)
             if not kept:
                 break
-            hist.append(token)
+            hist.append(step.token)
         return steps
 
 
@@ -262,10 +280,10 @@ class DeviceSpeculative(_Rounds):
         kept = 0
         while kept < len(drafts) and rows[kept][0] == drafts[kept]:
             kept += 1
-        steps = rows[:kept + 1]
+        steps = [Step(*row) for row in rows[:kept + 1]]
         if constraint is not None:
-            for t, _ in steps:
-                constraint.accept(t)
+            for step in steps:
+                constraint.accept(step.token)
         return steps
 
 
