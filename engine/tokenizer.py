@@ -220,26 +220,32 @@ def _build_sentencepiece(v: Vocabulary) -> HFTokenizer:
     return hf
 
 
-def _strips_space_after(v: Vocabulary, token: str, kind: int) -> bool:
-    """llama.cpp's one per-model token attribute that changes chat prompts: for Phi-3 (by general.name),
-    special tokens other than <unk>, <s> and <|endoftext|> eat the whitespace after them."""
-    return ("phi-3" in v.name or "phi3" in v.name) and token not in ("<unk>", "<s>", "<|endoftext|>") and (
-        kind != TOKEN_NORMAL or token == "</s>")
+_MATCHED_IN_TEXT = (TOKEN_CONTROL, TOKEN_UNKNOWN, TOKEN_USER_DEFINED)
 
 
 def _add_special_tokens(hf: HFTokenizer, v: Vocabulary) -> None:
     """Control and unknown tokens become special added tokens and user-defined ones plain added
     tokens: text that contains them is matched whole, as written (not byte- or ▁-encoded), before the
     rest is split and merged, as llama.cpp does."""
-    special = (TOKEN_CONTROL, TOKEN_UNKNOWN)
-    control = [AddedToken(t, normalized=False, special=True, rstrip=_strips_space_after(v, t, kind))
-               for t, kind in zip(v.tokens, v.token_types) if kind in special]
+    control = [AddedToken(t, normalized=False, special=True)
+               for t, kind in zip(v.tokens, v.token_types) if kind in (TOKEN_CONTROL, TOKEN_UNKNOWN)]
     if control:
         hf.add_special_tokens(control)
-    user_defined = [AddedToken(t, normalized=False, special=False, rstrip=_strips_space_after(v, t, kind))
+    user_defined = [AddedToken(t, normalized=False, special=False)
                     for t, kind in zip(v.tokens, v.token_types) if kind == TOKEN_USER_DEFINED]
     if user_defined:
         hf.add_tokens(user_defined)
+
+
+def _space_after_special_tokens(v: Vocabulary) -> re.Pattern | None:
+    """llama.cpp's one per-model token attribute that changes chat prompts: for Phi-3 (by general.name)
+    the special tokens other than <unk>, <s> and <|endoftext|> eat the ASCII whitespace after them
+    (C's isspace, so not U+00A0 or U+3000, which the added tokens' own rstrip would also take)."""
+    if "phi-3" not in v.name and "phi3" not in v.name:
+        return None
+    names = sorted({t for t, kind in zip(v.tokens, v.token_types) if kind in _MATCHED_IN_TEXT
+                    and t not in ("<unk>", "<s>", "<|endoftext|>")}, key=len, reverse=True)
+    return re.compile("(" + "|".join(map(re.escape, names)) + ")[ \t\n\v\f\r]+") if names else None
 
 
 def _token_bytes(v: Vocabulary, hf: HFTokenizer) -> list[bytes]:
@@ -316,10 +322,13 @@ class Tokenizer:
                              for data, kind in zip(token_bytes, vocab.token_types)]
         self._tokens = vocab.tokens
         self._strip_first_space = vocab.prepends_space
+        self._space_after_special = _space_after_special_tokens(vocab)
 
     def encode(self, text: str, add_special: bool = False) -> list[int]:
         """Token ids for text. Special tokens written in the text are matched whole.
         add_special prepends BOS when the model asks for it (tokenizer.ggml.add_bos_token)."""
+        if self._space_after_special is not None:
+            text = self._space_after_special.sub(r"\1", text)
         ids = self.hf.encode(text, add_special_tokens=False).ids
         if add_special and self.add_bos:
             ids.insert(0, self.bos_id)

@@ -165,7 +165,8 @@ def special_texts(tokens: list[str], token_types: list[int]) -> list[str]:
     c = chosen[-1]
     return [a, f"{a}Hello", f"{a} Hello", f"{a}  Hello", f"{a}\nHello", f"{a}\n\n  Hello", f"{a} ",
             f" {a} ", f"Hello{a} world", f"Hello {a}world", f"{a}{b} x", f"{a} {b}  {c}", f"{a}\t{b}\n",
-            f"x {a}   y {b}\n z", f"{a}user\nWhat is 2+2?{b}\n{a}assistant\n", f"{c}日本語 {c} 😀"]
+            f"x {a}   y {b}\n z", f"{a}user\nWhat is 2+2?{b}\n{a}assistant\n", f"{c}日本語 {c} 😀",
+            f"{a}\u3000\u00a0x {b}\x0c\x0b y{c} \u2009"]
 
 
 def base_texts(models: Path) -> list[str]:

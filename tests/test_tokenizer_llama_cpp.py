@@ -165,7 +165,9 @@ def test_sentencepiece_leading_spaces_survive_a_round_trip(llama_spm):
 
 def test_phi3_special_tokens_eat_the_whitespace_after_them(llama_cpp_files):
     phi3 = load_tokenizer(llama_cpp_files / "ggml-vocab-phi-3.gguf")
-    assert phi3.encode("<|user|>\nHi") == phi3.encode("<|user|>Hi")
+    assert phi3.encode("<|user|>\nHi") == phi3.encode("<|user|>Hi") == phi3.encode("<|user|> \t\v\f\r\nHi")
+    # only ASCII whitespace, as C's isspace: U+3000 stays, and the piece after it gets its ▁
+    assert [phi3.token_piece(i) for i in phi3.encode("<|user|>\u3000Hi")][:2] == ["<|user|>", "▁"]
     assert phi3.encode("<s>\nHi") != phi3.encode("<s>Hi")        # <s> keeps it, as in llama.cpp
 
 
