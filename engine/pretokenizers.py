@@ -10,10 +10,15 @@ llama.cpp runs them:
   so we write \\p{L} for each (see `_any_letter`).
 - \\d and $ mean [0-9] and "end of the piece" there; Oniguruma's \\d takes every decimal digit and its
   $ also matches before a newline, so we write [0-9] and \\z.
+- The other regexes (literal non-ASCII ranges, no \\p{..}) run on the text with every non-ASCII space
+  replaced by \\v, so such a range never matches U+3000 or another space inside it (`&&[^\\s]`).
 - A few regexes llama.cpp does not run at all but replaces by hand-written splitters (GPT-2's, Llama
   3's, Qwen's, Kimi K2's, AFMoE's digit groups, newline runs). Those are written as the regex each
   splitter implements, including what it does differently from the model's tokenizer.json (Kimi K2
-  ignores letter case and accent marks).
+  ignores letter case and accent marks; AFMoE's keeps a number's first digits joined to the text
+  before them).
+
+tests/test_tokenizer_llama_cpp.py checks every entry against llama.cpp's own output.
 """
 from __future__ import annotations
 
