@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import sys
 import traceback
 from pathlib import Path
@@ -68,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"subtract X from tokens seen in the window (default {DEFAULTS.presence_penalty})")
     s.add_argument("--frequency-penalty", type=float, default=DEFAULTS.frequency_penalty, metavar="X",
                    help=f"subtract X per occurrence in the window (default {DEFAULTS.frequency_penalty})")
+    s.add_argument("--top-logprobs", type=int, default=DEFAULTS.top_logprobs, metavar="N",
+                   help="with --prompt: each token's N most likely candidates (up to 20) before and after the "
+                   "sampler chain, as JSON lines (implies --format jsonl)")
     s.add_argument("--seed", "-s", type=int, default=None, metavar="S",
                    help="random seed: the same seed gives the same reply (default: random)")
 
@@ -110,6 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="VRAM for MoE experts (the expert cache), e.g. 6GiB, 512MiB, 6G (binary) or 1.5GB "
                    "(decimal); default: all experts when they fit, else what fits")
     e.add_argument("--stats", action="store_true", help="print speed and memory to stderr after the reply")
+    e.add_argument("--format", choices=("text", "jsonl"), default=None,
+                   help="with --prompt: the reply as text (default), or one JSON object per token and one at "
+                   "the end (jsonl)")
 
     m = p.add_argument_group("other")
     m.add_argument("--pull-default", action="store_true", help="only fetch the default model into the cache, then exit")
@@ -134,7 +141,7 @@ def sampling_from(args: argparse.Namespace) -> SamplingParams:
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
         repeat_penalty=args.repeat_penalty, repeat_last_n=args.repeat_last_n,
         presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
-        seed=args.seed, max_tokens=args.max_tokens,
+        seed=args.seed, max_tokens=args.max_tokens, top_logprobs=args.top_logprobs,
     )
     try:
         params.validate()
@@ -196,6 +203,8 @@ def run_headless(args: argparse.Namespace) -> int:
             messages = [{"role": "system", "content": args.system}] if args.system else []
             messages.append({"role": "user", "content": args.prompt})
             job = engine.chat(messages, params, stop=args.stop, grammar=grammar, spec=spec)
+        if output_format(args) == "jsonl":
+            return stream_jsonl(job, params.top_logprobs)
         return stream(job, args.stats, grammar, spec, remote=engine.info.remote)
     finally:
         engine.close()
@@ -240,6 +249,54 @@ def stream(job, show_stats: bool, grammar=None, spec: SpecConfig | None = None, 
     return 0
 
 
+def output_format(args: argparse.Namespace) -> str:
+    """--format, where --top-logprobs implies jsonl (candidates have no plain-text form)."""
+    if args.top_logprobs > 0 and args.format == "text":
+        raise MemraError("--top-logprobs prints JSON lines: use --format jsonl (or leave --format out)")
+    return args.format or ("jsonl" if args.top_logprobs > 0 else "text")
+
+
+def candidate_json(c) -> dict:
+    return {"id": c.id, "text": c.text, "model_prob": c.model_prob, "final_prob": c.final_prob,
+            "removed_by": c.removed_by}
+
+
+def stream_jsonl(job, top_logprobs: int) -> int:
+    """One JSON object per token ({"text", "id", "logprob"}, with --top-logprobs also "rank",
+    "model" and "final" candidates: engine/candidates.py), then {"done": reason, ...}."""
+    stats, noted = None, False
+    try:
+        for event in job:
+            if isinstance(event, TokenEvent):
+                line = {"text": event.text, "id": event.id, "logprob": event.logprob}
+                c = event.candidates
+                if c is not None:
+                    line.update(rank=c.rank, model=[candidate_json(x) for x in c.model],
+                                final=[candidate_json(x) for x in c.final])
+                elif top_logprobs and not noted:
+                    say(f"{PROG}: note: this backend does not report candidates yet (the cuda sampler, a remote "
+                        "server): tokens only")
+                    noted = True
+                sys.stdout.write(json.dumps(line, ensure_ascii=False) + "\n")
+                sys.stdout.flush()
+            elif isinstance(event, StatsEvent):
+                stats = event.stats
+            elif isinstance(event, DoneEvent):
+                end = {"done": event.reason}
+                if event.error:
+                    end["error"] = event.error
+                if stats is not None:
+                    end.update(n_generated=stats.n_generated, decode_tok_s=stats.decode_tok_s,
+                               prefill_tok_s=stats.prefill_tok_s, n_ctx_used=stats.n_ctx_used)
+                sys.stdout.write(json.dumps(end) + "\n")
+                sys.stdout.flush()
+                return 1 if event.reason == "error" else 0
+    except KeyboardInterrupt:
+        job.cancel()
+        return 130
+    return 0
+
+
 def moe_line(m: MoeStats) -> str:
     """The --stats line of the expert cache: this reply's counters, and the hit rate since load."""
     return (f"moe: hits {m.hits} of {m.hits + m.misses} ({m.hit_rate:.1%}; {m.total_hit_rate:.1%} since load), "
@@ -248,7 +305,7 @@ def moe_line(m: MoeStats) -> str:
 
 
 SAMPLING_FLAGS = ("max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n",
-                  "presence_penalty", "frequency_penalty", "seed")
+                  "presence_penalty", "frequency_penalty", "seed", "top_logprobs")
 
 
 def flag_name(dest: str) -> str:
@@ -263,7 +320,7 @@ def ignored_flags(args: argparse.Namespace) -> str:
         return "memra-chat: note: --resume does nothing with --prompt (it reopens a chat in the UI); ignored" \
             if args.resume else ""
     given = [flag for flag, on in (("--raw", args.raw), ("--system", args.system is not None), ("--stop", args.stop),
-                                   ("--stats", args.stats)) if on]
+                                   ("--stats", args.stats), ("--format", args.format is not None)) if on]
     given += [flag_name(d) for d in SAMPLING_FLAGS if getattr(args, d) != getattr(DEFAULTS, d)]
     if not given:
         return ""
