@@ -81,6 +81,10 @@ class JobRequest:
     stop: tuple[str, ...] = ()
     grammar: Grammar | None = None
     spec: SpecConfig | None = None  # None: off
+    # a reply that goes on from these tokens (a branch from a token of an earlier reply: its
+    # tokens up to there, then the one picked); they are fed, not streamed, and the grammar and
+    # the penalties see them as the reply's own
+    reply_prefix: tuple[int, ...] = ()
 
 
 @dataclass
@@ -393,14 +397,19 @@ class Engine:
 
     def chat(
         self, messages: list[dict], sampling: SamplingParams, grammar: Grammar | None = None, spec=None,
-        stop: Sequence[str] = (),
+        stop: Sequence[str] = (), reply_prefix: Sequence[int] = (),
     ) -> Job:
-        request = JobRequest(sampling, messages=[dict(m) for m in messages], stop=tuple(stop), grammar=grammar, spec=spec)
+        """The assistant's reply to `messages`. reply_prefix: token ids the reply starts with
+        (a branch: the KV cache keeps what it shares with the last reply); only what follows them
+        is streamed, and max_tokens counts what follows."""
+        request = JobRequest(sampling, messages=[dict(m) for m in messages], stop=tuple(stop), grammar=grammar, spec=spec,
+                             reply_prefix=tuple(int(t) for t in reply_prefix))
         return self._submit(Job(request))
 
     def complete(self, prompt: str, sampling: SamplingParams, stop: Sequence[str] = (),
-                 grammar: Grammar | None = None, spec: SpecConfig | None = None) -> Job:
-        return self._submit(Job(JobRequest(sampling, prompt=prompt, stop=tuple(stop), grammar=grammar, spec=spec)))
+                 grammar: Grammar | None = None, spec: SpecConfig | None = None, reply_prefix: Sequence[int] = ()) -> Job:
+        return self._submit(Job(JobRequest(sampling, prompt=prompt, stop=tuple(stop), grammar=grammar, spec=spec,
+                                           reply_prefix=tuple(int(t) for t in reply_prefix))))
 
     def stats(self) -> EngineStats:
         with self._stats_lock:
@@ -541,7 +550,13 @@ class Generation:
         constraint = None
         if request.grammar is not None:
             constraint = self.model.grammar_tokenizer().constraint(request.grammar)
-        prompt = self.prompt_tokens()
+        vocab = self.model.backend.config.vocab_size
+        if any(not 0 <= t < vocab for t in request.reply_prefix):
+            raise ValueError(f"the reply prefix holds a token id outside the vocabulary (0..{vocab - 1})")
+        if constraint is not None:
+            for t in request.reply_prefix:  # GrammarError (one line) if the grammar refuses the branch
+                constraint.accept(t)
+        prompt = self.prompt_tokens() + list(request.reply_prefix)
         n_ctx = self.model.backend.n_ctx
         if not prompt:
             raise MemraError("the prompt is empty")
@@ -597,6 +612,8 @@ class Generation:
         spec = self.job.request.spec
         strategy = self.speculative(plain, history, spec, eos_ids) if spec is not None and spec.enabled else plain
         decoder = tokenizer.stream_decoder()
+        for t in self.job.request.reply_prefix:  # already on screen: the text goes on after them
+            decoder.push(t)
         stops = StopMatcher(self.job.request.stop)
         fed, n_generated = prompt[-1], 0
         while True:
