@@ -15,6 +15,7 @@ from pathlib import Path
 from memra_tui.settings import atomic_write_text
 
 FORMAT_VERSION = 1
+MAX_BRANCH_DEPTH = 200  # forks inside forks in a file: bounds the reader's recursion
 
 
 class ChatFileError(ValueError):
@@ -60,13 +61,26 @@ class ChatMessage:
     sampling: dict | None = None  # assistant: the knobs that produced this reply
     grammar: dict | None = None  # assistant: the grammar that constrained it (Grammar.to_dict())
     spec: dict | None = None  # assistant: the speculative decoding that drafted it (SpecConfig.to_dict()), None: off
+    # The chat tree, kept around the branch on screen: when this message is where branches fork,
+    # `branches` holds the other ones, each the list of messages that would stand in place of this
+    # message and all after it, and `branch` is this one's place among them all (Chat.siblings).
+    branches: list[list["ChatMessage"]] = field(default_factory=list)
+    branch: int = 0
 
     @classmethod
-    def from_dict(cls, d: dict) -> "ChatMessage":
+    def from_dict(cls, d: dict, depth: int = 0) -> "ChatMessage":
         if not isinstance(d, dict):
             raise ChatFileError(f"a message is a {type(d).__name__}, not an object")
         if d.get("role") not in ("user", "assistant") or not isinstance(d.get("content"), str):
             raise ChatFileError("message needs role user/assistant and string content")
+        branches = d.get("branches", [])
+        if not isinstance(branches, list) or not all(isinstance(b, list) and b for b in branches):
+            raise ChatFileError("branches is not a list of message lists")
+        if depth > MAX_BRANCH_DEPTH:
+            raise ChatFileError(f"branches nested more than {MAX_BRANCH_DEPTH} deep")
+        branch = d.get("branch", 0)
+        if isinstance(branch, bool) or not isinstance(branch, int) or not 0 <= branch <= len(branches):
+            raise ChatFileError(f"branch is {branch!r}, not a place among {len(branches) + 1} branches")
         return cls(
             role=d["role"],
             content=d["content"],
@@ -76,6 +90,8 @@ class ChatMessage:
             sampling=_record(d, "sampling"),
             grammar=_record(d, "grammar"),
             spec=_record(d, "spec"),
+            branches=[[cls.from_dict(m, depth + 1) for m in b] for b in branches],
+            branch=branch,
         )
 
 
@@ -107,6 +123,35 @@ class Chat:
         out = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
         out += [{"role": m.role, "content": m.content} for m in self.messages[start:] if m.content or m.role == "user"]
         return out
+
+    # -- the chat tree (issue 18: branching a reply from any token) -----------------------------
+
+    def siblings(self, i: int) -> tuple[int, int]:
+        """(place of the branch on screen, number of branches) at message i: (0, 1) where none fork."""
+        m = self.messages[i]
+        return m.branch, len(m.branches) + 1
+
+    def fork(self, i: int, tail: list[ChatMessage]) -> None:
+        """A new branch at message i: `tail` stands in place of messages[i:], which is kept as a
+        branch (the last of the siblings: the new one is shown)."""
+        m = self.messages[i]
+        self._show(i, m.branches[:m.branch] + [self.messages[i:]] + m.branches[m.branch:] + [tail], len(m.branches) + 1)
+
+    def switch(self, i: int, to: int) -> None:
+        """Show branch `to` (0-based among Chat.siblings(i)) at message i."""
+        m = self.messages[i]
+        if not 0 <= to <= len(m.branches):
+            raise IndexError(f"branch {to} of {len(m.branches) + 1}")
+        if to != m.branch:
+            self._show(i, m.branches[:m.branch] + [self.messages[i:]] + m.branches[m.branch:], to)
+
+    def _show(self, i: int, tails: list[list[ChatMessage]], to: int) -> None:
+        for tail in tails:  # only the head on screen carries the siblings
+            tail[0].branches, tail[0].branch = [], 0
+        shown = tails[to]
+        shown[0].branches, shown[0].branch = tails[:to] + tails[to + 1:], to
+        self.messages[i:] = shown
+        self.context_start = min(self.context_start, i)  # what was dropped before i stays dropped
 
     def to_json(self) -> str:
         data = asdict(self)
@@ -158,6 +203,8 @@ class Chat:
             note = "" if m.status == "done" else f" ({m.status})"
             if m.status in ("length", "context") and m.grammar:
                 note = f" ({m.status}, structured reply incomplete)"
+            if m.branches:
+                note += f" (branch {m.branch + 1} of {len(m.branches) + 1})"
             lines += [f"## {m.role.capitalize()}{note}", "", m.content, ""]
         return "\n".join(lines)
 
