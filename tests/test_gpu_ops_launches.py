@@ -83,13 +83,14 @@ def model_paths(tmp_path_factory):
 
 
 def run_forward(path, T: int, n_ctx: int = 300, cluster: bool = False, kv_type: str = "f16",
-                rt: "RecordingRuntime | None" = None, moe_log: tuple[int, int] = (0, 0)) -> list[str]:
+                rt: "RecordingRuntime | None" = None, moe_log: tuple[int, int] = (0, 0),
+                arena: Arena | None = None) -> list[str]:
     g = open_gguf(path)
     cfg = config_from_gguf(g)
     weights = GpuWeights(g, cfg).upload(None, None, dry=True)
     kv = GpuKvCache(None, cfg.n_layer, cfg.n_kv_head, n_ctx, cfg.head_dim, kv_type)
     rt = rt or RecordingRuntime()
-    ops = GpuOps(None, cfg, kv, Arena(0, 1 << 40), dry=True, cluster=cluster)
+    ops = GpuOps(None, cfg, kv, arena or Arena.unbounded(), dry=True, cluster=cluster)
     ops.rt = rt
     ops.moe_log_ptr, ops.moe_log_tokens = moe_log
     ops.begin(attn_splits(kv_bucket(n_ctx), cfg.head_dim, cluster, kv_type), history_ptr=4096,
@@ -278,7 +279,7 @@ def test_attention_partials_are_one_buffer_per_forward(model_paths, name):
     weights = GpuWeights(g, cfg).upload(None, None, dry=True)
     kv = GpuKvCache(None, cfg.n_layer, cfg.n_kv_head, 4096, cfg.head_dim, "f16")
     rt = RecordingRuntime()
-    ops = GpuOps(None, cfg, kv, Arena(0, 1 << 40), dry=True, cluster=True)
+    ops = GpuOps(None, cfg, kv, Arena.unbounded(), dry=True, cluster=True)
     ops.rt = rt
     ops.begin(attn_splits(4096, cfg.head_dim, True), prefill_splits=attn_splits(4096, cfg.head_dim, False))
     ids = DArray(1 << 20, (40,), 1)
@@ -334,3 +335,68 @@ def test_the_routing_log_of_a_forward_is_one_block(moe_paths, T):
     cfg = config_from_gguf(open_gguf(moe_paths["tiny-qwen3moe"]))
     logs = [args[3] for kernel, args in rt.calls if kernel == "moe_topk"]
     assert logs == [base + 4 * cfg.n_expert_used * T * layer for layer in range(cfg.n_layer)]
+
+
+class PoisoningArena(Arena):
+    """Never reuses an address: begin_layer leaves what the emptied part held dead (with the
+    launch count at that moment) and allocates past it. A launch that reads or writes a dead
+    range is a use after free that the real arena would turn into another array's bytes."""
+
+    def __init__(self, rt: RecordingRuntime):
+        super().__init__(0, [1 << 56] * Arena.PARTS)
+        self.rt, self.dead, self.since = rt, [], [0] * Arena.PARTS
+
+    def begin_layer(self, layer: int) -> tuple[int, int]:
+        self.part = k = 1 + layer % 2
+        freed = (self.starts[k] + self.since[k], self.starts[k] + self.used[k])
+        self.dead.append((*freed, len(self.rt.calls)))
+        self.since[k] = self.used[k]
+        return freed
+
+    def violations(self) -> list[str]:
+        out = []
+        for i, (name, args) in enumerate(self.rt.calls):
+            for code, arg in zip(SIGNATURES[name][1], args):
+                if code == "P" and any(lo <= arg < hi and died <= i for lo, hi, died in self.dead):
+                    out.append(f"launch {i} {name} reads a dead layer's scratch")
+        return out
+
+
+@pytest.fixture(scope="module")
+def four_layer_paths(tmp_path_factory):
+    from memra_engine.model.synthetic import write_synthetic_gguf
+
+    root = tmp_path_factory.mktemp("four")
+    return {name: write_synthetic_gguf(root / f"{name}.gguf", **{**kw, "n_layer": 4})
+            for name, kw in {**MODELS, **MOE_MODELS}.items()}
+
+
+@pytest.mark.parametrize("name", [*MODELS, *MOE_MODELS])
+@pytest.mark.parametrize("T,cluster", [(1, True), (1, False), (5, True), (40, False)])
+def test_no_launch_touches_the_scratch_of_a_layer_two_back(four_layer_paths, name, T, cluster):
+    """The arena's layer parts alternate (Ops.begin_layer): every layer may only touch its own,
+    the previous layer's and the forward-wide scratch. Checked at every launch of a 4-layer
+    forward, decode (graph and cluster attention), verify rows and GEMM prefill."""
+    rt = RecordingRuntime()
+    arena = PoisoningArena(rt)
+    poisoned = run_forward(four_layer_paths[name], T, cluster=cluster, rt=rt, arena=arena)
+    assert len(arena.dead) == 4 and any(hi > lo for lo, hi, _ in arena.dead[2:])
+    assert arena.violations() == []
+    # with addresses reused, nothing cached about a dead array (a q8_1 copy) is found again for
+    # a new one at its address: the same launches as when no address repeats
+    assert run_forward(four_layer_paths[name], T, cluster=cluster) == poisoned
+
+
+def test_the_scratch_holds_two_layers_not_all(four_layer_paths):
+    """Part 0 holds what comes before the first layer and the forward-wide buffers; each layer
+    part holds one layer's intermediates whatever the number of layers."""
+    from memra_engine.model.synthetic import write_synthetic_gguf
+
+    peaks = {}
+    for n_layer in (2, 6):
+        path = write_synthetic_gguf(four_layer_paths["tiny-llama"].with_name(f"l{n_layer}.gguf"),
+                                    **{**MODELS["tiny-llama"], "n_layer": n_layer})
+        arena = Arena.unbounded()
+        run_forward(path, 40, arena=arena)
+        peaks[n_layer] = arena.peaks
+    assert peaks[2] == peaks[6] and all(peaks[2])

@@ -259,7 +259,7 @@ def test_forward_writes_the_cache_with_the_kernel_of_its_kv_type(tmp_path, prese
     g = open_gguf(write_synthetic_gguf(tmp_path / f"{preset}.gguf", preset=preset, seed=2))
     cfg = config_from_gguf(g)
     kv = GpuKvCache(None, cfg.n_layer, cfg.n_kv_head, 64, cfg.head_dim, kv_type)
-    ops = GpuOps(None, cfg, kv, Arena(0, 1 << 40), dry=True)
+    ops = GpuOps(None, cfg, kv, Arena.unbounded(), dry=True)
     ops.rt = rt = RecordingRuntime()
     ops.fuse_rope_kv = fuse_rope_kv
     ops.begin(64)

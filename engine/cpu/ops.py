@@ -23,6 +23,9 @@ class CpuOps:
         self.routes: list | None = None  # a list: moe_ffn appends (layer, top-k ids, margin) (tests)
         self._rope_tables: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
 
+    def begin_layer(self, layer: int) -> None:
+        pass  # numpy frees what is dead by itself
+
     def embed(self, table, tokens: np.ndarray) -> np.ndarray:
         if isinstance(table, QuantizedMatrix):
             return table.rows(tokens)

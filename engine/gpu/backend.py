@@ -94,7 +94,7 @@ class CudaBackend:
         regions = {
             "weights": weights.nbytes(),
             "kv": GpuKvCache.bytes_needed(cfg.n_layer, cfg.n_kv_head, self.n_ctx, cfg.head_dim, self.kv_type),
-            "scratch": self._scratch_bytes(g),
+            "scratch": sum(scratch_parts := self._scratch_parts(g)),
             "graph": GpuSampler.nbytes(cfg.vocab_size) + 4 * (self.n_ctx + 2 * PREFILL_CHUNK) + 16 * 256
                      + VERIFY_ROWS * (4 * -(-cfg.vocab_size // 32) + OUT_DTYPE.itemsize) + 2 * 256,
         }
@@ -107,7 +107,7 @@ class CudaBackend:
         self.weights = weights.upload(rt, self.pool)
         self.kv = GpuKvCache(self.pool, cfg.n_layer, cfg.n_kv_head, self.n_ctx, cfg.head_dim, self.kv_type)
         scratch = self.pool.alloc("scratch", regions["scratch"], "arena")
-        self.ops = GpuOps(rt, cfg, self.kv, Arena(scratch.ptr, scratch.nbytes), cluster=rt.cluster_attention)
+        self.ops = GpuOps(rt, cfg, self.kv, Arena(scratch.ptr, scratch_parts), cluster=rt.cluster_attention)
         alloc = lambda n, name: self.pool.alloc("graph", n, name).ptr  # noqa: E731
         if n_slots:
             log = alloc(4 * cfg.n_layer * PREFILL_CHUNK * cfg.n_expert_used, "routing log")
@@ -152,7 +152,7 @@ class CudaBackend:
         all_bytes = cfg.n_expert * sum(sum(p) for p in parts)
         if moe_vram is None:
             free, _ = self.rt.mem_info()
-            others = (GpuWeights(g, cfg, experts_resident=False).nbytes() + self._scratch_bytes(g)
+            others = (GpuWeights(g, cfg, experts_resident=False).nbytes() + sum(self._scratch_parts(g))
                       + GpuKvCache.bytes_needed(cfg.n_layer, cfg.n_kv_head, self.n_ctx, cfg.head_dim, self.kv_type))
             room = free - others - EXPERT_HEADROOM
             if all_bytes <= room:
@@ -171,18 +171,18 @@ class CudaBackend:
         if self.experts is not None:
             self.experts.after_forward(n_tokens if logged is None else logged)
 
-    def _scratch_bytes(self, g) -> int:
-        """Run the forward dry (no launches) at the largest shapes and take the arena's peak."""
+    def _scratch_parts(self, g) -> list[int]:
+        """Run the forward dry (no launches) at the largest shapes and take each arena part's peak."""
         cfg = self.config
         dry_weights = GpuWeights(g, cfg).upload(None, None, dry=True)
         kv = GpuKvCache(None, cfg.n_layer, cfg.n_kv_head, self.n_ctx, cfg.head_dim, self.kv_type)
-        arena = Arena(0, 1 << 62)
+        arena = Arena.unbounded()
         ops = GpuOps(None, cfg, kv, arena, dry=True, cluster=self.rt.cluster_attention)
         for T, last_only in ((min(PREFILL_CHUNK, self.n_ctx), True), (min(ALL_LOGITS_CHUNK, self.n_ctx), False)):
             ops.begin(self.splits_for(self.n_ctx), prefill_splits=self.prefill_splits_for(self.n_ctx))
             tokens = DArray(0, (T,), 1)
             self.forward(ops, dry_weights, cfg, tokens, tokens, last_only)
-        return arena.peak + SCRATCH_SLACK
+        return arena.part_sizes(SCRATCH_SLACK // Arena.PARTS)
 
     # ---- Backend protocol ------------------------------------------------------------------
     def prefill(self, tokens: Sequence[int], all_logits: bool = False) -> np.ndarray:

@@ -49,6 +49,7 @@ def forward(ops: Ops, w: ModelWeights, cfg: ModelConfig, tokens: Array, position
     """Logits [T, vocab] (or [1, vocab] with last_only) for tokens at positions."""
     x = ops.scale(ops.embed(w.token_embd, tokens), cfg.embed_scale)
     for i in range(cfg.n_layer):
+        ops.begin_layer(i)
         L = w.layer(i)
         sliding = cfg.is_sliding(i)
         rope_base = cfg.rope_base_local if sliding else cfg.rope_base

@@ -41,6 +41,7 @@ def forward(ops: Ops, w: ModelWeights, cfg: ModelConfig, tokens: Array, position
     """Logits [T, vocab] (or [1, vocab] with last_only) for tokens at positions."""
     x = ops.embed(w.token_embd, tokens)
     for i in range(cfg.n_layer):
+        ops.begin_layer(i)
         L = w.layer(i)
         h = ops.rms_norm(x, L.attn_norm, cfg.rms_eps)
         q, k, v = ops.split(ops.matmul(h, L.attn_qkv), (cfg.q_dim, cfg.kv_dim, cfg.kv_dim))

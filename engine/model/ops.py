@@ -42,6 +42,11 @@ class ModelWeights(Protocol):
 
 
 class Ops(Protocol):
+    def begin_layer(self, layer: int) -> None:
+        """Layer `layer` starts. What the layers before the previous one made is dead from here:
+        a layer reads the forward's inputs, the previous layer's outputs and its own (the GPU
+        reuses their scratch)."""
+
     def embed(self, table: Weight, tokens: Array) -> Array:
         """Rows of `table` for int32 token ids [T] -> [T, d_model]."""
 

@@ -40,6 +40,7 @@ def forward(ops: Ops, w: ModelWeights, cfg: ModelConfig, tokens: Array, position
     """Logits [T, vocab] (or [1, vocab] with last_only) for tokens at positions."""
     x = ops.embed(w.token_embd, tokens)
     for i in range(cfg.n_layer):
+        ops.begin_layer(i)
         L = w.layer(i)
         h = ops.rms_norm(x, L.attn_norm, cfg.rms_eps)
         qkv = ops.add(ops.matmul(h, L.attn_qkv), L.attn_qkv_bias)
