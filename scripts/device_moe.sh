@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The MoE checks and benchmark on the device (issue 15): the GPU MoE tests, then memra-bench on the
 # Qwen3-MoE shape of docs/design.md §7 (Q4_K_M) all resident and with MEMRA_MOE_SHARE of the experts' bytes
-# in VRAM (default 0.25). Run after scripts/device_run.sh has installed to /tmp/site (MEMRA_BENCH=0).
+# in VRAM (default 0.25); MEMRA_PROFILE=1 also profiles decode and a 512-token prefill
+# (scripts/profile_decode.py). Run after scripts/device_run.sh has installed to /tmp/site (MEMRA_BENCH=0).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
@@ -22,6 +23,12 @@ python3 -m memra_engine.bench "$m" --backend cuda --runs 3 --json > "$OUT/bench-
 stamp "bench share ${MEMRA_MOE_SHARE:-0.25}"
 python3 -m memra_engine.bench "$m" --backend cuda --runs 3 --json --moe-share "${MEMRA_MOE_SHARE:-0.25}" \
   > "$OUT/bench-moe-share.json" 2>> "$OUT/misc.log"
+if [ "${MEMRA_PROFILE:-0}" != 0 ]; then
+  stamp "profile decode and a 512-token prefill"
+  python3 scripts/profile_decode.py "$m" --ctx 128 > "$OUT/profile-moe.txt" 2>&1
+  python3 scripts/profile_decode.py "$m" --prefill 512 >> "$OUT/profile-moe.txt" 2>&1
+  head -12 "$OUT/profile-moe.txt"; grep -A14 "^prefill" "$OUT/profile-moe.txt"
+fi
 stamp "done"
 python3 - "$OUT" <<'PY'
 import json, sys, pathlib

@@ -8,16 +8,59 @@ step. The full graph is timed the same way, so the table also shows the launch-g
     python scripts/profile_decode.py MODEL.gguf [--ctx 128] [--ctx 4096] [--off fuse_qkv_rope ...]
 
 --off turns one of GpuOps' fusion switches off (an A/B in the same device call).
+--prefill N profiles one N-token prefill forward instead (at most PREFILL_CHUNK tokens: one
+forward), the same way: its launches replayed as one graph, then per kernel name.
 """
 from __future__ import annotations
 
 import argparse
 from collections import OrderedDict
 
-from memra_engine.gpu.backend import CudaBackend
+from memra_engine.gpu.backend import PREFILL_CHUNK, CudaBackend
 from memra_engine.gpu.graph import CudaGraph
 from memra_engine.model.gguf_file import open_gguf
 from memra_engine.sampling import SamplingParams
+
+
+def recorded(rt, fn) -> list[tuple]:
+    """The launches fn() makes (they still run), as (name, grid, block, args, shared)."""
+    record, launch = [], rt.launch
+
+    def recording(name, grid, block, args, shared=0):
+        record.append((name, grid, block, args, shared))
+        launch(name, grid, block, args, shared)
+
+    rt.launch = recording
+    try:
+        fn()
+    finally:
+        rt.launch = launch
+    return record
+
+
+def graph_of(rt, items) -> CudaGraph:
+    g = CudaGraph()
+    with g.capture(rt):
+        for name, grid, block, args, shared in items:
+            rt.launch(name, grid, block, args, shared)
+    return g
+
+
+def report(rt, record: list[tuple], total_us: float, title: str) -> None:
+    """Each kernel name's launches replayed as a graph of their own: their share of total_us."""
+    groups: OrderedDict[str, list] = OrderedDict()
+    for item in record:
+        groups.setdefault(item[0], []).append(item)
+    rows = []
+    for name, items in groups.items():
+        g = graph_of(rt, items)
+        rows.append((g.replay_us(rt, replays=30), name, len(items)))
+        g.destroy()
+    rows.sort(reverse=True)
+    parts = sum(r[0] for r in rows)
+    print(f"\n{title}, sum of kernel groups {parts:.1f} µs")
+    for us, name, n in rows:
+        print(f"  {name:<28} x{n:<4} {us:8.1f} µs  {us / n:6.2f} µs each  {100 * us / parts:5.1f}%")
 
 
 def profile(backend: CudaBackend, ctx: int) -> None:
@@ -25,36 +68,30 @@ def profile(backend: CudaBackend, ctx: int) -> None:
     backend.truncate(0)
     backend.prefill(list(range(1, ctx + 1)))
     backend.set_sampling(SamplingParams(temperature=0.0), seed=0)
-    record = []
-    launch = rt.launch
-
-    def recording(name, grid, block, args, shared=0):
-        record.append((name, grid, block, args, shared))
-        launch(name, grid, block, args, shared)
-
-    rt.launch = recording
     backend.graphs.clear()
-    full = backend._graph(backend.splits_for(backend.n_past + 200), sample=True)
-    rt.launch = launch
+    full = None
+
+    def capture():
+        nonlocal full
+        full = backend._graph(backend.splits_for(backend.n_past + 200), sample=True)
+
+    record = recorded(rt, capture)
     backend._write_step(1)
     total = full.replay_us(rt, replays=30)
-    groups: OrderedDict[str, list] = OrderedDict()
-    for item in record:
-        groups.setdefault(item[0], []).append(item)
-    rows = []
-    for name, items in groups.items():
-        g = CudaGraph()
-        with g.capture(rt):
-            for _, grid, block, args, shared in items:
-                launch(name, grid, block, args, shared)
-        rows.append((g.replay_us(rt, replays=30), name, len(items)))
-        g.destroy()
-    rows.sort(reverse=True)
-    parts = sum(r[0] for r in rows)
-    print(f"\nctx {ctx}: {len(record)} kernels, graph {total:.1f} µs/token ({1e6 / total:.0f} tok/s), "
-          f"sum of kernel groups {parts:.1f} µs")
-    for us, name, n in rows:
-        print(f"  {name:<28} x{n:<4} {us:8.1f} µs  {us / n:6.2f} µs each  {100 * us / parts:5.1f}%")
+    report(rt, record, total, f"ctx {ctx}: {len(record)} kernels, graph {total:.1f} µs/token ({1e6 / total:.0f} tok/s)")
+
+
+def profile_prefill(backend: CudaBackend, n: int) -> None:
+    rt = backend.rt
+    if not 16 < n <= PREFILL_CHUNK:
+        raise SystemExit(f"profile_decode: --prefill takes 17..{PREFILL_CHUNK} tokens (one GEMM forward)")
+    backend.truncate(0)
+    record = recorded(rt, lambda: backend.prefill(list(range(1, n + 1))))
+    rt.synchronize()
+    g = graph_of(rt, record)
+    total = g.replay_us(rt, replays=3)
+    g.destroy()
+    report(rt, record, total, f"prefill {n}: {len(record)} kernels, graph {total:.1f} µs ({n * 1e6 / total:,.0f} tok/s)")
 
 
 def main() -> None:
@@ -62,9 +99,10 @@ def main() -> None:
     p.add_argument("model")
     p.add_argument("--ctx", type=int, action="append")
     p.add_argument("--off", action="append", default=[], help="a GpuOps fusion switch to turn off")
+    p.add_argument("--prefill", type=int, metavar="N", help="profile one N-token prefill forward instead")
     args = p.parse_args()
     ctxs = args.ctx or [128]
-    backend = CudaBackend(open_gguf(args.model), n_ctx=max(ctxs) + 300)
+    backend = CudaBackend(open_gguf(args.model), n_ctx=max(ctxs + [args.prefill or 0]) + 300)
     try:
         for name in args.off:
             if not name.startswith("fuse_") or not hasattr(backend.ops, name):
@@ -72,6 +110,9 @@ def main() -> None:
             setattr(backend.ops, name, False)
         if args.off:
             print("off:", ", ".join(args.off))
+        if args.prefill:
+            profile_prefill(backend, args.prefill)
+            return
         for ctx in ctxs:
             profile(backend, ctx)
     finally:
