@@ -33,6 +33,7 @@ from memra_tui.screens.load_error import LoadErrorScreen
 from memra_tui.screens.loading import LoadingScreen
 from memra_tui.settings import AppPaths, load_sampling_defaults, save_sampling_defaults
 from memra_tui.widgets.composer import Composer
+from memra_tui.widgets.transcript import Transcript
 
 log = logging.getLogger("memra_tui")
 
@@ -222,6 +223,7 @@ class MemraApp(App[int]):
             ("chat (also while typing)", Composer.BINDINGS[3:]),
             ("composer", Composer.BINDINGS[:3]),
             ("chat list", ChatListScreen.BINDINGS),
+            ("token cursor (F7)", Transcript.BINDINGS),
             ("knobs", [Binding("tab", "", "next field"), Binding("shift+tab", "", "previous field")]),
             ("palette", [Binding("ctrl+p", "", "command palette")]),
         ]))

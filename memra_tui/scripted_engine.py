@@ -9,6 +9,11 @@ max_tokens cuts it, as a constrained one would.
 A SpecConfig (job.spec) does not change the reply either; it makes the stats report speculative
 rounds, drafted and accepted with a seeded walk whose acceptance falls with the draft position,
 as real drafts do (lookup drafts shorter and is accepted less than a draft model).
+With SamplingParams.top_logprobs > 0 (from the start or an update_sampling mid-reply), every
+TokenEvent carries candidates (scripted_candidates): logits made up per token position, mostly
+sure, sometimes torn between a few words, now and then a long tail the draw lands in, run through
+the engine's own sampler chain (engine/candidates.py), so the stages and probabilities are what
+the real chain would say and the token's logprob is its probability in the final distribution.
 """
 from __future__ import annotations
 
@@ -17,13 +22,18 @@ import random
 import re
 import threading
 import time
+import zlib
+from functools import lru_cache
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterator
 
+import numpy as np
+
+from memra_engine.candidates import TokenCandidates, token_candidates
 from memra_engine.errors import DeviceOutOfMemory, MemraError, ModelFormatError
 from memra_engine.events import DoneEvent, EngineInfo, EngineStats, MoeStats, StatsEvent, TokenEvent, VramStats
-from memra_engine.sampling import SamplingParams
+from memra_engine.sampling import SamplingParams, final_distribution
 from memra_engine.speculative import DraftLength, SpecConfig, SpecCounters
 
 MiB = 1 << 20
@@ -49,6 +59,68 @@ _TOKEN_RE = re.compile(r"\s*\S+|\s+")
 def split_tokens(text: str) -> list[str]:
     """Words with their leading whitespace: joining them gives the text back exactly."""
     return _TOKEN_RE.findall(text)
+
+
+# The other tokens of the scripted vocabulary (ids 200 + index): the candidates a token competes with.
+OTHER_TOKENS = [" the", " a", " and", ",", ".", " to", " of", " is", " it", " that", " in", " you", " for",
+                " this", " with", " on", " be", " as", " are", " can", "\n", " I", " not", " or", " but",
+                " here", " one", " more", " some", " so", " if", " just", " an", " all", " do", " we", " at",
+                " by", " from", " they", " has", " was", " will", " my", " what", " there", " which", " when",
+                " also", " how", " your", "!", ":", " *", "`", " -", " then", " first", " other", " each",
+                " only", " any", " about", " its"]
+SCRIPTED_VOCAB = 48  # logits per token: the drawn one and 47 others
+
+
+@lru_cache(maxsize=4096)
+def _scripted_draw(position: int, text: str, token_id: int, temperature: float, top_k: int, top_p: float,
+                   min_p: float, grammar: bool, n: int) -> tuple[TokenCandidates, float]:
+    h = zlib.crc32(f"{position}:{text}".encode())
+    rng = np.random.default_rng(h)
+    mood, r = h % 10, np.arange(SCRIPTED_VOCAB, dtype=np.float64)
+    if mood < 7:  # sure: one word stands out
+        logits = -2.5 * r + rng.normal(0.0, 0.2, r.size)
+    elif mood < 9:  # torn between a few
+        logits = -0.9 * r + rng.normal(0.0, 0.1, r.size)
+    else:  # a few likely words, then a long flat tail
+        logits = np.where(r < 3, -0.3 * r, -2.6 - 0.005 * r) + rng.normal(0.0, 0.01, r.size)
+    logits = logits.astype(np.float32)
+    allowed = None
+    if grammar:  # a grammar forbids a quarter of the others
+        allowed = np.ones(SCRIPTED_VOCAB, bool)
+        allowed[rng.choice(np.arange(1, SCRIPTED_VOCAB), SCRIPTED_VOCAB // 4, replace=False)] = False
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+    if temperature <= 0.0:
+        masked = logits if allowed is None else np.where(allowed, logits, -np.inf)
+        drawn = int(np.argmax(masked))
+        logprob = float(masked[drawn] - np.log(np.exp(masked - masked[drawn]).sum(dtype=np.float64)))
+    else:
+        ids, probs = final_distribution(logits, params, [], allowed)
+        order = np.lexsort((ids, -probs))
+        pick = 0 if mood < 7 else 1 + (h >> 8) % 2 if mood < 9 else len(order) * 3 // 4
+        j = int(order[min(pick, len(order) - 1)])
+        drawn, logprob = int(ids[j]), float(np.log(probs[j]))
+    others = [t for t in OTHER_TOKENS if t != text]
+    shift = (h >> 12) % len(others)
+
+    def name(local: int) -> tuple[int, str]:
+        if local == drawn:
+            return token_id, text
+        k = (local - (local > drawn) + shift) % len(others)
+        return 200 + OTHER_TOKENS.index(others[k]), others[k]
+
+    cands = token_candidates(logits, params, [], allowed, drawn, n)
+    named = TokenCandidates(*(tuple(replace(c, id=name(c.id)[0], text=name(c.id)[1]) for c in side)
+                              for side in (cands.model, cands.final)), cands.rank)
+    return named, logprob
+
+
+def scripted_candidates(position: int, text: str, token_id: int, params: SamplingParams, grammar: bool
+                        ) -> tuple[TokenCandidates | None, float]:
+    """The candidates of the scripted token `text` at `position` of its reply (None when
+    params.top_logprobs is 0) and its logprob, under `params`; the same arguments give the same answer."""
+    candidates, logprob = _scripted_draw(position, text, token_id, params.temperature, params.top_k, params.top_p,
+                                         params.min_p, grammar, params.top_logprobs)
+    return (candidates if params.top_logprobs > 0 else None), logprob
 
 
 @dataclass
@@ -83,6 +155,7 @@ class ScriptedJob:
         self.spec = spec
         self.stop = tuple(stop)
         self.sampling_updates: list[SamplingParams] = []  # from update_sampling, in order
+        self._sampling_update: SamplingParams | None = None  # taken at the next token, as the engine does
         self.spec_updates: list[SpecConfig] = []  # from update_spec, in order
         self._spec_update: SpecConfig | None = None  # taken at the next round, as the engine does
         self.spec_rounds = SpecRounds()
@@ -100,6 +173,7 @@ class ScriptedJob:
     def update_sampling(self, sampling: SamplingParams) -> None:
         sampling.validate()
         self.sampling_updates.append(sampling)
+        self._sampling_update = sampling
 
     def update_spec(self, spec: SpecConfig) -> None:
         spec.validate()
@@ -275,6 +349,7 @@ class ScriptedEngine:
         rate = self.script.tokens_per_s * (1.0 - 0.04 * (job.index % 5))
         hold_at = self.script.pause_at.get(job.index, self.script.pause_after)
         spec, rng = job.spec, random.Random(job.index)
+        params, n_script = job.sampling, len(split_tokens(self.script.replies[job.index % len(self.script.replies)]))
         self._route(job, n_prompt)
         start = time.perf_counter()
         for i, text in enumerate(tokens):
@@ -298,9 +373,14 @@ class ScriptedEngine:
                 if spec is not None and spec.enabled:
                     job.spec_rounds.play_round(spec, rng)
             job.spec_rounds.tokens_left = max(0, job.spec_rounds.tokens_left - 1)
+            if job._sampling_update is not None:  # new knobs: they change the candidates, not the reply
+                params, job._sampling_update = job._sampling_update, None
             job.emitted.append(text)
             job.last_token_time = time.perf_counter()
-            job._events.put(TokenEvent(text, 1000 + i, -0.25))
+            position = i % n_script  # a cycled reply (Script.n_tokens) repeats its tokens and their ids
+            token_id = 1000 + position
+            candidates, logprob = scripted_candidates(position, text, token_id, params, job.grammar is not None)
+            job._events.put(TokenEvent(text, token_id, logprob, candidates))
             self._route(job, 1)
             if (i + 1) % self.script.stats_every == 0:
                 job._events.put(StatsEvent(self._make_stats(job, n_prompt, i + 1, rate)))

@@ -11,7 +11,7 @@ import threading
 
 from textual.message import Message
 
-from memra_engine.events import DoneEvent, EngineStats
+from memra_engine.events import DoneEvent, EngineStats, TokenEvent
 
 FLUSH_HZ = 30  # transcript updates per second at most
 STATS_HZ = 4  # pane updates per second at most
@@ -21,6 +21,7 @@ class ReplyBuffer:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._pending: list[str] = []
+        self._pending_tokens: list[TokenEvent] = []  # the tokens behind _pending (the token inspector's)
         self._stats: EngineStats | None = None
         self._parts: list[str] = []  # everything pushed, for saving a reply cut short
         self._wake_pending = False
@@ -34,6 +35,16 @@ class ReplyBuffer:
             self._parts.append(text)
             return self._mark_wake()
 
+    def push_token(self, token: TokenEvent) -> bool:
+        """A token with its text (which may be ""), id, logprob and candidates. Returns True when
+        the UI must be woken."""
+        with self._lock:
+            self._pending_tokens.append(token)
+            if token.text:
+                self._pending.append(token.text)
+                self._parts.append(token.text)
+            return self._mark_wake()
+
     def push_stats(self, stats: EngineStats) -> bool:
         with self._lock:
             self._stats = stats
@@ -45,12 +56,18 @@ class ReplyBuffer:
         return wake
 
     def drain(self) -> tuple[str, EngineStats | None]:
+        text, stats, _ = self.drain_all()
+        return text, stats
+
+    def drain_all(self) -> tuple[str, EngineStats | None, list[TokenEvent]]:
+        """The text, the newest stats and the tokens pushed since the last drain, together."""
         with self._lock:
-            text, stats = "".join(self._pending), self._stats
+            text, stats, tokens = "".join(self._pending), self._stats, self._pending_tokens
             self._pending.clear()
+            self._pending_tokens = []
             self._stats = None
             self._wake_pending = False
-        return text, stats
+        return text, stats, tokens
 
     @property
     def text(self) -> str:

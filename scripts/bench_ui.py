@@ -7,7 +7,11 @@ The scripted engine emits TOKENS tokens at RATE tokens/s into one reply. Reporte
 - the lag from the last token leaving the engine to the complete text in the Markdown widget;
 - whether the final transcript text equals the emitted text, exactly.
 
-    python scripts/bench_ui.py [--rate 5000] [--tokens 20000] [--size 120x40]
+With --inspector the token inspector is open (F7) before the message is sent, so the reply comes
+with its top 10 candidates per token, and the cursor is put on the reply in flight, which is then
+drawn as tokens (one span each) rather than markdown; the tokens with candidates are counted.
+
+    python scripts/bench_ui.py [--rate 5000] [--tokens 20000] [--size 120x40] [--inspector]
 """
 from __future__ import annotations
 
@@ -32,7 +36,7 @@ REPLY = (
 )
 
 
-async def measure(rate: float, tokens: int, size: tuple[int, int]) -> dict:
+async def measure(rate: float, tokens: int, size: tuple[int, int], inspector: bool = False) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="memra-bench-ui-"))
     script = Script(replies=[REPLY], tokens_per_s=rate, n_tokens=tokens, stats_every=64)
     from memra_engine.sampling import SamplingParams
@@ -66,6 +70,9 @@ async def measure(rate: float, tokens: int, size: tuple[int, int]) -> dict:
             await pilot.pause(0.01)
         await pilot.pause(0.2)
         composer = app.screen.query_one(Composer)
+        if inspector:
+            await app.screen.action_inspect()  # no reply yet: the next one comes with candidates
+            await pilot.pause(0.2)
         composer.text = "go"
         frames0, appends0 = frames, appends
         cpu0, wall0 = time.thread_time(), time.perf_counter()
@@ -74,6 +81,10 @@ async def measure(rate: float, tokens: int, size: tuple[int, int]) -> dict:
             await asyncio.sleep(0.001)
 
         job = app.engine.jobs[0]
+        if inspector:  # the cursor on the reply in flight, once its first tokens are shown
+            while not (app.screen._reply_view and app.screen._reply_view.tokens):
+                await asyncio.sleep(0.001)
+            await app.screen.action_inspect()
         while not job.done_reason:  # the engine is still emitting
             await asyncio.sleep(0.001)
         cpu1, wall1, frames1, appends1 = time.thread_time(), time.perf_counter(), frames, appends
@@ -90,9 +101,11 @@ async def measure(rate: float, tokens: int, size: tuple[int, int]) -> dict:
             "appends_per_s": (appends1 - appends0) / (wall1 - wall0),
             "ui_busy_share": (cpu1 - cpu0) / (wall1 - wall0),
             "last_token_to_complete_s": complete - job.last_token_time,
-            "text_equal": view.markdown_source == emitted and view.text == emitted
+            "text_equal": view.shown_source == emitted and view.text == emitted
                           and app.screen.chat.messages[-1].content == emitted,
             "chars": len(emitted),
+            "token_view": view.token_view,
+            "with_candidates": sum(t.candidates is not None for t in view.tokens or ()),
         }
     MessageView.write = real_write
     return result
@@ -103,9 +116,10 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=5000.0)
     parser.add_argument("--tokens", type=int, default=20000)
     parser.add_argument("--size", default="120x40")
+    parser.add_argument("--inspector", action="store_true", help="the token inspector open, its cursor on the reply")
     args = parser.parse_args()
     width, height = (int(v) for v in args.size.split("x"))
-    r = asyncio.run(measure(args.rate, args.tokens, (width, height)))
+    r = asyncio.run(measure(args.rate, args.tokens, (width, height), args.inspector))
     print(f"emitted {r['tokens']:,} tokens ({r['chars']:,} chars) in {r['emit_s']:.2f} s "
           f"({r['tokens'] / r['emit_s']:,.0f} tok/s) at {width}x{height}")
     print(f"frames/s while streaming:        {r['frames_per_s']:.1f}")
@@ -113,6 +127,9 @@ def main() -> None:
     print(f"UI thread busy share:            {r['ui_busy_share']:.0%}")
     print(f"last token -> complete text:     {r['last_token_to_complete_s'] * 1000:.0f} ms (target < 500 ms)")
     print(f"final transcript == emitted:     {r['text_equal']}")
+    if args.inspector:
+        print(f"inspector: reply drawn as tokens {r['token_view']}, {r['with_candidates']:,} of {r['tokens']:,} "
+              "tokens with candidates")
 
 
 if __name__ == "__main__":

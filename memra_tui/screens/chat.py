@@ -5,6 +5,12 @@ screen moves buffered text into the streaming message (at most FLUSH_HZ times a 
 into the panes (at most STATS_HZ times a second). While it streams, the chat file is written again
 every CHECKPOINT_S with the reply so far marked "interrupted", so a kill -9 or a power cut loses at
 most that much of it; the reply's end writes its real status over it.
+
+The token inspector (F7) puts a cursor on the replies' tokens and shows the cursor token's
+candidates in a Tokens tab; while it is open, replies are asked for their top
+INSPECTOR_TOP_LOGPROBS candidates (the one in flight from its next token), and not when it is
+closed (they cost time). Each reply's tokens are kept in memory for the session (TokenLog), never
+in the chat file.
 """
 from __future__ import annotations
 
@@ -33,6 +39,7 @@ from memra_tui.screens.chat_list import ChatListScreen
 from memra_tui.screens.context_size import ContextSizeScreen, smaller_context
 from memra_tui.screens.text_prompt import ConfirmScreen, TextPromptScreen
 from memra_tui.streaming import FLUSH_HZ, STATS_HZ, ReplyBuffer, ReplyFinished, ReplyProgress
+from memra_tui.tokens import INSPECTOR_TOP_LOGPROBS
 from memra_tui.widgets.composer import Composer
 from memra_tui.widgets.context_usage import ContextPane
 from memra_tui.widgets.engine_header import EngineHeader
@@ -40,6 +47,7 @@ from memra_tui.widgets.engine_panes import EnginePanes
 from memra_tui.widgets.fit_text import OneLine
 from memra_tui.widgets.knobs import KnobsPane
 from memra_tui.widgets.message_view import MessageView
+from memra_tui.widgets.token_inspector import TokenInspector
 from memra_tui.widgets.transcript import Transcript
 from memra_tui.widgets.key_footer import KeyFooter
 
@@ -97,12 +105,15 @@ class ChatScreen(Screen):
         Binding("f5", "system_prompt", "System prompt"),
         Binding("ctrl+y", "copy_reply", "Copy reply"),
         Binding("ctrl+k", "copy_code", "Copy code"),
+        Binding("f7", "inspect", "Inspect tokens", show=False),  # in the help and the palette
+        Binding("f8", "toggle_tint", "Tint unlikely tokens", show=False),
     ]
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-wide")]
 
     streaming: reactive[bool] = reactive(False)
     grammar: reactive[Grammar | None] = reactive(None)  # for the next reply; the header and knobs show it
     panes_shown: reactive[bool | None] = reactive(None)  # None: decided by the terminal width
+    inspecting: reactive[bool] = reactive(False, init=False)  # the token inspector is open
 
     def __init__(self, chat: Chat, info: EngineInfo, sampling: SamplingParams, spec: SpecConfig | None = None) -> None:
         super().__init__()
@@ -131,6 +142,7 @@ class ChatScreen(Screen):
         self._checkpoint_timer: Timer | None = None
         self._checkpointed = ""  # the reply text the last checkpoint saved
         self._reply_created: float | None = None  # the clock's time of the reply's first checkpoint
+        self._panes_before_inspecting: bool | None = None
 
     # -- layout --------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -221,11 +233,11 @@ class ChatScreen(Screen):
         self._buffer = ReplyBuffer()
         self._reply_grammar = self.grammar
         self._reply_view = await self.query_one(Transcript).add_message(
-            ChatMessage("assistant", "", grammar=self._reply_grammar_dict()))
+            ChatMessage("assistant", "", grammar=self._reply_grammar_dict()), tokens=[])
         self._reply_view.start_stream()
         self._reply_started = time.perf_counter()
-        self._job = engine.chat(self.chat.engine_messages(), sampling=self.sampling, grammar=self._reply_grammar,
-                                spec=self.spec)
+        self._job = engine.chat(self.chat.engine_messages(), sampling=self._engine_sampling(),
+                                grammar=self._reply_grammar, spec=self.spec)
         self.streaming = True
         self._checkpointed, self._reply_created = "", None
         self._checkpoint_timer = self.set_interval(CHECKPOINT_S, self._checkpoint_reply)
@@ -237,7 +249,7 @@ class ChatScreen(Screen):
         try:
             for event in job:
                 if isinstance(event, TokenEvent):
-                    wake = buffer.push_text(event.text)
+                    wake = buffer.push_token(event)
                 elif isinstance(event, StatsEvent):
                     wake = buffer.push_stats(event.stats)
                 else:
@@ -271,7 +283,10 @@ class ChatScreen(Screen):
         if self._buffer is None or self._reply_view is None:
             return
         self._last_flush = time.perf_counter()
-        text, stats = self._buffer.drain()
+        text, stats, tokens = self._buffer.drain_all()
+        if tokens:
+            await self._reply_view.add_tokens(tokens)
+            self.query_one(Transcript).follow_reply(self._reply_view)
         if text:
             await self._reply_view.write(text)
         if stats is not None:
@@ -328,6 +343,8 @@ class ChatScreen(Screen):
         await view.end_stream(status, done.error)
         if view.text or status != "error":
             self.chat.messages.append(self._reply_message(view.text, status, done.error))
+            self.query_one(Transcript).token_log.put(self.chat.id, len(self.chat.messages) - 1, view.text,
+                                                     view.tokens or [])
         else:  # nothing came back: keep the error on screen, but do not save an empty reply
             self.notify(f"reply failed: {done.error}", severity="error", timeout=8)
         if self._last_stats is not None and status in ("done", "length", "context", "stopped") and self._last_stats.n_generated:
@@ -413,6 +430,8 @@ class ChatScreen(Screen):
         elif self.editing_index is not None:
             self._end_edit()
             self.query_one(Composer).clear()
+        elif self.inspecting and self.query_one(Composer).has_focus:
+            self.inspecting = False
         else:
             self.query_one(Composer).focus()
 
@@ -548,7 +567,7 @@ class ChatScreen(Screen):
         self.sampling = event.params
         self.query_one("#knob-summary", OneLine).set_text(describe_knobs(event.params, self.spec))
         if self._job is not None:
-            self._job.update_sampling(event.params)  # the reply in flight takes them at its next step
+            self._job.update_sampling(self._engine_sampling())  # the reply in flight takes them at its next step
         self.app.set_sampling_defaults(event.params)
 
     @on(KnobsPane.SpecChanged)
@@ -565,3 +584,62 @@ class ChatScreen(Screen):
         self.app.save_chat(self.chat)
         shown = f"grammar {event.grammar.label}" if event.grammar is not None else "grammar off"
         self.notify(f"{shown} (from the next reply on)", timeout=3, markup=False)
+
+    # -- the token inspector -------------------------------------------------------------------
+    def _engine_sampling(self) -> SamplingParams:
+        """The knobs as the engine gets them: with candidates while the inspector is open."""
+        return replace(self.sampling, top_logprobs=INSPECTOR_TOP_LOGPROBS if self.inspecting else 0)
+
+    async def action_inspect(self) -> None:
+        """F7: open the inspector with the cursor on the last reply's last token (again, if open)."""
+        transcript = self.query_one(Transcript)
+        self.inspecting = True
+        if transcript.start_cursor():
+            transcript.focus()
+        else:
+            self.notify("no reply to inspect yet: the next one comes with its candidates", timeout=3)
+
+    def action_close_inspector(self) -> None:
+        """Esc in the transcript: close the inspector; with it closed, Esc as elsewhere."""
+        if self.inspecting:
+            self.inspecting = False
+        else:
+            self.action_stop()
+
+    async def watch_inspecting(self, inspecting: bool) -> None:
+        if self._job is not None:
+            self._job.update_sampling(self._engine_sampling())  # on or off from the reply's next token
+        tabs, transcript = self.query_one(TabbedContent), self.query_one(Transcript)
+        if inspecting:
+            self._panes_before_inspecting = self.panes_shown
+            self.panes_shown = True
+            if not self.query("#tokens-tab"):
+                await tabs.add_pane(TabPane("Tokens", TokenInspector(self.info.backend, id="token-inspector"),
+                                            id="tokens-tab"))
+            tabs.active = "tokens-tab"
+        else:
+            transcript.stop_cursor()
+            if self.query("#tokens-tab"):
+                await tabs.remove_pane("tokens-tab")
+            tabs.active = "engine-tab"
+            self.panes_shown = self._panes_before_inspecting
+            self.query_one(Composer).focus()
+
+    @on(Transcript.CursorMoved)
+    def _cursor_moved(self, event: Transcript.CursorMoved) -> None:
+        if not self.inspecting:
+            if event.view is None:
+                return
+            self.inspecting = True  # a click on a token opens the inspector
+        inspector = self.query("#token-inspector")
+        if inspector:
+            tokens = event.view.tokens if event.view is not None else None
+            inspector.first(TokenInspector).show(tokens, event.index, has_reply=event.view is not None)
+        elif self.inspecting:  # the pane is being added: show it once it is there
+            self.call_after_refresh(self._cursor_moved, event)
+
+    def action_toggle_tint(self) -> None:
+        transcript = self.query_one(Transcript)
+        transcript.tint = not transcript.tint
+        self.notify(f"tint of unlikely tokens {'on' if transcript.tint else 'off'} (this session's replies: below "
+                    "10% amber, below 1% red)", timeout=3)

@@ -33,6 +33,8 @@ class Composer(TextArea):
         Binding("ctrl+y", "screen.copy_reply", "Copy reply", show=False),
         # TextArea's F6 selects the line; here, as everywhere in the chat, it shows the engine panes
         Binding("f6", "screen.engine", "Engine"),
+        # and its F7 selects all; here it opens the token inspector
+        Binding("f7", "screen.inspect", "Inspect tokens", show=False),
     ]
 
     class Send(Message):
