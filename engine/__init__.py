@@ -9,6 +9,7 @@ from memra_engine.errors import (
     ModelFetchError,
     ModelFormatError,
     OutOfMemory,
+    RemoteError,
     TemplateError,
     UnsupportedModelError,
 )
@@ -16,6 +17,6 @@ from memra_engine.events import DoneEvent, EngineInfo, EngineStats, MoeStats, St
 
 __all__ = [
     "ContextOverflowError", "DeviceError", "DeviceOutOfMemory", "GrammarError", "HostOutOfMemory", "MemraError",
-    "ModelFetchError", "ModelFormatError", "OutOfMemory", "TemplateError", "UnsupportedModelError",
+    "ModelFetchError", "ModelFormatError", "OutOfMemory", "RemoteError", "TemplateError", "UnsupportedModelError",
     "DoneEvent", "EngineInfo", "EngineStats", "MoeStats", "StatsEvent", "TokenEvent", "VramStats",
 ]

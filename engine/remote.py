@@ -155,12 +155,15 @@ def sse_data(lines: Iterable[str]) -> Iterator[str]:
 
 class RemoteJob(Job):
     """A Job whose cancel also shuts the socket of its stream, so the read in flight ends at once
-    and the server sees the client leave (llama-server, vLLM and SGLang then stop generating)."""
+    and the server sees the client leave (llama-server, vLLM and SGLang then stop generating).
+    Cancelled before the server has answered (still connecting, or waiting for the headers), it
+    ends at once: the engine thread drops the request when the answer comes."""
 
     def __init__(self, request: JobRequest):
         super().__init__(request)
         self._lock = threading.Lock()
         self._response: httpx.Response | None = None
+        self._done = False
 
     def cancel(self) -> None:
         super().cancel()
@@ -168,6 +171,15 @@ class RemoteJob(Job):
             response = self._response
         if response is not None:
             shut_stream(response)
+        else:
+            self._put(DoneEvent("cancelled"))
+
+    def _put(self, event) -> None:
+        with self._lock:  # exactly one DoneEvent, and nothing after it
+            if self._done:
+                return
+            self._done = isinstance(event, DoneEvent)
+        super()._put(event)
 
     def attach(self, response: httpx.Response | None) -> None:
         with self._lock:
@@ -196,6 +208,7 @@ class ReplyStats:
         self.n_chunks = 0
         self.stats = EngineStats(n_ctx=n_ctx)
         self.server_rates = False
+        self.answered = False  # the server's response headers came
 
     def token(self) -> None:
         now = self.clock()
@@ -417,9 +430,8 @@ class RemoteEngine:
         except (GrammarError, ValueError) as err:
             job._put(DoneEvent("error", str(err)))
             return
-        reply = ReplyStats(self.info.n_ctx, self.clock)
-        text_sent = False
         url = f"{self.url}/{endpoint}"
+        reply = ReplyStats(self.info.n_ctx, self.clock)
 
         def finish(reason: str, error: str = "") -> None:
             stats = reply.snapshot()
@@ -427,52 +439,63 @@ class RemoteEngine:
             job._put(StatsEvent(stats))
             job._put(DoneEvent(reason, error))
 
-        if job.cancelled:
-            return finish("cancelled")
-        try:
-            with self.client.stream("POST", url, json=body) as response:
-                job.attach(response)
-                if response.status_code >= 400:
-                    return finish("error", str(status_error(response, f"{self.model} at {endpoint}")))
-                reason, last_stats = None, reply.started
-                for data in sse_data(response.iter_lines()):
-                    if job.cancelled:
-                        return finish("cancelled")
-                    if data.strip() == "[DONE]":
-                        reason = reason or "eos"
-                        break
-                    try:
-                        chunk = json.loads(data)
-                    except ValueError:
-                        raise RemoteError(f"the server sent an event that is not JSON: {data[:80]!r}") from None
-                    if isinstance(chunk.get("error"), (dict, str)):
-                        error = chunk["error"]
-                        message = error.get("message", "") if isinstance(error, dict) else error
-                        raise RemoteError(f"the server stopped the reply: {' '.join(str(message).split())[:200]}")
-                    reply.server(chunk)
-                    for choice in chunk.get("choices") or []:
-                        delta = choice.get("delta") or {}
-                        text = delta.get("content") if "delta" in choice else choice.get("text")
-                        if text:
-                            reply.token()
-                            job._put(TokenEvent(text, -1, 0.0))
-                            text_sent = True
-                        if choice.get("finish_reason"):
-                            reason = FINISH_REASONS.get(choice["finish_reason"], "eos")
-                    if self.clock() - last_stats >= STATS_INTERVAL_S:
-                        last_stats = self.clock()
-                        job._put(StatsEvent(reply.snapshot()))
-                if reason is None:  # the body ended without [DONE] or a finish_reason
-                    raise httpx.RemoteProtocolError("the server closed the stream before the reply's end")
-                finish(reason)
-        except (httpx.HTTPError, RemoteError) as err:
+        for attempt in (1, 2):
             if job.cancelled:
                 return finish("cancelled")
-            if isinstance(err, httpx.TransportError):
-                err = broken_stream(err, url, self.timeout) if text_sent else transport_error(err, url, self.timeout)
-            finish("error", str(err) + ("; the reply so far is kept, cut here" if text_sent and "kept" not in str(err) else ""))
-        finally:
-            job.attach(None)
+            try:
+                return finish(*self._stream(job, url, body, reply, endpoint))
+            except (httpx.HTTPError, RemoteError) as err:
+                if job.cancelled:
+                    return finish("cancelled")
+                text_sent = reply.n_chunks > 0
+                if isinstance(err, httpx.TransportError):
+                    # a kept-alive connection the server closed meanwhile fails before any answer:
+                    # once, on a new connection (not after a timeout: that one already waited)
+                    if attempt == 1 and not reply.answered and not isinstance(err, httpx.TimeoutException):
+                        log.info("retrying on a new connection after %s", type(err).__name__)
+                        continue
+                    err = broken_stream(err, url, self.timeout) if text_sent else transport_error(err, url, self.timeout)
+                kept = "; the reply so far is kept, cut here" if text_sent and "kept" not in str(err) else ""
+                return finish("error", str(err) + kept)
+            finally:
+                job.attach(None)
+
+    def _stream(self, job: RemoteJob, url: str, body: dict, reply: ReplyStats, endpoint: str) -> tuple[str, str]:
+        """One streamed request: its events onto the job; returns (done reason, error)."""
+        with self.client.stream("POST", url, json=body) as response:
+            reply.answered = True
+            job.attach(response)
+            if response.status_code >= 400:
+                return "error", str(status_error(response, f"{self.model} at {endpoint}"))
+            reason, last_stats = None, reply.started
+            for data in sse_data(response.iter_lines()):
+                if job.cancelled:
+                    return "cancelled", ""
+                if data.strip() == "[DONE]":
+                    return reason or "eos", ""
+                try:
+                    chunk = json.loads(data)
+                except ValueError:
+                    raise RemoteError(f"the server sent an event that is not JSON: {data[:80]!r}") from None
+                if isinstance(chunk.get("error"), (dict, str)):
+                    error = chunk["error"]
+                    message = error.get("message", "") if isinstance(error, dict) else error
+                    raise RemoteError(f"the server stopped the reply: {' '.join(str(message).split())[:200]}")
+                reply.server(chunk)
+                for choice in chunk.get("choices") or []:
+                    delta = choice.get("delta") or {}
+                    text = delta.get("content") if "delta" in choice else choice.get("text")
+                    if text:
+                        reply.token()
+                        job._put(TokenEvent(text, -1, 0.0))
+                    if choice.get("finish_reason"):
+                        reason = FINISH_REASONS.get(choice["finish_reason"], "eos")
+                if self.clock() - last_stats >= STATS_INTERVAL_S:
+                    last_stats = self.clock()
+                    job._put(StatsEvent(reply.snapshot()))
+            if reason is None:  # the body ended without [DONE] or a finish_reason
+                raise httpx.RemoteProtocolError("the server closed the stream before the reply's end")
+            return reason, ""
 
 
 def broken_stream(err: httpx.TransportError, url: str, timeout: float) -> RemoteError:

@@ -12,8 +12,8 @@ fields, under their own names. What each server kind gets:
 
 llama-server applies its own defaults (top_k 40, min_p 0.05, a 64-token window) to a field that
 is missing, so it is sent every knob; to the others an "off" knob is left out, which is their
-default, and a strict server then never sees a field it might refuse. Each knob's note says
-what was done with it, for the knobs pane: "" when it goes in a standard field.
+default, and a strict server then never sees a field it might refuse. Each non-standard knob
+has a note for the knobs pane: the field it goes in ("→ top_k"), or that it is not sent ("✗").
 """
 from __future__ import annotations
 
@@ -46,14 +46,14 @@ def knob_notes(kind: str) -> tuple[tuple[str, str], ...]:
     """(knob, note) for every knob that is not a standard field: what this server kind is sent."""
     notes = []
     for knob, name in extra_names(kind).items():
-        if name is None:
-            notes.append((knob, "✗ not sent: no such field on this server (its penalties see the whole text)"))
+        if name is None:  # vLLM's and SGLang's penalties see the whole text
+            notes.append((knob, "✗ not sent (no such field)"))
         elif kind == LLAMA_CPP:
-            notes.append((knob, f"sent as {name} (a llama-server field)"))
+            notes.append((knob, f"→ {name} (llama-server)"))
         elif kind in (VLLM, SGLANG):
-            notes.append((knob, f"sent as {name} when not off (a {kind} field)"))
+            notes.append((knob, f"→ {name} if not off"))
         else:
-            notes.append((knob, f"sent as {name} when not off; the server may ignore or refuse it"))
+            notes.append((knob, f"→ {name} if not off; may be ignored"))
     return tuple(notes)
 
 

@@ -401,15 +401,18 @@ def run(args: argparse.Namespace) -> int:
     if args.prompt is None:
         grammar = grammar_from(args)  # an invalid one: one line on stderr, no UI
         spec = spec_from(args)
-        # the server first: one that cannot be reached is one line on stderr, before the UI opens
-        remote = None
         if args.remote is not None:
+            # the server first: one that cannot be reached is one line on stderr, before the UI opens
             key = remote_api_key(args)
             remote = (connect_remote(args, key, say), lambda progress: connect_remote(args, key, progress))
+            from memra_tui.app import run_app
+
+            return run_app(None, args.backend, args.ctx, args.resume, args.kv_type, grammar=grammar, spec=spec,
+                           remote=remote)
         from memra_tui.app import run_app  # lazy: the headless path must not load Textual
 
         return run_app(args.model, args.backend, args.ctx, args.resume, args.kv_type, grammar=grammar,
-                       draft=args.draft, spec=spec, moe_vram=args.moe_vram, remote=remote)
+                       draft=args.draft, spec=spec, moe_vram=args.moe_vram)
     return run_headless(args)
 
 

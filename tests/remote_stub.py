@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 REPLY = ["Hello", " from", " the", " stub", "."]
@@ -17,7 +18,7 @@ REPLY = ["Hello", " from", " the", " stub", "."]
 
 class Stub:
     def __init__(self, owned_by: str = "vllm", model: str = "stub-model", api_key: str | None = None,
-                 pieces: list[str] | None = None, timings: bool = False) -> None:
+                 pieces: list[str] | None = None, timings: bool = False, port: int = 0) -> None:
         self.owned_by, self.model, self.api_key = owned_by, model, api_key
         self.pieces = list(pieces or REPLY)
         self.timings = timings  # llama-server's `timings` in the last chunk (fixed figures)
@@ -25,6 +26,7 @@ class Stub:
         self.headers: dict[str, str] = {}
         self.error_body: dict | str = {"error": {"message": "the stub says no"}}
         self.break_after: int | None = None  # pieces sent before the connection is dropped
+        self.delay_s = 0.0  # wait before answering a completion request (a long prefill)
         self.requests: list[dict] = []  # {"path", "headers", "body"}
         stub = self
 
@@ -51,6 +53,7 @@ class Stub:
                     return self.send_json(401, {"error": {"message": "invalid api key"}})
                 if not self.path.endswith("completions"):
                     return self.send_json(404, {"error": {"message": f"no route {self.path}"}})
+                time.sleep(stub.delay_s)
                 if stub.status != 200:
                     return self.send_json(stub.status, stub.error_body, stub.headers)
                 self.stream_reply("messages" in body)
@@ -91,10 +94,11 @@ class Stub:
                 self.chunk("data: [DONE]\n\n")
                 self.chunk("")
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-        self.thread = threading.Thread(target=self.server.serve_forever, name="remote-stub", daemon=True)
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), name="remote-stub",
+                                       daemon=True)  # polled every 50 ms: shutdown() waits no longer
 
     def record(self, handler: BaseHTTPRequestHandler, body: dict | None) -> None:
         self.requests.append({"path": handler.path, "headers": dict(handler.headers), "body": body})

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 
 import pytest
 from remote_stub import REPLY, Stub
@@ -81,6 +82,25 @@ def test_a_stream_broken_mid_reply_keeps_the_partial_reply():
         assert result.done.error.endswith("the reply so far is kept, cut here") and "\n" not in result.done.error
 
 
+def test_cancel_before_the_server_answers_ends_at_once():
+    with Stub() as stub, RemoteEngine.connect(stub.url) as engine:
+        stub.delay_s = 1.0
+        job = engine.chat(MESSAGES, PARAMS)
+        time.sleep(0.1)
+        t0 = time.perf_counter()
+        job.cancel()
+        assert list(job)[-1] == DoneEvent("cancelled") and time.perf_counter() - t0 < 0.1
+        stub.delay_s = 0.0
+        assert reply(engine).text == "Hello from the stub."  # the next reply, once the dropped one is answered
+
+
+def test_a_refused_field_is_one_line_with_the_servers_reason():
+    with Stub(owned_by="some-proxy") as stub, RemoteEngine.connect(stub.url) as engine:
+        stub.status, stub.error_body = 400, {"error": {"message": "Unrecognized request argument supplied: top_k"}}
+        assert reply(engine).done.error == ("the server refused the request (400): Unrecognized request argument "
+                                            "supplied: top_k")
+
+
 def test_unknown_model_lists_what_the_server_serves():
     with Stub() as stub:
         with pytest.raises(RemoteError, match=r"no model 'nope'; it serves: stub-model"):
@@ -124,7 +144,7 @@ def test_knob_fields_per_server_kind():
     assert "top_k" not in vllm and "repetition_penalty" not in vllm and "repeat_last_n" not in vllm
     assert sampling_fields(SamplingParams(repeat_penalty=1.1), VLLM)["repetition_penalty"] == 1.1
     notes = dict(knob_notes(OTHER))
-    assert notes["top_k"].endswith("the server may ignore or refuse it") and notes["repeat_last_n"].startswith("✗ not sent")
+    assert notes["top_k"] == "→ top_k if not off; may be ignored" and notes["repeat_last_n"] == "✗ not sent (no such field)"
 
 
 def test_knobs_reach_the_request_body():

@@ -72,6 +72,8 @@ def usable_spec(spec: SpecConfig | None, info: EngineInfo) -> tuple[SpecConfig, 
     """The spec this engine can run; one line to show when it had to turn it off (a draft model
     was asked for but none is loaded)."""
     spec = spec or SpecConfig()
+    if spec.enabled and info.remote:
+        return replace(spec, mode="off"), "speculative decoding is the server's to do on a remote engine; off here"
     if spec.mode == "draft" and not info.draft_model_name:
         return replace(spec, mode="off"), "no draft model is loaded; speculative decoding off"
     return spec, ""
@@ -155,9 +157,10 @@ class ChatScreen(Screen):
                 yield OneLine(describe_knobs(self.sampling, self.spec), separator="·", id="knob-summary")
             with TabbedContent(id="sidebar", initial="engine-tab"):
                 with TabPane("Engine", id="engine-tab"):
-                    yield EnginePanes(self.info.n_ctx, id="engine-panes")
+                    yield EnginePanes(self.info.n_ctx, remote=self.info.remote, id="engine-panes")
                 with TabPane("Knobs", id="knobs-tab"):
                     yield KnobsPane(self.sampling, self.grammar, self.spec, self.info.draft_model_name,
+                                    dict(self.info.knob_notes), self.info.remote,
                                     id="knobs").data_bind(ChatScreen.grammar)
         yield KeyFooter()
 

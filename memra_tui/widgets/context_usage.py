@@ -26,7 +26,9 @@ class ContextPane(Vertical):
 
     def _show(self) -> None:
         share = self.used / self.n_ctx if self.n_ctx else 0.0
-        self.query_one("#context-numbers", Static).update(f"{self.used:,} / {self.n_ctx:,} tokens  ({share:.0%})")
+        numbers = (f"{self.used:,} / {self.n_ctx:,} tokens  ({share:.0%})" if self.n_ctx
+                   else f"{self.used:,} tokens  (size not reported)")  # a remote server that does not say
+        self.query_one("#context-numbers", Static).update(numbers)
         self.query_one(ProgressBar).update(total=max(self.n_ctx, 1), progress=self.used)
 
     def watch_used(self) -> None:

@@ -37,8 +37,10 @@ class EngineHeader(Static):
         grammar = " │ [b $accent]grammar $grammar[/]" if label else ""
         # a model without a chat template continues the turns as plain text (README: the header says so)
         mode = "" if i.has_chat_template else " │ [b $warning]completion mode[/]"
-        line = Content.from_markup(f"[b]memra[/b] │ [b]$model[/b]{mode}{grammar} │ {i.arch} {describe_params(i.n_params)}"
-                                   f" │ {i.backend} · {i.device_name}{kv} │ {i.quant_mix}", grammar=label,
-                                   model=i.model_name)
+        size = f" {describe_params(i.n_params)}" if i.n_params else ""  # a remote server may not say
+        quant = f" │ {i.quant_mix}" if i.quant_mix else ""
+        line = Content.from_markup(f"[b]memra[/b] │ [b]$model[/b]{mode}{grammar} │ $arch{size}"
+                                   f" │ {i.backend} · $device{kv}{quant}", grammar=label,
+                                   model=i.model_name, arch=i.arch, device=i.device_name)
         width = self.content_size.width  # too wide: cut at a word boundary, never inside a word
         return ellipsize(line, width) if width > 0 else line

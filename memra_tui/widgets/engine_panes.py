@@ -21,15 +21,18 @@ class EnginePanes(VerticalScroll):
     stats: reactive[EngineStats | None] = reactive(None, always_update=True, init=False)
     history: reactive[list[float]] = reactive(list, always_update=True, init=False)
 
-    def __init__(self, n_ctx: int, **kwargs) -> None:
+    def __init__(self, n_ctx: int, remote: bool = False, **kwargs) -> None:
+        """remote: the model runs on a server (EngineInfo.remote), whose memory and experts the
+        memory and MoE panes cannot see."""
         super().__init__(**kwargs)
         self._n_ctx = n_ctx
+        self._remote = remote
 
     def compose(self) -> ComposeResult:
         yield ThroughputPane()
         yield SpecPane()
-        yield MoeCachePane()
-        yield MemoryPoolPane()
+        yield MoeCachePane(remote=self._remote)
+        yield MemoryPoolPane(remote=self._remote)
         yield ContextPane()
 
     def on_mount(self) -> None:

@@ -2,7 +2,9 @@
 typed, using SamplingParams.validate() (SpecConfig.validate() for the draft length), so the pane and
 the engine agree on what is allowed; an invalid value is refused with the reason. The grammar is the
 chat screen's: the pane shows it and asks for a new one (GrammarChosen); a grammar that does not
-build is refused where it is chosen. The spec mode offers a draft model only when one is loaded."""
+build is refused where it is chosen. The spec mode offers a draft model only when one is loaded.
+A knob the engine does not apply as given (the remote engine's extra fields,
+EngineInfo.knob_notes) has a note under it saying what is sent, or that it is not sent."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -41,8 +43,11 @@ GRAMMAR_CHOICES = [("off", "off"), ("JSON", "json"), ("JSON schema file…", "js
 PICKED_KINDS = ("json_schema", "regex", "lark", "gbnf")  # these ask which file or pattern
 
 
-def spec_choices(draft_model: str) -> list[tuple[str, str]]:
-    """The spec modes this engine can run: a draft model only when one was loaded."""
+def spec_choices(draft_model: str, remote: bool = False) -> list[tuple[str, str]]:
+    """The spec modes this engine can run: a draft model only when one was loaded; on a remote
+    server, none (speculative decoding is the server's)."""
+    if remote:
+        return [("off (server's)", "off")]
     choices = [("off", "off"), ("prompt lookup", "lookup")]
     return choices + [(f"draft: {draft_model}", "draft")] if draft_model else choices
 
@@ -100,6 +105,8 @@ class KnobsPane(VerticalScroll):
     KnobsPane .knob > Input.-invalid { background: $error 35%; }
     KnobsPane .knob-error { color: $error; height: auto; display: none; }
     KnobsPane .knob-error.-shown { display: block; }
+    KnobsPane .knob-note { color: $text-muted; height: auto; padding: 0 0 0 2; }
+    KnobsPane .knob-note.-not-sent { color: $warning; }
     KnobsPane #presets { height: 1; margin: 1 0 0 0; }
     KnobsPane #presets > Button { min-width: 0; width: 1fr; height: 1; border: none; margin: 0 1 0 0; }
     KnobsPane .knob > Select { width: 1fr; }
@@ -138,12 +145,15 @@ class KnobsPane(VerticalScroll):
             self.spec = spec
 
     def __init__(self, params: SamplingParams, grammar: Grammar | None = None, spec: SpecConfig | None = None,
-                 draft_model: str = "", **kwargs) -> None:
+                 draft_model: str = "", knob_notes: dict[str, str] | None = None, remote: bool = False,
+                 **kwargs) -> None:
         super().__init__(**kwargs)
         self.set_reactive(KnobsPane.params, params)
         self.set_reactive(KnobsPane.grammar, grammar)
         self.set_reactive(KnobsPane.spec, spec or SpecConfig())
         self.draft_model = draft_model  # the loaded draft model's name, "" for none
+        self.knob_notes = knob_notes or {}  # knob -> what the engine does with it (EngineInfo.knob_notes)
+        self.remote = remote
 
     def compose(self) -> ComposeResult:
         with Horizontal(id="presets"):
@@ -155,6 +165,9 @@ class KnobsPane(VerticalScroll):
                 yield Input(show_knob(getattr(self.params, field)), id=f"knob-{field}", compact=True,
                             validators=[KnobValidator(self, field, kind)], validate_on=["changed", "submitted"])
             yield Static("", id=f"error-{field}", classes="knob-error")
+            if note := self.knob_notes.get(field):
+                yield Static(note, id=f"note-{field}", markup=False,
+                             classes="knob-note -not-sent" if note.startswith("✗") else "knob-note")
         with Horizontal(classes="knob"):
             yield Label("grammar")
             yield Select(GRAMMAR_CHOICES, value=grammar_choice(self.grammar), allow_blank=False, id="knob-grammar",
@@ -165,8 +178,8 @@ class KnobsPane(VerticalScroll):
         yield Static("", id="error-grammar", classes="knob-error", markup=False)
         with Horizontal(classes="knob"):
             yield Label("speculative")
-            yield Select(spec_choices(self.draft_model), value=self.spec.mode, allow_blank=False, id="knob-spec",
-                         compact=True)
+            yield Select(spec_choices(self.draft_model, self.remote), value=self.spec.mode, allow_blank=False,
+                         id="knob-spec", compact=True)
         with Horizontal(classes="knob"):
             yield Label("draft max")
             yield Input(str(self.spec.draft_max), id="knob-draft_max", compact=True,

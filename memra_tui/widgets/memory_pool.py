@@ -24,17 +24,26 @@ def pool_segments(s: EngineStats) -> list[tuple[str, int]]:
     return [("weights", weights), ("kv", kv), *experts, ("scratch", scratch), ("other", other), ("free", v.device_free)]
 
 
+REMOTE = "remote [dim](not reported)[/dim]"  # the server's memory
+
+
 class MemoryPoolPane(Static):
     stats: reactive[EngineStats | None] = reactive(None, always_update=True, init=False)
 
+    def __init__(self, remote: bool = False, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.remote = remote  # the model runs on a server: its memory is not ours to see
+
     def on_mount(self) -> None:
         self.border_title = "Memory"
-        self.update("[dim]—[/dim]")
+        self.update(REMOTE if self.remote else "[dim]—[/dim]")
 
     def watch_stats(self, stats: EngineStats | None) -> None:
         self.update(self._describe(stats))
 
     def _describe(self, s: EngineStats | None):
+        if self.remote:
+            return REMOTE
         if s is None:
             return "[dim]—[/dim]"
         if s.vram.device_total == 0:

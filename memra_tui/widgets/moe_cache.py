@@ -36,13 +36,14 @@ class MoeCachePane(Vertical):
     """
     stats: reactive[EngineStats | None] = reactive(None, always_update=True, init=False)
 
-    def __init__(self, **kwargs) -> None:
+    def __init__(self, remote: bool = False, **kwargs) -> None:
         super().__init__(**kwargs)
+        self.remote = remote  # the model runs on a server: no expert cache here to show
         self.history: deque[float] = deque(maxlen=HISTORY)  # hit rate per update, oldest first
         self._seen = (0, 0)  # (total_hits, total_misses) at the last update
 
     def compose(self) -> ComposeResult:
-        yield Static("[dim]—[/dim]", id="moe-rates")
+        yield Static("remote [dim](not reported)[/dim]" if self.remote else "[dim]—[/dim]", id="moe-rates")
         yield Sparkline([], id="moe-history", classes="-moe-only", summary_function=fmean)
         yield Static("", id="moe-history-label", classes="-moe-only")
         yield Static("", id="moe-traffic", classes="-moe-only")
@@ -51,6 +52,8 @@ class MoeCachePane(Vertical):
         self.border_title = "MoE cache"
 
     def watch_stats(self, stats: EngineStats | None) -> None:
+        if self.remote:
+            return
         m = stats.moe if stats is not None else None
         self.set_class(m is not None, "-moe")
         rates = self.query_one("#moe-rates", Static)
