@@ -27,6 +27,7 @@ import email.utils
 import json
 import logging
 import queue
+import re
 import socket
 import threading
 import time
@@ -40,7 +41,8 @@ from memra_engine.errors import GrammarError, MemraError, RemoteError
 from memra_engine.events import DoneEvent, EngineInfo, EngineStats, StatsEvent, TokenEvent
 from memra_engine.generate import STATS_INTERVAL_S, Job, JobRequest
 from memra_engine.grammar import Grammar
-from memra_engine.remote_knobs import LLAMA_CPP, VLLM, grammar_fields, knob_notes, sampling_fields, server_kind
+from memra_engine.remote_knobs import (LLAMA_CPP, VLLM, extra_names, grammar_fields, knob_notes, sampling_fields,
+                                       server_kind)
 from memra_engine.sampling import SamplingParams
 
 log = logging.getLogger("memra.remote")
@@ -466,7 +468,10 @@ class RemoteEngine:
             reply.answered = True
             job.attach(response)
             if response.status_code >= 400:
-                return "error", str(status_error(response, f"{self.model} at {endpoint}"))
+                error = str(status_error(response, f"{self.model} at {endpoint}"))
+                if response.status_code == 400:
+                    error += refused_knobs(error, body, self.kind)
+                return "error", error
             reason, last_stats = None, reply.started
             for data in sse_data(response.iter_lines()):
                 if job.cancelled:
@@ -504,6 +509,15 @@ def broken_stream(err: httpx.TransportError, url: str, timeout: float) -> Remote
                            "kept, cut here")
     detail = " ".join(str(err).split()) or type(err).__name__
     return RemoteError(f"the stream from {host_of(url)} broke mid-reply ({detail}); the reply so far is kept, cut here")
+
+
+def refused_knobs(error: str, body: dict, kind: str) -> str:
+    """When a 400 names extra fields that were sent, the knobs to turn off (in the knobs pane)."""
+    names = {name: knob for knob, name in extra_names(kind).items() if name is not None and name in body}
+    named = [knob for name, knob in names.items() if re.search(rf"\b{name}\b", error)]
+    if not named:
+        return ""
+    return f" (this server refuses {', '.join(named)}: set {'it' if len(named) == 1 else 'them'} to off in the knobs)"
 
 
 def root_of(url: str) -> str:

@@ -97,8 +97,9 @@ def test_cancel_before_the_server_answers_ends_at_once():
 def test_a_refused_field_is_one_line_with_the_servers_reason():
     with Stub(owned_by="some-proxy") as stub, RemoteEngine.connect(stub.url) as engine:
         stub.status, stub.error_body = 400, {"error": {"message": "Unrecognized request argument supplied: top_k"}}
-        assert reply(engine).done.error == ("the server refused the request (400): Unrecognized request argument "
-                                            "supplied: top_k")
+        assert reply(engine, SamplingParams(top_k=40)).done.error == (
+            "the server refused the request (400): Unrecognized request argument supplied: top_k (this server refuses "
+            "top_k: set it to off in the knobs)")
 
 
 def test_unknown_model_lists_what_the_server_serves():
