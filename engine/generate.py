@@ -550,12 +550,12 @@ class Generation:
         constraint = None
         if request.grammar is not None:
             constraint = self.model.grammar_tokenizer().constraint(request.grammar)
-        vocab = self.model.backend.config.vocab_size
-        if any(not 0 <= t < vocab for t in request.reply_prefix):
-            raise ValueError(f"the reply prefix holds a token id outside the vocabulary (0..{vocab - 1})")
-        if constraint is not None:
-            for t in request.reply_prefix:  # GrammarError (one line) if the grammar refuses the branch
-                constraint.accept(t)
+        if request.reply_prefix:
+            vocab = self.model.backend.config.vocab_size
+            if any(not 0 <= t < vocab for t in request.reply_prefix):
+                raise ValueError(f"the reply prefix holds a token id outside the vocabulary (0..{vocab - 1})")
+            for t in request.reply_prefix if constraint is not None else ():
+                constraint.accept(t)  # GrammarError (one line) if the grammar refuses the branch
         prompt = self.prompt_tokens() + list(request.reply_prefix)
         n_ctx = self.model.backend.n_ctx
         if not prompt:
