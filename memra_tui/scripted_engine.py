@@ -14,6 +14,8 @@ TokenEvent carries candidates (scripted_candidates): logits made up per token po
 sure, sometimes torn between a few words, now and then a long tail the draw lands in, run through
 the engine's own sampler chain (engine/candidates.py), so the stages and probabilities are what
 the real chain would say and the token's logprob is its probability in the final distribution.
+A reply_prefix (a branch from a token) is honoured deterministically: the reply goes on with the
+scripted reply's tokens from position len(reply_prefix) on, so the prefix is not streamed again.
 """
 from __future__ import annotations
 
@@ -146,8 +148,9 @@ class Script:
 
 class ScriptedJob:
     def __init__(self, engine: "ScriptedEngine", index: int, messages: list[dict] | None, prompt: str | None,
-                 sampling: SamplingParams, grammar, spec, stop):
+                 sampling: SamplingParams, grammar, spec, stop, reply_prefix=()):
         self.index = index
+        self.reply_prefix = tuple(int(t) for t in reply_prefix)  # the branch's first token ids
         self.messages = [dict(m) for m in messages] if messages is not None else None
         self.prompt = prompt
         self.sampling = sampling
@@ -282,8 +285,10 @@ class ScriptedEngine:
 
         return load
 
-    def chat(self, messages: list[dict], sampling: SamplingParams, grammar=None, spec=None, stop=()) -> ScriptedJob:
-        return self._submit(ScriptedJob(self, len(self.jobs), messages, None, sampling, grammar, spec, stop))
+    def chat(self, messages: list[dict], sampling: SamplingParams, grammar=None, spec=None, stop=(),
+             reply_prefix=()) -> ScriptedJob:
+        return self._submit(ScriptedJob(self, len(self.jobs), messages, None, sampling, grammar, spec, stop,
+                                        reply_prefix))
 
     def complete(self, prompt: str, sampling: SamplingParams, stop=(), grammar=None, spec=None) -> ScriptedJob:
         return self._submit(ScriptedJob(self, len(self.jobs), None, prompt, sampling, grammar, spec, stop))
@@ -342,6 +347,9 @@ class ScriptedEngine:
         tokens = split_tokens(self.script.replies[job.index % len(self.script.replies)])
         if self.script.n_tokens is not None:
             tokens = [tokens[i % len(tokens)] for i in range(self.script.n_tokens)]
+        skip = len(job.reply_prefix)  # a branch: the reply goes on after its prefix's positions
+        n_prompt += skip
+        tokens = tokens[skip:]
         reason = "eos"
         if len(tokens) > job.sampling.max_tokens:
             tokens, reason = tokens[: job.sampling.max_tokens], "length"
@@ -377,7 +385,7 @@ class ScriptedEngine:
                 params, job._sampling_update = job._sampling_update, None
             job.emitted.append(text)
             job.last_token_time = time.perf_counter()
-            position = i % n_script  # a cycled reply (Script.n_tokens) repeats its tokens and their ids
+            position = (skip + i) % n_script  # a cycled reply (Script.n_tokens) repeats its tokens and their ids
             token_id = 1000 + position
             candidates, logprob = scripted_candidates(position, text, token_id, params, job.grammar is not None)
             job._events.put(TokenEvent(text, token_id, logprob, candidates))

@@ -15,6 +15,7 @@ in the chat file.
 from __future__ import annotations
 
 import logging
+import math
 import re
 import time
 from dataclasses import replace
@@ -133,6 +134,7 @@ class ChatScreen(Screen):
         self._job = None
         self._buffer: ReplyBuffer | None = None
         self._reply_view: MessageView | None = None
+        self._reply_branch: ChatMessage | None = None  # the fork the reply in flight continues
         self._reply_started = 0.0
         self._last_stats_shown = 0.0
         self._last_stats: EngineStats | None = None
@@ -226,21 +228,32 @@ class ChatScreen(Screen):
             self.chat.title = title_from(event.text)
             transcript.border_title = self.chat.title
         self.chat.messages.append(message)
-        await transcript.add_message(message)
+        await transcript.add_message(message, len(self.chat.messages) - 1)
         self.app.save_chat(self.chat)
         await self._start_reply()
 
-    async def _start_reply(self) -> None:
+    async def _start_reply(self, branch: ChatMessage | None = None) -> None:
+        """A new reply after the chat's last message; or, given `branch` (the chat's last message,
+        a fork whose view holds the tokens it starts with), the rest of that reply."""
         engine = self.app.engine
         self._context_epoch += 1  # from here on the reply's stats say how full the context is
         self._buffer = ReplyBuffer()
         self._reply_grammar = self.grammar
-        self._reply_view = await self.query_one(Transcript).add_message(
-            ChatMessage("assistant", "", grammar=self._reply_grammar_dict()), tokens=[])
+        self._reply_branch = branch
+        transcript = self.query_one(Transcript)
+        if branch is None:
+            self._reply_view = await transcript.add_message(
+                ChatMessage("assistant", "", grammar=self._reply_grammar_dict()), len(self.chat.messages), tokens=[])
+            messages, prefix = self.chat.engine_messages(), {}
+        else:
+            self._reply_view = transcript.message_views[-1]
+            messages = replace(self.chat, messages=self.chat.messages[:-1]).engine_messages()
+            ids = [t.id for t in self._reply_view.tokens]
+            prefix = {"reply_prefix": ids} if ids else {}  # only the local engine takes one (see action_branch)
         self._reply_view.start_stream()
         self._reply_started = time.perf_counter()
-        self._job = engine.chat(self.chat.engine_messages(), sampling=self._engine_sampling(),
-                                grammar=self._reply_grammar, spec=self.spec)
+        self._job = engine.chat(messages, sampling=self._engine_sampling(), grammar=self._reply_grammar,
+                                spec=self.spec, **prefix)
         self.streaming = True
         self._checkpointed, self._reply_created = "", None
         self._checkpoint_timer = self.set_interval(CHECKPOINT_S, self._checkpoint_reply)
@@ -308,6 +321,15 @@ class ChatScreen(Screen):
             self._stats_unshown = False
             self._last_stats_shown = time.perf_counter()
 
+    def _with_reply(self, text: str, status: str, error: str = "") -> list[ChatMessage]:
+        """The chat's messages with the reply in flight: after the last, or in place of the
+        branch it continues (keeping the branches that fork there)."""
+        reply = self._reply_message(text, status, error)
+        if self._reply_branch is None:
+            return [*self.chat.messages, reply]
+        reply.branches, reply.branch = self._reply_branch.branches, self._reply_branch.branch
+        return [*self.chat.messages[:-1], reply]
+
     def _reply_message(self, text: str, status: str, error: str = "") -> ChatMessage:
         """The reply as the chat keeps it, with the knobs, grammar and spec that produced it."""
         created = self._reply_created if self._reply_created is not None else self.app.clock()
@@ -324,8 +346,7 @@ class ChatScreen(Screen):
         if self._reply_created is None:
             self._reply_created = self.app.clock()
         self._checkpointed = text
-        self.app.save_chat(replace(self.chat, messages=[*self.chat.messages, self._reply_message(text, "interrupted")]),
-                           touch=False)
+        self.app.save_chat(replace(self.chat, messages=self._with_reply(text, "interrupted")), touch=False)
 
     def _stop_checkpoints(self) -> None:
         if self._checkpoint_timer is not None:
@@ -344,8 +365,9 @@ class ChatScreen(Screen):
         view, done = self._reply_view, event.done
         status = DONE_STATUS.get(done.reason, "error")
         await view.end_stream(status, done.error)
-        if view.text or status != "error":
-            self.chat.messages.append(self._reply_message(view.text, status, done.error))
+        self.query_one(Transcript).reply_ended(view)
+        if view.text or status != "error" or self._reply_branch is not None:
+            self.chat.messages[:] = self._with_reply(view.text, status, done.error)
             self.query_one(Transcript).token_log.put(self.chat.id, len(self.chat.messages) - 1, view.text,
                                                      view.tokens or [])
         else:  # nothing came back: keep the error on screen, but do not save an empty reply
@@ -353,7 +375,7 @@ class ChatScreen(Screen):
         if self._last_stats is not None and status in ("done", "length", "context", "stopped") and self._last_stats.n_generated:
             self.decode_history.append(self._last_stats.decode_tok_s)
             self.query_one(EnginePanes).history = list(self.decode_history)
-        self._job = self._buffer = self._reply_view = None
+        self._job = self._buffer = self._reply_view = self._reply_branch = None
         self.streaming = False
         self.app.save_chat(self.chat)
         if done.error_kind == "out_of_memory":
@@ -420,7 +442,7 @@ class ChatScreen(Screen):
             return
         self._job.cancel()
         self._stop_checkpoints()
-        self.chat.messages.append(self._reply_message(self._buffer.text, status))
+        self.chat.messages[:] = self._with_reply(self._buffer.text, status)
         self._job = None
         self.streaming = False
         self.app.save_chat(self.chat)
@@ -449,7 +471,14 @@ class ChatScreen(Screen):
         if not self.chat.messages:
             self.notify("nothing to regenerate yet")
             return
-        if self.chat.messages[-1].role == "assistant":
+        last = self.chat.messages[-1]
+        if last.role == "assistant" and last.branches:  # where branches fork: a new one, the old kept
+            transcript = self.query_one(Transcript)
+            self.chat.fork(len(self.chat.messages) - 1, [ChatMessage("assistant", "", created=self.app.clock())])
+            transcript.token_log.put(self.chat.id, len(self.chat.messages) - 1, "", [])
+            await transcript.show_chat(self.chat)
+            return await self._start_reply(branch=self.chat.messages[-1])
+        if last.role == "assistant":
             self.chat.messages.pop()
             await self.query_one(Transcript).remove_from(len(self.chat.messages))
         await self._start_reply()
@@ -646,3 +675,57 @@ class ChatScreen(Screen):
         transcript.tint = not transcript.tint
         self.notify(f"tint of unlikely tokens {'on' if transcript.tint else 'off'} (this session's replies: below "
                     "10% amber, below 1% red)", timeout=3)
+
+    # -- branching (issue 18): fork a reply at the cursor token, move between the branches --------
+    async def action_branch(self, candidate: int) -> None:
+        """The reply under the token cursor forks at its cursor token: with the model's candidate
+        `candidate` (0-based, a row of the first chart) in its place, or (-1) sampled again with
+        the current knobs. The old reply, and all after it, stays as a sibling branch."""
+        if self._refuse_while_streaming():
+            return
+        transcript = self.query_one(Transcript)
+        view = transcript.cursor_view
+        if self.info.remote:
+            return self.notify("branching needs the local engine", severity="warning", timeout=4)
+        if view is None or view.index is None or view.index >= len(self.chat.messages):
+            return self.notify("no reply under the token cursor (F7 puts it on one)", timeout=3)
+        if view.tokens is None or view.cursor is None:
+            return self.notify("no token data for this reply: only this session's replies can be branched from",
+                               severity="warning", timeout=4)
+        at, token = view.cursor, view.tokens[view.cursor]
+        prefix = list(view.tokens[:at])
+        if candidate >= 0:
+            c = token.candidates
+            if c is None or candidate >= len(c.model):
+                return self.notify(f"no candidate {candidate + 1} for this token (the inspector shows them while "
+                                   "open: replies from then on have them)", severity="warning", timeout=4)
+            pick = c.model[candidate]
+            logprob = math.log(pick.final_prob) if pick.final_prob > 0 else -math.inf
+            prefix.append(TokenEvent(pick.text, pick.id, logprob, replace(c, rank=candidate)))
+        i = view.index
+        text = "".join(t.text for t in prefix)
+        self.chat.fork(i, [ChatMessage("assistant", text, created=self.app.clock())])
+        transcript.token_log.put(self.chat.id, i, text, prefix)  # the new view starts with these tokens
+        await transcript.show_chat(self.chat)
+        transcript.select_message(i)
+        self.app.save_chat(self.chat)
+        await self._start_reply(branch=self.chat.messages[-1])
+
+    async def action_sibling(self, delta: int) -> None:
+        """[ / ]: the previous / next branch where the chat forks, at the reply under the cursor
+        or the nearest fork above it (with no cursor: the last fork)."""
+        if self._refuse_while_streaming():
+            return
+        transcript = self.query_one(Transcript)
+        view = transcript.cursor_view
+        below = view.index if view is not None and view.index is not None else len(self.chat.messages) - 1
+        forks = [i for i, m in enumerate(self.chat.messages[:below + 1]) if m.branches]
+        if not forks:
+            return self.notify("no other branch here: 1-9 or r in the token inspector forks a reply", timeout=3)
+        i = forks[-1]
+        place, count = self.chat.siblings(i)
+        self.chat.switch(i, (place + delta) % count)
+        await transcript.show_chat(self.chat)
+        transcript.select_message(i)
+        self.app.save_chat(self.chat)
+        self._count_context()

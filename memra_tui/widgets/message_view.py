@@ -243,8 +243,11 @@ class MessageView(Vertical):
             self.index = index
 
     def __init__(self, role: str, content: str = "", status: str = "done", error: str = "",
-                 structured: bool = False, tokens: list[TokenEvent] | None = None) -> None:
+                 structured: bool = False, tokens: list[TokenEvent] | None = None, index: int | None = None,
+                 siblings: tuple[int, int] = (0, 1)) -> None:
         super().__init__(classes=f"-{role}")
+        self.index = index  # its place in chat.messages (None: not in the chat yet)
+        self.branch_place = siblings  # (place, count) of the branches forking here (Chat.siblings)
         self.role = role
         self.text = content
         self._status = status
@@ -267,10 +270,16 @@ class MessageView(Vertical):
 
     def compose(self) -> ComposeResult:
         # composed again (refresh(recompose=True)) when the body switches between markdown and tokens
-        yield Label("You" if self.role == "user" else "Assistant", classes="role")
+        yield Label(self.role_line(), classes="role")
         yield from self._body()
         text, error = self._status_text()
         yield Label(text, classes=" ".join(["status", *(["-shown"] if text else []), *(["-error"] if error else [])]))
+
+    def role_line(self) -> str:
+        """The header: who wrote it, and where branches fork here, which one this is (‹ 2/3 ›)."""
+        who = "You" if self.role == "user" else "Assistant"
+        place, count = self.branch_place
+        return f"{who}  ‹ {place + 1}/{count} ›" if count > 1 else who
 
     def watch_selected(self, selected: bool) -> None:
         self.set_class(selected, "-selected")
@@ -311,7 +320,7 @@ class MessageView(Vertical):
             return
         ends = token_chunk_ends(self.tokens, live.start)
         live.grow(ends[0])
-        status = self.query_one(".status")
+        status = self.query_children(".status").first()
         for a, b in zip(ends, ends[1:]):
             await self.mount(TokenChunk(self.tokens, a, b, self.cursor, self.tint), before=status)
 
@@ -328,7 +337,10 @@ class MessageView(Vertical):
         return text, self._status == "error"
 
     def _show_status(self) -> None:
-        label = self.query_one(".status", Label)
+        labels = self.query_children(".status")
+        if not labels:  # being composed again (markdown <-> tokens): compose draws the status
+            return
+        label = labels.first(Label)
         text, error = self._status_text()
         label.update(text)
         label.set_class(bool(text), "-shown")

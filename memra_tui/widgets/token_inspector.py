@@ -2,7 +2,8 @@
 the cursor was drawn. Its candidates as bars, before the sampler chain (the model's own
 distribution) and after it (the distribution the draw used), the drawn one marked (▶), each
 removed candidate with the stage that removed it (grammar, top-k, top-p, min-p, greedy); the
-drawn token's rank and logprob. A reply without candidates says why in one line.
+drawn token's rank and logprob. A reply without candidates says why in one line. The model's
+candidates are numbered: keys 1-9, 0 branch the reply there with that one (ChatScreen.action_branch).
 """
 from __future__ import annotations
 
@@ -63,7 +64,7 @@ class CandidateBars(Widget):
     def render(self) -> Text:
         width = max(self.content_size.width, 24)
         stage_cells = 8  # the same columns in both charts, so their bars compare
-        bar_cells = max(4, width - 2 - LABEL_CELLS - 1 - 6 - stage_cells)
+        bar_cells = max(4, width - 3 - LABEL_CELLS - 1 - 6 - stage_cells)
         styles = {name: self.get_component_rich_style(f"candidate-bars--{name}")
                   for name in ("bar", "drawn", "removed", "stage")}
         text = Text(no_wrap=True, overflow="crop")
@@ -73,6 +74,8 @@ class CandidateBars(Widget):
             row_style = styles["drawn"] if drawn else styles["removed"] if removed else None
             if k:
                 text.append("\n")
+            key = str((k + 1) % 10) if self.side == "model" and k < 10 else " "  # its branch key
+            text.append(key, styles["stage"])
             text.append("▶ " if drawn else "  ", styles["drawn"])
             text.append(label(c.text), row_style)
             text.append(" ")
@@ -90,6 +93,7 @@ class TokenInspector(VerticalScroll):
     TokenInspector > .chart-title { color: $text-muted; text-style: bold; }
     TokenInspector > CandidateBars { margin: 0 0 1 0; }
     TokenInspector > #inspect-note { color: $text-muted; }
+    TokenInspector > #inspect-keys { color: $text-muted; margin: 1 0 0 0; }
     TokenInspector > #model-below { text-style: none; margin: -1 0 1 0; }
     TokenInspector.-no-candidates > CandidateBars, TokenInspector.-no-candidates > .chart-title { display: none; }
     """
@@ -106,6 +110,8 @@ class TokenInspector(VerticalScroll):
         yield Static("after the chain: the draw", classes="chart-title")
         yield CandidateBars("final", id="bars-final")
         yield Static("", id="inspect-note", markup=False)
+        yield Static("1-9, 0: branch with that candidate · r: re-sample here · [ ]: branches",
+                     id="inspect-keys", markup=False)
 
     def on_mount(self) -> None:
         self.show(None, None)
@@ -144,3 +150,4 @@ class TokenInspector(VerticalScroll):
         self.query_one("#inspect-summary").display = bool(summary)
         self.query_one("#inspect-note", Static).update(note)
         self.query_one("#inspect-note").display = bool(note)
+        self.query_one("#inspect-keys").display = token is not None

@@ -41,6 +41,12 @@ class Transcript(VerticalScroll):
         Binding("home", "token_end(0)", "First token", show=False),
         Binding("end", "token_end(1)", "Last token", show=False),
         Binding("escape", "screen.close_inspector", "Leave inspector"),
+        # branching (issue 18): from the cursor token, and between the branches of a fork
+        Binding("1", "screen.branch(0)", "Branch with candidate 1 (2-9, 0)", show=False),
+        *(Binding(str((n + 1) % 10), f"screen.branch({n})", "", show=False) for n in range(1, 10)),
+        Binding("r", "screen.branch(-1)", "Re-sample from the cursor token", show=False),
+        Binding("[", "screen.sibling(-1)", "Previous branch", show=False),
+        Binding("]", "screen.sibling(1)", "Next branch", show=False),
     ]
 
     tint: reactive[bool] = reactive(False, init=False)  # tint low-probability draws (the replies with tokens)
@@ -150,6 +156,17 @@ class Transcript(VerticalScroll):
             shown = self._visible(replies[k])
             self._select(replies[k], (shown[0] if at_start else shown[-1]) if shown else None)
 
+    def select_message(self, index: int) -> None:
+        """The cursor on chat.messages[index] (its last token), or the first reply after it."""
+        after = [v for v in self.replies if v.index is not None and v.index >= index]
+        if self.cursor_on and after:
+            self._select(after[0], self._last_token(after[0]))
+
+    def reply_ended(self, view: MessageView) -> None:
+        """The reply in flight is over: the inspector shows its whole length under the cursor."""
+        if self.cursor_on and view is self.cursor_view:
+            self.post_message(self.CursorMoved(view, view.cursor))
+
     def follow_reply(self, view: MessageView) -> None:
         """Tokens arrived on view: a cursor on it with no token yet goes to its last one."""
         if self.cursor_on and view is self.cursor_view and view.cursor is None:
@@ -189,7 +206,8 @@ class Transcript(VerticalScroll):
             if i == chat.context_start and i:
                 widgets.append(WrappedText(dropped_note(i), classes="dropped-note"))
             tokens = self.token_log.get(chat.id, i, m.content) if m.role == "assistant" else None
-            view = MessageView(m.role, m.content, m.status, m.error, structured=bool(m.grammar), tokens=tokens)
+            view = MessageView(m.role, m.content, m.status, m.error, structured=bool(m.grammar), tokens=tokens,
+                               index=i, siblings=chat.siblings(i))
             view.set_reactive(MessageView.tint, self.tint)
             widgets.append(view.set_class(i < chat.context_start, "-dropped"))
         if not widgets:
@@ -199,11 +217,12 @@ class Transcript(VerticalScroll):
         self.anchor()
         self._forget_cursor_if_gone()
 
-    async def add_message(self, message: ChatMessage, tokens: list | None = None) -> MessageView:
-        """tokens: the reply in flight's list, which it fills (None: no token data)."""
+    async def add_message(self, message: ChatMessage, index: int, tokens: list | None = None) -> MessageView:
+        """The message at chat.messages[index] (a reply in flight: where it will be). tokens: the
+        reply in flight's list, which it fills (None: no token data)."""
         await self.query(".empty").remove()
         view = MessageView(message.role, message.content, message.status, message.error,
-                           structured=bool(message.grammar), tokens=tokens)
+                           structured=bool(message.grammar), tokens=tokens, index=index)
         view.set_reactive(MessageView.tint, self.tint)
         await self.mount(view)
         self.anchor()
