@@ -321,6 +321,11 @@ class ChatScreen(Screen):
             self._stats_unshown = False
             self._last_stats_shown = time.perf_counter()
 
+    def _reply_text(self) -> str:
+        """The reply in flight's text so far: a branch's starts with the text it was forked with."""
+        head = self._reply_branch.content if self._reply_branch is not None else ""
+        return head + self._buffer.text
+
     def _with_reply(self, text: str, status: str, error: str = "") -> list[ChatMessage]:
         """The chat's messages with the reply in flight: after the last, or in place of the
         branch it continues (keeping the branches that fork there)."""
@@ -340,7 +345,7 @@ class ChatScreen(Screen):
         """Save the chat with the reply so far, marked interrupted: what a kill leaves on disk."""
         if self._buffer is None:
             return
-        text = self._buffer.text
+        text = self._reply_text()
         if not text or text == self._checkpointed:
             return
         if self._reply_created is None:
@@ -442,7 +447,7 @@ class ChatScreen(Screen):
             return
         self._job.cancel()
         self._stop_checkpoints()
-        self.chat.messages[:] = self._with_reply(self._buffer.text, status)
+        self.chat.messages[:] = self._with_reply(self._reply_text(), status)
         self._job = None
         self.streaming = False
         self.app.save_chat(self.chat)

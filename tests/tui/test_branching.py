@@ -126,6 +126,28 @@ async def test_brackets_move_between_the_branches(make_app):
         assert chat.siblings(1) == (0, 3) and len(chat.messages) == 4
 
 
+@pytest.mark.anyio
+async def test_a_branch_cut_short_is_saved_in_place_of_the_fork(make_app):
+    """A kill mid-branch (the checkpoint, then abandon_reply): the file has the branch's text so
+    far where the fork is, the old reply among its branches, not a reply after it."""
+    app = make_app(Script(tokens_per_s=3000, pause_at={1: 2}))
+    async with app.run_test(size=(120, 36)) as pilot:
+        await _reply_then_cursor_at(pilot, 2)
+        await pilot.press("r")
+        await wait_for(pilot, lambda: len(app.engine.jobs) == 2 and len(app.engine.jobs[1].emitted) == 2)
+        job = app.engine.jobs[1]
+        await wait_for(pilot, lambda: "interrupted" in app.store.path_of(app.screen.chat.id).read_text(), timeout=3)
+        saved = Chat.from_json(app.store.path_of(app.screen.chat.id).read_text())
+        head = "".join(split_tokens(DEFAULT_REPLIES[0])[:2])
+        assert len(saved.messages) == 2 and saved.siblings(1) == (1, 2) and saved.messages[1].status == "interrupted"
+        assert saved.messages[1].content == head + job.emitted_text
+        assert saved.messages[1].branches[0][0].content == DEFAULT_REPLIES[0]
+        app.screen.abandon_reply("interrupted")
+        chat = app.screen.chat
+        assert len(chat.messages) == 2 and chat.siblings(1) == (1, 2) and chat.messages[1].status == "interrupted"
+        assert chat.messages[1].content == head + job.emitted_text
+
+
 def _branched_chat(app) -> Chat:
     chat = app.store.new_chat("m.gguf", {})
     chat.title = "a branched chat"
