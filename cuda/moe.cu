@@ -64,7 +64,7 @@ extern "C" __global__ void moe_topk(const float* __restrict__ logits, int* __res
 #define MOE_SORT_MAX 8192
 extern "C" __global__ __launch_bounds__(1024) void moe_sort(const int* __restrict__ ids, int* __restrict__ offsets,
                                                             int* __restrict__ order, int n_slots, int n_expert) {
-    __shared__ int sid[MOE_SORT_MAX];
+    __shared__ short sid[MOE_SORT_MAX];  // expert ids < MOE_MAX_EXPERTS fit: 16 KB, with count under the 48 KB of static shared memory
     __shared__ int count[MOE_MAX_EXPERTS + 1];
     pdl_entry();
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, n_warps = blockDim.x >> 5;
