@@ -343,7 +343,7 @@ def check_remote_flags(args: argparse.Namespace) -> None:
                 raise MemraError(f"{flag} needs --remote URL")
         return
     if args.model is not None:
-        raise MemraError(f"a model file and --remote are two engines: give one (the server's model is --model NAME)")
+        raise MemraError("a model file and --remote are two engines: give one (the server's model is --model NAME)")
     given = [flag for flag, dest, default in LOCAL_ONLY if getattr(args, dest) != default]
     if given:
         say(f"{PROG}: note: {', '.join(given)} {'does' if len(given) == 1 else 'do'} nothing with --remote "

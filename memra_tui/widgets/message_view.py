@@ -82,23 +82,20 @@ class HardBreakMarkdown(RichMarkdown):
             stack.extend(token.children or ())
 
 
-class MarkdownChunk(Widget):
-    """A run of markdown blocks drawn by Rich, as lines cached per width.
+class CachedLines(Widget):
+    """A widget drawn as Rich lines, cached per width and style: the transcript is laid out again
+    each time the streamed chunk grows, and every other chunk then answers its height and lines
+    from memory instead of rendering again. Subclasses give the renderable (None: no lines) and
+    call invalidate() when it changes."""
 
-    The transcript is laid out again each time the streamed chunk grows; caching the lines means
-    every other chunk answers its height and lines from memory instead of rendering again.
-    """
-
-    DEFAULT_CSS = "MarkdownChunk { height: auto; }"
-
-    def __init__(self, source: str, markdown: bool = True) -> None:
+    def __init__(self) -> None:
         super().__init__()
-        self.source = source
-        self.markdown = markdown  # False: the text as typed (the user's message)
         self._cache: tuple[int, object, list[Strip]] | None = None  # (width, style, lines)
 
-    def set_source(self, source: str) -> None:
-        self.source = source
+    def _renderable(self):
+        raise NotImplementedError
+
+    def invalidate(self) -> None:
         self._cache = None
         self.refresh(layout=True)
 
@@ -107,9 +104,8 @@ class MarkdownChunk(Widget):
         if self._cache is None or self._cache[:2] != (width, style):
             console = self.app.console
             options = console.options.update(width=max(width, 1), height=None)
-            body = (HardBreakMarkdown(self.source, code_theme="monokai", hyperlinks=False) if self.markdown
-                    else Text(self.source))
-            lines = console.render_lines(body, options, style=style, pad=True) if self.source else []
+            body = self._renderable()
+            lines = console.render_lines(body, options, style=style, pad=True) if body is not None else []
             self._cache = (width, style, [Strip(line, width) for line in lines])
         return self._cache[2]
 
@@ -119,6 +115,26 @@ class MarkdownChunk(Widget):
     def render_line(self, y: int) -> Strip:
         lines = self._lines(self.size.width)
         return lines[y] if y < len(lines) else Strip.blank(self.size.width, self.rich_style)
+
+
+class MarkdownChunk(CachedLines):
+    """A run of markdown blocks drawn by Rich, as lines cached per width (CachedLines)."""
+
+    DEFAULT_CSS = "MarkdownChunk { height: auto; }"
+
+    def __init__(self, source: str, markdown: bool = True) -> None:
+        super().__init__()
+        self.source = source
+        self.markdown = markdown  # False: the text as typed (the user's message)
+
+    def set_source(self, source: str) -> None:
+        self.source = source
+        self.invalidate()
+
+    def _renderable(self):
+        if not self.source:
+            return None
+        return HardBreakMarkdown(self.source, code_theme="monokai", hyperlinks=False) if self.markdown else Text(self.source)
 
 
 def token_chunk_ends(tokens: list[TokenEvent], start: int = 0, min_chars: int = CHUNK_CHARS) -> list[int]:
@@ -134,7 +150,7 @@ def token_chunk_ends(tokens: list[TokenEvent], start: int = 0, min_chars: int = 
     return ends + [len(tokens)]
 
 
-class TokenChunk(Widget):
+class TokenChunk(CachedLines):
     """tokens[start:end] of a reply, drawn as plain text with a span per token; each span's style
     carries its index (meta "token") for the mouse. Lines are cached per width like MarkdownChunk."""
 
@@ -155,21 +171,19 @@ class TokenChunk(Widget):
         super().__init__()
         self.tokens, self.start, self.end = tokens, start, end
         self.cursor, self.tint = cursor, tint
-        self._cache: tuple[int, object, list[Strip]] | None = None
 
     def holds(self, index: int | None) -> bool:
         return index is not None and self.start <= index < self.end
 
     def set_marks(self, cursor: int | None, tint: bool) -> None:
-        if (self.holds(cursor) or self.holds(self.cursor)) or tint != self.tint:
-            self._cache = None
-            self.refresh(layout=True)
+        changed = self.holds(cursor) or self.holds(self.cursor) or tint != self.tint
         self.cursor, self.tint = cursor, tint
+        if changed:
+            self.invalidate()
 
     def grow(self, end: int) -> None:
         self.end = end
-        self._cache = None
-        self.refresh(layout=True)
+        self.invalidate()
 
     @property
     def source(self) -> str:
@@ -194,22 +208,9 @@ class TokenChunk(Widget):
             text.right_crop(1)
         return text
 
-    def _lines(self, width: int) -> list[Strip]:
-        style = self.rich_style
-        if self._cache is None or self._cache[:2] != (width, style):
-            console = self.app.console
-            options = console.options.update(width=max(width, 1), height=None)
-            body = self._text()
-            lines = console.render_lines(body, options, style=style, pad=True) if body.plain else []
-            self._cache = (width, style, [Strip(line, width) for line in lines])
-        return self._cache[2]
-
-    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
-        return len(self._lines(width))
-
-    def render_line(self, y: int) -> Strip:
-        lines = self._lines(self.size.width)
-        return lines[y] if y < len(lines) else Strip.blank(self.size.width, self.rich_style)
+    def _renderable(self):
+        text = self._text()
+        return text if text.plain else None
 
     def on_click(self, event: events.Click) -> None:
         index = event.style.meta.get("token")
