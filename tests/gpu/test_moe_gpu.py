@@ -105,7 +105,15 @@ def test_moe_logits_follow_the_cpu_backend(model_path, open_backends, name, quan
     err = row_errors(got, ref)
     assert err[:18].max() < PREFILL_BOUND, err
     assert err[18:].max() < LOGIT_BOUND, err
-    assert (got.argmax(-1) == ref.argmax(-1)).mean() >= 0.99
+    # top-1 as tests/gpu/test_backend.py: wherever the CPU's top-1 leads its runner-up by more than
+    # 5x the row's RMS logit error (22 rows here, so a 99%-of-all rule would forbid any near-tie:
+    # tiny-olmoe Q4_K_M has a row whose top two are 5e-5 of the row norm apart, and it flipped)
+    top2 = np.sort(ref, -1)[:, -2:]
+    rms = np.sqrt(np.mean((got - ref) ** 2, axis=-1))
+    decisive = top2[:, 1] - top2[:, 0] > 5 * rms
+    assert decisive.sum() >= 16, f"only {decisive.sum()} of 22 rows decisive"
+    agree = got.argmax(-1) == ref.argmax(-1)
+    assert agree[decisive].all(), f"top-1 differs at decisive rows {np.flatnonzero(decisive & ~agree)}"
 
 
 @pytest.mark.parametrize("quant", QUANTS)
@@ -114,8 +122,10 @@ def test_moe_logits_follow_the_cpu_backend(model_path, open_backends, name, quan
 def test_moe_ffn_op_follows_the_cpu_op(model_path, open_backends, name, quant, T):
     """The routed FFN alone, both backends on the same random hidden states: no close call can
     flip here (the router logits differ by ~1e-6), so every row is compared. Bound 1e-3: the
-    two-term q8_1 activations of the expert matvecs (measured <= 5e-4)."""
-    from memra_engine.gpu.ops import DArray
+    two-term q8_1 activations of the expert matvecs (measured <= 5e-4). T = 40 takes the prefill
+    path, two f16 tensor-core GEMMs in sequence (each <= 1e-3 alone, tests/gpu/test_gemm.py) with
+    silu_mul between: bound 2e-3 (measured 1.05e-3 on the H200)."""
+    from memra_engine.gpu.ops import BATCHED_MATVEC_MAX, DArray
 
     path = model_path(name, quant)
     cpu, gpu = open_backends(path, "cpu"), open_backends(path, "cuda")
@@ -134,7 +144,7 @@ def test_moe_ffn_op_follows_the_cpu_op(model_path, open_backends, name, quant, T
                           W.ffn_down_exps, cfg.n_expert_used, cfg.expert_weights_norm)
         ops.flush()
         got = gpu.rt.download(out.ptr, x.shape, np.float32)
-        assert row_errors(got, want).max() < 1e-3
+        assert row_errors(got, want).max() < (1e-3 if T <= BATCHED_MATVEC_MAX else 2e-3)
 
 
 def test_moe_graph_replay_equals_eager(model_path, open_backends):
