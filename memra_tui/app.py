@@ -25,6 +25,7 @@ from memra_engine.sampling import SamplingParams
 from memra_engine.speculative import SpecConfig
 from memra_tui.chats import Chat, ChatStore
 from memra_tui.commands import MemraCommands
+from memra_tui.screens.ab_compare import ABScreen
 from memra_tui.screens.chat import ChatScreen, usable_spec
 from memra_tui.screens.chat_list import ChatListScreen
 from memra_tui.screens.context_size import smaller_context
@@ -224,6 +225,7 @@ class MemraApp(App[int]):
             ("composer", Composer.BINDINGS[:3]),
             ("chat list", ChatListScreen.BINDINGS),
             ("token cursor (F7)", Transcript.BINDINGS),
+            ("A/B (F9)", ABScreen.BINDINGS),
             ("knobs", [Binding("tab", "", "next field"), Binding("shift+tab", "", "previous field")]),
             ("palette", [Binding("ctrl+p", "", "command palette")]),
         ]))

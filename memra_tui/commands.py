@@ -20,6 +20,8 @@ COMMANDS = [
      "screen.inspect"),
     ("Tint unlikely tokens", "toggle: tint this session's low-probability draws (below 10%, below 1%)",
      "screen.toggle_tint"),
+    ("A/B send", "send the message with two knob sets (B: a new seed, or edit it); keep one reply, the other "
+     "stays a branch", "screen.ab_send"),
     ("Toggle panes", "show or hide the engine and knobs panes", "screen.toggle_panes"),
     ("Copy reply", "copy the last reply to the clipboard", "screen.copy_reply"),
     ("Copy code block", "copy the last code block of the last reply", "screen.copy_code"),

@@ -7,12 +7,19 @@ while the engine is quiet.
 """
 from __future__ import annotations
 
+import logging
 import threading
+from typing import Callable
 
 from textual.message import Message
 
-from memra_engine.events import DoneEvent, EngineStats, TokenEvent
+from memra_engine.events import DoneEvent, EngineStats, StatsEvent, TokenEvent
 
+log = logging.getLogger("memra_tui")
+
+# a reply's DoneEvent reason -> its status in the chat
+DONE_STATUS = {"eos": "done", "stop": "done", "length": "length", "context": "context", "cancelled": "stopped",
+               "error": "error"}
 FLUSH_HZ = 30  # transcript updates per second at most
 STATS_HZ = 4  # pane updates per second at most
 
@@ -86,3 +93,25 @@ class ReplyFinished(Message):
         super().__init__()
         self.job = job
         self.done = done
+
+
+def pump_job(job, buffer: ReplyBuffer, post: Callable[[Message], object]) -> None:
+    """Run in a worker thread: move the job's events into buffer, waking the UI (ReplyProgress)
+    when it goes from drained to filled, and post ReplyFinished when the job is over."""
+    done = DoneEvent("error", "the engine ended the reply without saying why")
+    try:
+        for event in job:
+            if isinstance(event, TokenEvent):
+                wake = buffer.push_token(event)
+            elif isinstance(event, StatsEvent):
+                wake = buffer.push_stats(event.stats)
+            else:
+                wake = False
+            if wake:
+                post(ReplyProgress())
+            elif isinstance(event, DoneEvent):
+                done = event
+    except Exception as e:  # a bug in the engine: log it, show one line
+        log.exception("reply stream failed")
+        done = DoneEvent("error", f"internal error ({type(e).__name__}: {e}); see the log file")
+    post(ReplyFinished(job, done))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
+import random
 import re
 import time
 from dataclasses import replace
@@ -30,16 +31,18 @@ from textual.timer import Timer
 from textual.widgets import Label, TabbedContent, TabPane
 
 from memra_engine.errors import GrammarError
-from memra_engine.events import DoneEvent, EngineInfo, EngineStats, StatsEvent, TokenEvent
+from memra_engine.events import EngineInfo, EngineStats, TokenEvent
 from memra_engine.grammar import Grammar
 from memra_engine.sampling import SamplingParams
 from memra_engine.speculative import SpecConfig
 from memra_tui.chats import Chat, ChatMessage, title_from
 from memra_tui.context_fit import Fit, fit_to_context, reply_room
+from memra_tui.screens.ab_compare import ABResult, ABRun, ABScreen
+from memra_tui.screens.ab_knobs import ABKnobsScreen
 from memra_tui.screens.chat_list import ChatListScreen
 from memra_tui.screens.context_size import ContextSizeScreen, smaller_context
 from memra_tui.screens.text_prompt import ConfirmScreen, TextPromptScreen
-from memra_tui.streaming import FLUSH_HZ, STATS_HZ, ReplyBuffer, ReplyFinished, ReplyProgress
+from memra_tui.streaming import DONE_STATUS, FLUSH_HZ, STATS_HZ, ReplyBuffer, ReplyFinished, ReplyProgress, pump_job
 from memra_tui.tokens import INSPECTOR_TOP_LOGPROBS
 from memra_tui.widgets.composer import Composer
 from memra_tui.widgets.context_usage import ContextPane
@@ -54,8 +57,6 @@ from memra_tui.widgets.key_footer import KeyFooter
 
 log = logging.getLogger("memra_tui")
 
-DONE_STATUS = {"eos": "done", "stop": "done", "length": "length", "context": "context", "cancelled": "stopped",
-               "error": "error"}
 CODE_BLOCK_RE = re.compile(r"```[^\n]*\n(.*?)```", re.S)
 CHECKPOINT_S = 1.0  # how often the reply in flight is saved, marked "interrupted"
 
@@ -110,6 +111,8 @@ class ChatScreen(Screen):
         Binding("ctrl+k", "copy_code", "Copy code"),
         Binding("f7", "inspect", "Inspect tokens", show=False),  # in the help and the palette
         Binding("f8", "toggle_tint", "Tint unlikely tokens", show=False),
+        # Ctrl+B is tmux's prefix: F9 reaches the app there too
+        Binding("f9,ctrl+b", "ab_send", "A/B send: two replies side by side", show=False),
     ]
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-wide")]
 
@@ -213,6 +216,11 @@ class ChatScreen(Screen):
         if self.streaming:
             self.notify("a reply is still streaming: Esc stops it", severity="warning")
             return
+        await self._add_user_message(event.text)
+        await self._start_reply()
+
+    async def _add_user_message(self, text: str) -> None:
+        """The composer's message at the chat's end (in edit mode: in place of the one edited)."""
         composer = self.query_one(Composer)
         composer.clear()
         transcript = self.query_one(Transcript)
@@ -223,14 +231,13 @@ class ChatScreen(Screen):
             if self.chat.context_start > len(self.chat.messages):  # a dropped message was edited: send it again
                 self.chat.context_start = len(self.chat.messages)
                 await transcript.show_chat(self.chat)
-        message = ChatMessage("user", event.text, created=self.app.clock())
+        message = ChatMessage("user", text, created=self.app.clock())
         if not self.chat.messages:
-            self.chat.title = title_from(event.text)
+            self.chat.title = title_from(text)
             transcript.border_title = self.chat.title
         self.chat.messages.append(message)
         await transcript.add_message(message, len(self.chat.messages) - 1)
         self.app.save_chat(self.chat)
-        await self._start_reply()
 
     async def _start_reply(self, branch: ChatMessage | None = None) -> None:
         """A new reply after the chat's last message; or, given `branch` (the chat's last message,
@@ -261,23 +268,7 @@ class ChatScreen(Screen):
 
     @work(thread=True, group="reply", exit_on_error=False)
     def _stream_job(self, job, buffer: ReplyBuffer) -> None:
-        done = DoneEvent("error", "the engine ended the reply without saying why")
-        try:
-            for event in job:
-                if isinstance(event, TokenEvent):
-                    wake = buffer.push_token(event)
-                elif isinstance(event, StatsEvent):
-                    wake = buffer.push_stats(event.stats)
-                else:
-                    wake = False
-                if wake:
-                    self.post_message(ReplyProgress())
-                elif isinstance(event, DoneEvent):
-                    done = event
-        except Exception as e:  # a bug in the engine: log it, show one line
-            log.exception("reply stream failed")
-            done = DoneEvent("error", f"internal error ({type(e).__name__}: {e}); see the log file")
-        self.post_message(ReplyFinished(job, done))
+        pump_job(job, buffer, self.post_message)
 
     @on(ReplyProgress)
     async def _reply_progress(self) -> None:
@@ -623,9 +614,9 @@ class ChatScreen(Screen):
         self.notify(f"{shown} (from the next reply on)", timeout=3, markup=False)
 
     # -- the token inspector -------------------------------------------------------------------
-    def _engine_sampling(self) -> SamplingParams:
-        """The knobs as the engine gets them: with candidates while the inspector is open."""
-        return replace(self.sampling, top_logprobs=INSPECTOR_TOP_LOGPROBS if self.inspecting else 0)
+    def _engine_sampling(self, knobs: SamplingParams | None = None) -> SamplingParams:
+        """The knobs (default: the chat's) as the engine gets them: with candidates while the inspector is open."""
+        return replace(knobs or self.sampling, top_logprobs=INSPECTOR_TOP_LOGPROBS if self.inspecting else 0)
 
     async def action_inspect(self) -> None:
         """F7: open the inspector with the cursor on the last reply's last token (again, if open)."""
@@ -734,3 +725,65 @@ class ChatScreen(Screen):
         transcript.select_message(i)
         self.app.save_chat(self.chat)
         self._count_context()
+
+    # -- A/B (issue 18): one message, two knob sets, the replies side by side; keep one ------------
+    async def action_ab_send(self) -> None:
+        """F9: send the composer's message (or, with it empty, answer the chat's unanswered last
+        message) as an A/B run: B's knobs are asked for first, A's are the chat's."""
+        if self._refuse_while_streaming():
+            return
+        text = self.query_one(Composer).text.strip()
+        last = self.chat.messages[-1] if self.chat.messages else None
+        if not text and (last is None or last.role != "user" or self.editing_index is not None):
+            return self.notify("type a message first: F9 sends it as an A/B run (two replies side by side)",
+                               timeout=4)
+        # each side gets a seed of its own, so either reply can be had again
+        a = self.sampling if self.sampling.seed is not None else replace(self.sampling, seed=ab_seed())
+        b = replace(a, seed=(a.seed + 1) % 2**31)
+
+        async def chosen(b_knobs: SamplingParams | None) -> None:
+            if b_knobs is not None and not self.streaming:
+                await self._run_ab(text, a, b_knobs)
+
+        self.app.push_screen(ABKnobsScreen(a, b, describe_knobs(a, self.spec)), chosen)
+
+    async def _run_ab(self, text: str, a: SamplingParams, b: SamplingParams) -> None:
+        if text:
+            await self._add_user_message(text)
+        runs = [ABRun(label, knobs, self._engine_sampling(knobs), describe_knobs(knobs, self.spec))
+                for label, knobs in (("A", a), ("B", b))]
+        shown = self.chat.messages[-1].content
+        self.app.push_screen(ABScreen(self.app.engine, self.chat.engine_messages(), runs, self.grammar, self.spec,
+                                      shown, logprobs_known=not self.info.remote), self._ab_done)
+
+    async def _ab_done(self, result: ABResult | None) -> None:
+        if result is None:
+            return self.notify("A/B cancelled; your message is kept (Ctrl+R replies to it, F9 runs A/B again)",
+                               timeout=5)
+        grammar = self.grammar.to_dict() if self.grammar is not None else None
+        i, transcript = len(self.chat.messages), self.query_one(Transcript)
+        replies = [ChatMessage("assistant", r.text, status=r.status, error=r.error, created=self.app.clock(),
+                               sampling=r.knobs.to_dict(), grammar=grammar, spec=self._spec_dict())
+                   for r in result.replies]
+        self.chat.messages.append(replies[0])
+        self.chat.fork(i, replies[1:])  # B shown, A kept as its sibling: A is ‹ 1/2 ›, B ‹ 2/2 ›
+        self.chat.switch(i, result.kept)
+        for r in result.replies:
+            transcript.token_log.put(self.chat.id, i, r.text, r.tokens)
+            if r.stats is not None and r.stats.n_generated and r.status != "error":
+                self.decode_history.append(r.stats.decode_tok_s)
+        panes = self.query_one(EnginePanes)
+        panes.history = list(self.decode_history)
+        if result.replies[result.kept].stats is not None:
+            panes.stats = result.replies[result.kept].stats
+        await transcript.show_chat(self.chat)
+        self.app.save_chat(self.chat)
+        self._count_context()
+        kept, other = result.replies[result.kept].label, result.replies[1 - result.kept].label
+        self.notify(f"kept {kept}; {other} stays a branch of this reply ([ and ] in the transcript switch)",
+                    timeout=4)
+
+
+def ab_seed() -> int:
+    """A seed for an A/B side when the knobs say random."""
+    return random.randrange(1, 1_000_000)  # short: it is shown in the columns' headers
