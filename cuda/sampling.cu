@@ -26,12 +26,46 @@ struct SampleParams {      // mirrored by engine/gpu/sampler.py PARAMS_DTYPE
     uint32_t seed_lo, seed_hi;
     uint32_t counter;      // Philox step counter; +1 per sampled token
     int use_mask;          // apply the token bitmask
+    int top_logprobs;      // > 0: sample_candidates reports this many candidates (read there only)
 };
 
 struct SampleOut {         // written by sample_finish; the 4-byte token id is what the host reads
     int token;
     float logprob;
 };
+
+// Candidates (the sampling workbench, SamplingParams.top_logprobs): with them on, sample_finish
+// writes the cuts it made (SampleCuts) and sample_candidates the best CAND_MAX tokens of the raw
+// and of the penalised logits, from stage-1 passes that keep each block's best CAND_RUN. The host
+// (engine/gpu/sampler.py candidates_from_record) turns them into engine/candidates.py's records.
+#define CAND_RUN 32
+#define CAND_MAX 20
+#define CAND_MAX_RUNS 128  // stage-1 blocks, padded to a power of two: vocabularies up to 512k
+
+struct SampleCuts {        // mirrored by engine/gpu/sampler.py CAND_DTYPE
+    int mode;              // 0 greedy, 1 plain temperature, 2 filtered, 3 nothing allowed
+    float c0, log_z;       // the draw's distribution: p(v) = exp((v - c0) / temp - log_z)
+    int kept;              // filtered: tokens left after every cut
+    float cut_v[3];        // the last survivor (value, index) of top_k, top_p, min_p, in the
+    int cut_i[3];          // order of before(); a stage that is off: (-inf, INT_MAX), all pass
+};
+
+struct SampleCandidates {  // mirrored by engine/gpu/sampler.py CAND_DTYPE
+    SampleCuts cuts;
+    int n, rank;           // rank: the drawn token's place under the raw logits, 0 = best
+    float model_max, model_z;  // softmax of the raw logits: exp(l - model_max) / model_z
+    int model_id[CAND_MAX];
+    float model_logit[CAND_MAX];    // raw
+    float model_final[CAND_MAX];    // the same tokens' penalised logits (-inf: masked)
+    int final_id[CAND_MAX];
+    float final_logit[CAND_MAX];    // the best penalised logits
+    float final_raw[CAND_MAX];      // the same tokens' raw logits
+};
+
+__device__ __forceinline__ void set_cut(SampleCuts* cuts, int stage, bool on, const float* cv, const int* ci, int kept) {
+    cuts->cut_v[stage] = on ? cv[kept - 1] : -INFINITY;
+    cuts->cut_i[stage] = on ? ci[kept - 1] : 0x7fffffff;
+}
 
 #define S1_THREADS 1024
 #define S1_CHUNK 4096
@@ -348,7 +382,8 @@ extern "C" __global__ void __launch_bounds__(S1_THREADS, 1) sample_stage1(
 // [t * per, (t + 1) * per). Z1: sum e^(l - M) over the whole vocabulary (top_p with top_k off).
 // Block-uniform control flow; writes *pick_s / *logprob_s from thread 0.
 __device__ void filtered_draw(const float* cv, const int* ci, int n, const SampleParams& p, bool k_on, float Z1,
-                              float M, float temp, double* scratch, int* pick_s, float* logprob_s) {
+                              float M, float temp, double* scratch, int* pick_s, float* logprob_s,
+                              SampleCuts* cuts) {
     constexpr int E = S2_MAX_CAND / S2_THREADS;
     int* iscratch = reinterpret_cast<int*>(scratch);
     const int per = (n + S2_THREADS - 1) / S2_THREADS;  // <= E
@@ -359,10 +394,14 @@ __device__ void filtered_draw(const float* cv, const int* ci, int n, const Sampl
     if (k_on) kept = min(kept, p.top_k);
     const float c0 = cv[0];
     if (kept == 0) {  // every token masked: nothing to draw from
-        if (threadIdx.x == 0) { *pick_s = ci[0]; *logprob_s = -INFINITY; }
+        if (threadIdx.x == 0) {
+            *pick_s = ci[0]; *logprob_s = -INFINITY;
+            if (cuts) cuts->mode = 3;
+        }
         __syncthreads();
         return;
     }
+    if (cuts && threadIdx.x == 0) set_cut(cuts, 0, k_on, cv, ci, kept);
     // Running sums in double: a float sum over thousands of terms drifts by ~1e-5 of the total,
     // enough to move the top_p cut by a token against the CPU's float64 cumsum.
     float w[E];
@@ -387,6 +426,7 @@ __device__ void filtered_draw(const float* cv, const int* ci, int n, const Sampl
         cross = block_min_int(cross, iscratch);
         if (cross != 0x7fffffff) kept = cross + 1;  // else never reached (a nucleus wider than the candidates): all
     }
+    if (cuts && threadIdx.x == 0) set_cut(cuts, 1, p.top_p < 1.0f, cv, ci, kept);
     if (p.min_p > 0.0f) {  // p >= min_p * p_max at T = 1, as engine/sampling.py
         const float floor_l = c0 + logf(p.min_p);
         int k2 = 0;
@@ -394,6 +434,7 @@ __device__ void filtered_draw(const float* cv, const int* ci, int n, const Sampl
             k2 += __syncthreads_count(b + (int)threadIdx.x < kept && cv[b + threadIdx.x] >= floor_l);
         kept = max(k2, 1);
     }
+    if (cuts && threadIdx.x == 0) set_cut(cuts, 2, p.min_p > 0.0f, cv, ci, kept);
     double s = 0.0;
 #pragma unroll
     for (int e = 0; e < E; ++e) {
@@ -414,6 +455,7 @@ __device__ void filtered_draw(const float* cv, const int* ci, int n, const Sampl
     if (threadIdx.x == 0) {
         *pick_s = ci[pick];
         *logprob_s = (cv[pick] - c0) / temp - (float)log(total);
+        if (cuts) { cuts->mode = 2; cuts->c0 = c0; cuts->log_z = (float)log(total); cuts->kept = kept; }
     }
     __syncthreads();
 }
@@ -425,7 +467,7 @@ __device__ void filtered_draw(const float* cv, const int* ci, int n, const Sampl
 // with it on; then filtered_draw.
 extern "C" __global__ void __launch_bounds__(S2_THREADS) sample_finish(
     const float* logits, SampleParams* params, const float* part, const float* cand_v, const int* cand_i,
-    int n_blocks, int local_k, int vocab, int* token_io, int* pos_io, SampleOut* out) {
+    int n_blocks, int local_k, int vocab, int* token_io, int* pos_io, SampleOut* out, SampleCuts* cuts) {
     pdl_entry();
     extern __shared__ float dyn[];
     float* cv = dyn;                                  // [S2_MAX_CAND]
@@ -463,9 +505,11 @@ extern "C" __global__ void __launch_bounds__(S2_THREADS) sample_finish(
             (void)ZT;
             pick_s = arg;
             logprob_s = -logf(Z1);
+            if (cuts) cuts->mode = 0;
         } else if (!filters_on(p, vocab)) {   // plain temperature sampling: Gumbel-max, exact
             pick_s = gi;
             logprob_s = (logits[gi] - M) / temp - logf(ZT);
+            if (cuts) { cuts->mode = 1; cuts->c0 = M; cuts->log_z = logf(ZT); }
         } else {
             pick_s = -1;
             red[0] = Z1;
@@ -491,7 +535,7 @@ extern "C" __global__ void __launch_bounds__(S2_THREADS) sample_finish(
             merge_round<S2_MAX_CAND / S2_THREADS>(cv, ci, runs, L, cap);
             L = min(2 * L, cap);
         }
-        filtered_draw(cv, ci, min(L, cap), p, k_on, Z1, M, temp, dred, &pick_s, &logprob_s);
+        filtered_draw(cv, ci, min(L, cap), p, k_on, Z1, M, temp, dred, &pick_s, &logprob_s, cuts);
     }
     if (threadIdx.x == 0) {
         out->token = pick_s;
@@ -499,5 +543,77 @@ extern "C" __global__ void __launch_bounds__(S2_THREADS) sample_finish(
         if (token_io) *token_io = pick_s;
         if (pos_io) *pos_io += 1;  // null outside the decode graph
         params->counter = p.counter + 1;
+    }
+}
+
+// The candidates of the token sample_finish drew. One block of 1024. raw: the logits before
+// penalties and mask (a copy); logits: after them (-inf: masked). model_* / final_*: stage-1
+// passes (T = 1, top_k = CAND_RUN, no mask) over raw and over logits, each block's best CAND_RUN
+// sorted; merged here into the best n. rank: the drawn token's place among the raw logits in
+// before()'s order, from the list when it is there, else by counting the whole vocabulary.
+extern "C" __global__ void __launch_bounds__(1024) sample_candidates(
+    const float* raw, const float* logits, const SampleParams* params, const float* model_part,
+    const float* model_cv, const int* model_ci, const float* final_cv, const int* final_ci,
+    int n_blocks, int vocab, const SampleOut* out, SampleCandidates* cand) {
+    pdl_entry();
+    constexpr int MAXP = CAND_MAX_RUNS * CAND_RUN;
+    __shared__ float v[MAXP];
+    __shared__ int ix[MAXP];
+    __shared__ int rank_s;
+    const int n = min(params->top_logprobs, CAND_MAX);
+    const int token = out->token;
+    int n_runs = 1;
+    while (n_runs < n_blocks) n_runs <<= 1;
+    if (threadIdx.x == 0) rank_s = -1;
+    for (int list = 0; list < 2; ++list) {
+        const float* cv = list ? final_cv : model_cv;
+        const int* ci = list ? final_ci : model_ci;
+        for (int i = threadIdx.x; i < n_runs * CAND_RUN; i += blockDim.x) {
+            const bool real = i < n_blocks * CAND_RUN;
+            v[i] = real ? cv[i] : -INFINITY;
+            ix[i] = real ? ci[i] : 0x7fffffff;
+        }
+        __syncthreads();
+        for (int runs = n_runs; runs > 1; runs >>= 1) merge_round<MAXP / 1024>(v, ix, runs, CAND_RUN, CAND_RUN);
+        const int t = threadIdx.x;
+        if (t < n) {
+            const int id = ix[t];
+            if (list == 0) {
+                cand->model_id[t] = id;
+                cand->model_logit[t] = v[t];
+                cand->model_final[t] = id < vocab ? logits[id] : -INFINITY;
+                if (id == token) rank_s = t;
+            } else {
+                cand->final_id[t] = id;
+                cand->final_logit[t] = v[t];
+                cand->final_raw[t] = id < vocab ? raw[id] : -INFINITY;
+            }
+        }
+        __syncthreads();
+    }
+    if (rank_s < 0) {  // block-uniform: not among the n best
+        const float lt = raw[token];
+        int c = 0;
+        for (int b = 0; b < vocab; b += blockDim.x) {
+            const int i = b + threadIdx.x;
+            c += __syncthreads_count(i < vocab && before(raw[i], i, lt, token));
+        }
+        if (threadIdx.x == 0) rank_s = c;
+    }
+    if (threadIdx.x < 32) {  // the raw softmax's normalizer from the model pass's block partials
+        const int lane = threadIdx.x;
+        float M = -INFINITY;
+        for (int b = lane; b < n_blocks; b += 32) M = fmaxf(M, model_part[b * 8]);
+        M = warp_max(M);
+        float Z = 0.0f;
+        for (int b = lane; b < n_blocks; b += 32)
+            if (model_part[b * 8] > -INFINITY) Z += model_part[b * 8 + 2] * expf(model_part[b * 8] - M);
+        Z = warp_sum(Z);
+        if (lane == 0) {
+            cand->n = n;
+            cand->rank = rank_s;
+            cand->model_max = M;
+            cand->model_z = Z;
+        }
     }
 }

@@ -93,6 +93,10 @@ class Backend(Protocol):
     def finish_masked_step(self) -> tuple[int, float]:
         """Upload the mask, sample on the device, and return (token id, logprob)."""
 
+    def step_candidates(self) -> "TokenCandidates | None":
+        """The candidates (engine/candidates.py) of the token the last decode_sample or
+        finish_masked_step returned, when set_sampling's params.top_logprobs > 0; else None."""
+
     def verify_sample(self, tokens: Sequence[int], masks: np.ndarray | None = None) -> list[tuple[int, float]]:
         """Append tokens (a speculative round: the fed token and its drafts, at most 16) and sample
         every row on the device: row i's penalty window ends at tokens[i], and with use_mask its

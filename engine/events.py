@@ -122,7 +122,7 @@ class TokenEvent:
     id: int
     logprob: float
     # SamplingParams.top_logprobs > 0: why this token was drawn (engine/candidates.py); None: off,
-    # or a backend that does not report them yet (the cuda sampler)
+    # or a step that reports none (the cuda backend's speculative rounds, a remote server)
     candidates: TokenCandidates | None = None
 
 

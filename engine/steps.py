@@ -12,8 +12,9 @@ stop strings, events and stats; a strategy owns only "feed a token, get the next
   draft and owns the knobs and the random stream.
 
 A step returns a list of Step (token, logprob, candidates): one token, or a round's tokens. At
-most `budget`, so a reply never runs past max_tokens. candidates (SamplingParams.top_logprobs > 0,
-host sampling only for now) say why the token was drawn (engine/candidates.py).
+most `budget`, so a reply never runs past max_tokens. candidates (SamplingParams.top_logprobs > 0)
+say why the token was drawn (engine/candidates.py): computed on the host from the logits, or by the
+device sampler inside the captured step (plain device steps; speculative rounds report none).
 
 A grammar constraint (engine/grammar.py) is used the same way by every strategy: ask it for the
 mask of the next position, draw, tell it the token drawn. Speculative rounds also cut drafts at
@@ -116,13 +117,14 @@ class DeviceSampling:
 
     def step(self, fed: int, budget: int = 1) -> Steps:
         if self.constraint is None:
-            return [Step(*self.backend.decode_sample(fed))]
+            token, logprob = self.backend.decode_sample(fed)
+            return [Step(token, logprob, self.backend.step_candidates())]
         mask = self.backend.begin_masked_step(fed)  # the GPU runs the forward meanwhile
         with self.mask_timer:
             self.constraint.mask_into(mask)
         token, logprob = self.backend.finish_masked_step()
         self.constraint.accept(token)
-        return [Step(token, logprob)]
+        return [Step(token, logprob, self.backend.step_candidates())]
 
 
 class _Rounds:

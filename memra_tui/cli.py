@@ -274,8 +274,8 @@ def stream_jsonl(job, top_logprobs: int) -> int:
                     line.update(rank=c.rank, model=[candidate_json(x) for x in c.model],
                                 final=[candidate_json(x) for x in c.final])
                 elif top_logprobs and not noted:
-                    say(f"{PROG}: note: this backend does not report candidates yet (the cuda sampler, a remote "
-                        "server): tokens only")
+                    say(f"{PROG}: note: no candidates for some tokens (speculative rounds on the cuda backend "
+                        "and remote servers report none): tokens only there")
                     noted = True
                 sys.stdout.write(json.dumps(line, ensure_ascii=False) + "\n")
                 sys.stdout.flush()

@@ -143,6 +143,9 @@ class DeviceSamplingBackend(ScriptedBackend):
         self.calls["decode_sample"] += 1
         return self._draw(super().decode(token))
 
+    def step_candidates(self):
+        return None
+
 
 def wrapped_engine(path, kind: str, n_ctx: int, wrap) -> tuple[Engine, list]:
     """An Engine on a real model whose backend is wrap(backend), made on the engine thread; the

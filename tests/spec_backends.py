@@ -119,6 +119,9 @@ class HostDevice(_Passthrough):
         allowed = unpack_mask(self.mask_buf, self.config.vocab_size)
         return sample(self._logits, self.params, self.tokens, self.rng, allowed)
 
+    def step_candidates(self):
+        return None
+
     def verify_sample(self, tokens, masks=None):
         start = self.n_past
         rows = self.verify(tokens)

@@ -22,6 +22,7 @@ from memra_engine.gpu.weights import GpuWeights
 from memra_engine.model import arch_module
 from memra_engine.model.config import config_from_gguf
 from memra_engine.model.gguf_file import open_gguf
+from memra_engine.sampling import SamplingParams
 
 SIGNATURES = build.kernel_signatures()
 MODELS = {
@@ -69,6 +70,10 @@ class RecordingRuntime:
 
     def upload_async(self, *args):
         pass
+
+    def copy_async(self, dst, src, nbytes):
+        assert dst and src and nbytes > 0
+        self.calls.append(("copy", (dst, src, nbytes)))
 
     def synchronize(self):
         pass
@@ -230,6 +235,20 @@ def test_sampler_launches_match_their_kernels():
         assert sampler.n_blocks * sampler.local_k <= 8192
         sampler.launch(1 << 20, 1 << 21, 1 << 22, 1 << 23, 1 << 23 + 4)
     assert rt.launches.count("sample_finish") == 4
+    assert "sample_candidates" not in rt.launches
+    # candidates on: the raw copy and its stage-1 pass first, the penalised pass and
+    # sample_candidates after the draw, the cuts written next to the token
+    rt.calls.clear()
+    sampler.set_params(SamplingParams(top_logprobs=10))
+    sampler.launch(1 << 20, 1 << 21, 1 << 22)
+    assert rt.launches == ["copy", "sample_stage1", "sample_penalize", "sample_stage1", "sample_finish",
+                           "sample_stage1", "sample_candidates"]
+    finish = dict(rt.calls)["sample_finish"]
+    assert finish[-1] == sampler.out_ptr + 8
+    # a verify row's slot (out_ptr given) has room for the token only: no candidates there
+    rt.calls.clear()
+    sampler.launch(1 << 20, 1 << 21, 1 << 22, out_ptr=1 << 24)
+    assert "sample_candidates" not in rt.launches and dict(rt.calls)["sample_finish"][-1] == 0
 
 
 @pytest.mark.parametrize("T", [1, 40])

@@ -237,6 +237,9 @@ class HostAsDevice:
         assert self.use_mask
         return sample(self.logits, self.params, [], self.rng, unpack_mask(self.mask, self.n_vocab))
 
+    def step_candidates(self):
+        return None
+
 
 def test_device_sampling_strategy_fills_the_mask_buffer_each_step(tiny_llama_path):
     from fake_engine import wrapped_engine

@@ -117,6 +117,9 @@ class CpuBackend:
     def finish_masked_step(self) -> tuple[int, float]:
         raise NotImplementedError("the cpu backend samples on the host")
 
+    def step_candidates(self):
+        return None  # host sampling computes them (engine/steps.py HostSampling)
+
     def verify_sample(self, tokens, masks=None) -> list[tuple[int, float]]:
         raise NotImplementedError("the cpu backend samples on the host")
 

@@ -38,11 +38,12 @@ from memra_engine.gpu.kv_cache import GpuKvCache
 from memra_engine.gpu.memory import MIB, OOM_HINT, OOM_HINT_Q8_0, VramPool
 from memra_engine.gpu.ops import Arena, DArray, GpuOps, attn_splits, kv_bucket
 from memra_engine.gpu.runtime import GpuRuntime
-from memra_engine.gpu.sampler import OUT_DTYPE, GpuSampler
+from memra_engine.gpu.sampler import OUT_DTYPE, RESULT_DTYPE, GpuSampler
 from memra_engine.gpu.weights import GpuWeights
 from memra_engine.kv_type import DEFAULT_KV_TYPE, check_kv_type
 from memra_engine.model import arch_module
 from memra_engine.model.config import config_from_gguf
+from memra_engine.candidates import TokenCandidates
 from memra_engine.sampling import SamplingParams
 
 PREFILL_CHUNK = 512      # tokens per prefill forward (bounds the scratch arena)
@@ -123,8 +124,10 @@ class CudaBackend:
         self.step_ptr = alloc(8, "step")  # decode graph inputs: int32 token, int32 position
         self.sampler = GpuSampler(rt, self.pool, cfg.vocab_size)
         self.step_host = rt.pinned(2, np.int32)
-        self.out_host = rt.pinned(1, OUT_DTYPE)
-        self.out_slots = [rt.pinned(1, OUT_DTYPE) for _ in range(AHEAD_STEPS)]  # one per queued step
+        # a step's result (the token; the candidates too when on: sampler.result_bytes of it are read)
+        self.out_host = rt.pinned(1, RESULT_DTYPE)
+        self.out_slots = [rt.pinned(1, RESULT_DTYPE) for _ in range(AHEAD_STEPS)]  # one per queued step
+        self._candidates: TokenCandidates | None = None  # of the token the last step returned
         self.out_events = [rt.cuda.Event() for _ in range(AHEAD_STEPS)]
         self.logits_host = rt.pinned((1, cfg.vocab_size), np.float32)
         self.mask_host = rt.pinned(self.sampler.mask_words, np.uint32)  # the masked step's bitmask
@@ -299,7 +302,7 @@ class CudaBackend:
             self._sample_graph(self._queued_logits_ptr).launch(rt)
         else:
             self._launch_sampler(self._queued_logits_ptr)
-        rt.cuda.memcpy_dtoh_async(self.out_host, self.sampler.out_ptr, rt.stream)
+        self._read_result(self.out_host)
         self.out_events[0].record(rt.stream)
         pos = self.n_past + 1
         ahead = self.run_ahead and pos < self.n_ctx
@@ -309,6 +312,7 @@ class CudaBackend:
         self.n_past = pos
         self._ran(1)
         token, logprob = int(self.out_host[0]["token"]), float(self.out_host[0]["logprob"])
+        self._candidates = self.sampler.candidates(self.out_host, token)
         self._forward_ahead = (pos, token) if ahead else None
         return token, logprob
 
@@ -330,7 +334,7 @@ class CudaBackend:
 
     def _sample_graph(self, logits_ptr: int) -> CudaGraph:
         """The sampler alone, on the logits a forward graph leaves at logits_ptr."""
-        key = ("sample", logits_ptr)
+        key = ("sample", logits_ptr, self.sampler.top_logprobs > 0)
         graph = self.graphs.get(key)
         if graph is None:
             graph = CudaGraph()
@@ -356,6 +360,7 @@ class CudaBackend:
         self._ran(1)
         out = self.out_slots[slot][0]
         token_out, logprob = int(out["token"]), float(out["logprob"])
+        self._candidates = self.sampler.candidates(self.out_slots[slot], token_out)  # before the slot is reused
         self._fed = token_out
         self._fill_queue()
         return token_out, logprob
@@ -433,7 +438,7 @@ class CudaBackend:
         slot = next(i for i in range(AHEAD_STEPS) if all(s != i for _, s in self._ahead))
         graph = self._graph(self.splits_for(pos + 1), sample=True)
         graph.launch(self.rt)
-        self.rt.cuda.memcpy_dtoh_async(self.out_slots[slot], self.sampler.out_ptr, self.rt.stream)
+        self._read_result(self.out_slots[slot])
         self.out_events[slot].record(self.rt.stream)
         self._ahead.append((pos, slot))
 
@@ -456,10 +461,23 @@ class CudaBackend:
         self.rt.upload(buf, np.ascontiguousarray(logits, np.float32))
         self._write_step(0, pos=self.n_past - 1)
         self.sampler.launch(buf, self.history_ptr, self.step_ptr + 4)
-        self.rt.cuda.memcpy_dtoh_async(self.out_host, self.sampler.out_ptr, self.rt.stream)
+        self._read_result(self.out_host)
         self.rt.synchronize()
         self.ops.arena.reset()
-        return int(self.out_host[0]["token"]), float(self.out_host[0]["logprob"])
+        token = int(self.out_host[0]["token"])
+        self._candidates = self.sampler.candidates(self.out_host, token)
+        return token, float(self.out_host[0]["logprob"])
+
+    def step_candidates(self) -> TokenCandidates | None:
+        """Why the token the last decode_sample / finish_masked_step / sample_logits returned was
+        drawn (set_sampling's params.top_logprobs > 0), read back with it; None when off."""
+        return self._candidates
+
+    def _read_result(self, host: np.ndarray) -> None:
+        """Queue the readback of the sampler's result into a pinned RESULT_DTYPE buffer: the token,
+        and the candidates when they are on (a few hundred bytes more)."""
+        self.rt.cuda.memcpy_dtoh_async(host.view(np.uint8)[:self.sampler.result_bytes], self.sampler.out_ptr,
+                                       self.rt.stream)
 
     # ---- internals ---------------------------------------------------------------------------
     def _check(self, tokens) -> np.ndarray:
@@ -502,7 +520,8 @@ class CudaBackend:
         return out
 
     def _graph(self, n_splits: int, sample: bool) -> CudaGraph:
-        key = (n_splits, sample)  # contexts past ATTN_MAX_SPLITS chunks share one graph
+        # contexts past ATTN_MAX_SPLITS chunks share one graph; candidates add launches
+        key = (n_splits, sample, sample and self.sampler.top_logprobs > 0)
         graph = self.graphs.get(key)
         if graph is not None:
             return graph
@@ -580,6 +599,27 @@ class CudaBackend:
         for _ in range(steps):
             token, _ = self.decode_sample(token)
         out["tg128_decode_sample_default_sampling_tok_s"] = steps / (time.perf_counter() - t0)
+        # the token inspector's cost: default knobs with 10 candidates per token, against without,
+        # interleaved runs (issue 18: at most 3% of decode_sample)
+        with_cand = SamplingParams(top_logprobs=10)
+        graph_on, wall = [], {0: [], 10: []}
+        for _ in range(runs):
+            self.truncate(0)
+            self.prefill([1])
+            graph_on.append(self.graph_step_us(steps, with_cand)[0])
+            for params in (SamplingParams(), with_cand):
+                self.truncate(0)
+                self.prefill([1])
+                self.set_sampling(params, seed=0)
+                token = 1
+                t0 = time.perf_counter()
+                for _ in range(steps):
+                    token, _ = self.decode_sample(token)
+                wall[params.top_logprobs].append((time.perf_counter() - t0) / steps)
+        out["tg128_graph_top_logprobs10_tok_s"] = 1e6 / statistics.median(graph_on)
+        off, on = statistics.median(wall[0]), statistics.median(wall[10])
+        out["tg128_decode_sample_top_logprobs10_tok_s"] = 1 / on
+        out["top_logprobs10_cost"] = round(1 - off / on, 4)
         stats = self.memory_stats()
         out["vram_used_mib"] = round(sum(stats.used.values()) / MIB, 1)
         out["vram_reserved_mib"] = round(sum(stats.reserved.values()) / MIB, 1)

@@ -119,6 +119,10 @@ class GpuRuntime:
     def upload_async(self, dst_ptr: int, host: np.ndarray) -> None:
         self.cuda.memcpy_htod_async(int(dst_ptr), host, self.stream)
 
+    def copy_async(self, dst_ptr: int, src_ptr: int, nbytes: int) -> None:
+        """Device -> device on self.stream (graph-capturable)."""
+        self.cuda.memcpy_dtod_async(int(dst_ptr), int(src_ptr), int(nbytes), self.stream)
+
     def memset_u32(self, ptr: int, value: int, count: int) -> None:
         self.cuda.memset_d32_async(int(ptr), int(value) & 0xFFFFFFFF, int(count), self.stream)
 

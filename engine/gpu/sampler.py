@@ -5,6 +5,10 @@ new temperature or seed is one small host-to-device copy, not a recapture. The P
 that block advances on the device once per sampled token.
 
 Launch order (all on rt.stream, graph-capturable): sample_penalize, sample_stage1, sample_finish.
+With candidates on (SamplingParams.top_logprobs > 0, the sampling workbench) the raw logits are
+copied and passed through stage 1 first, sample_finish records its cuts, and after it a stage-1
+pass over the penalised logits and sample_candidates fill a CAND_DTYPE record next to the token:
+the host reads it with the token (candidates_from_record).
 
 Filtered draws (any of top_k / top_p / min_p on): stage 1 leaves each 4096-token block's best
 local_k logits sorted; sample_finish merges those runs (all of them with top_k off, the best
@@ -18,15 +22,25 @@ import os
 
 import numpy as np
 
+from memra_engine.candidates import KEPT, Candidate, TokenCandidates
 from memra_engine.sampling import SamplingParams
 
 PARAMS_DTYPE = np.dtype([
     ("temperature", "<f4"), ("top_k", "<i4"), ("top_p", "<f4"), ("min_p", "<f4"),
     ("repeat_penalty", "<f4"), ("presence_penalty", "<f4"), ("frequency_penalty", "<f4"),
     ("repeat_last_n", "<i4"), ("seed_lo", "<u4"), ("seed_hi", "<u4"), ("counter", "<u4"),
-    ("use_mask", "<i4"),
+    ("use_mask", "<i4"), ("top_logprobs", "<i4"),
 ])
 OUT_DTYPE = np.dtype([("token", "<i4"), ("logprob", "<f4")])
+CAND_MAX, CAND_RUN, CAND_MAX_RUNS = 20, 32, 128  # in sampling.cu
+CAND_DTYPE = np.dtype([  # struct SampleCandidates
+    ("mode", "<i4"), ("c0", "<f4"), ("log_z", "<f4"), ("kept", "<i4"), ("cut_v", "<f4", 3), ("cut_i", "<i4", 3),
+    ("n", "<i4"), ("rank", "<i4"), ("model_max", "<f4"), ("model_z", "<f4"),
+    ("model_id", "<i4", CAND_MAX), ("model_logit", "<f4", CAND_MAX), ("model_final", "<f4", CAND_MAX),
+    ("final_id", "<i4", CAND_MAX), ("final_logit", "<f4", CAND_MAX), ("final_raw", "<f4", CAND_MAX),
+])
+RESULT_DTYPE = np.dtype([("token", "<i4"), ("logprob", "<f4"), ("cand", CAND_DTYPE)])  # one step's readback
+MODE_GREEDY, MODE_PLAIN, MODE_FILTERED, MODE_NONE = range(4)
 STAGE1_CHUNK = 4096      # S1_CHUNK in sampling.cu
 STAGE2_MAX_CANDIDATES = 8192
 LOCAL_K_MAX = 128
@@ -52,8 +66,45 @@ def params_record(p: SamplingParams, seed: int, use_mask: bool = False, counter:
     rec["repeat_penalty"], rec["presence_penalty"] = p.repeat_penalty, p.presence_penalty
     rec["frequency_penalty"], rec["repeat_last_n"] = p.frequency_penalty, p.repeat_last_n
     rec["seed_lo"], rec["seed_hi"] = seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF
-    rec["counter"], rec["use_mask"] = counter, int(use_mask)
+    rec["counter"], rec["use_mask"], rec["top_logprobs"] = counter, int(use_mask), p.top_logprobs
     return rec
+
+
+def candidates_from_record(rec: np.void, params: SamplingParams, token: int, vocab: int) -> TokenCandidates:
+    """engine/candidates.py's TokenCandidates from the device record of the step that drew `token`
+    (the same stages: a masked token is -inf after the mask, the cuts are (value, index) bounds
+    in the sorted order, so a token passes a stage when it sorts no later than its cut)."""
+    c = rec["cand"]
+    n, mode = int(c["n"]), int(c["mode"])
+    temp = params.temperature if params.temperature > 0 else 1.0
+    cuts = [(float(v), int(i)) for v, i in zip(c["cut_v"], c["cut_i"])]
+
+    def final_prob(v: float) -> float:
+        return float(np.exp((np.float64(v) - c["c0"]) / temp - c["log_z"]))
+
+    def removed(i: int, v: float) -> str:
+        if not np.isfinite(v):
+            return "grammar"
+        if mode == MODE_GREEDY:
+            return KEPT if i == token else "greedy"
+        if mode == MODE_FILTERED:
+            for stage, (cv, ci) in zip(("top_k", "top_p", "min_p"), cuts):
+                if not (v > cv or (v == cv and i <= ci)):
+                    return stage
+        return KEPT
+
+    def candidate(i: int, raw: float, v: float) -> Candidate:
+        why = removed(i, v)
+        prob = 0.0 if why != KEPT else (1.0 if mode == MODE_GREEDY else final_prob(v))
+        return Candidate(i, float(np.exp(np.float64(raw) - c["model_max"]) / c["model_z"]), prob, why)
+
+    model = [candidate(int(i), raw, v) for i, raw, v in zip(c["model_id"][:n], c["model_logit"][:n],
+                                                             c["model_final"][:n]) if i < vocab]
+    # the final distribution's best: greedy, the argmax alone (the penalised list's first)
+    count = {MODE_GREEDY: 1, MODE_PLAIN: n, MODE_FILTERED: min(n, int(c["kept"]))}.get(mode, 0)
+    finals = [candidate(int(i), raw, v) for i, raw, v in zip(c["final_id"][:count], c["final_raw"][:count],
+                                                              c["final_logit"][:count]) if i < vocab and np.isfinite(v)]
+    return TokenCandidates(tuple(model), tuple(finals), int(c["rank"]))
 
 
 class GpuSampler:
@@ -63,7 +114,9 @@ class GpuSampler:
     def nbytes(vocab: int) -> int:
         n_blocks = -(-vocab // STAGE1_CHUNK)
         k = local_k_for(vocab)
-        return 4 * 256 + n_blocks * 8 * 4 + 2 * n_blocks * k * 4 + (-(-vocab // 32)) * 4 + 6 * 256
+        candidates = 4 * vocab + n_blocks * 8 * 4 + 4 * n_blocks * CAND_RUN * 4 + PARAMS_DTYPE.itemsize
+        return (4 * 256 + n_blocks * 8 * 4 + 2 * n_blocks * k * 4 + (-(-vocab // 32)) * 4 + 6 * 256
+                + RESULT_DTYPE.itemsize + candidates + 6 * 256)
 
     def __init__(self, rt, pool, vocab: int):
         self.rt, self.vocab = rt, vocab
@@ -71,13 +124,26 @@ class GpuSampler:
         self.local_k = local_k_for(vocab)
         alloc = lambda n, name: pool.alloc("graph", n, name).ptr  # noqa: E731
         self.params_ptr = alloc(PARAMS_DTYPE.itemsize, "sample_params")
-        self.out_ptr = alloc(OUT_DTYPE.itemsize, "sample_out")
+        self.out_ptr = alloc(RESULT_DTYPE.itemsize, "sample_out")  # the token, then the candidates
         self.part_ptr = alloc(self.n_blocks * 8 * 4, "sample_part")
         self.cand_v = alloc(self.n_blocks * self.local_k * 4, "sample_cand_v")
         self.cand_i = alloc(self.n_blocks * self.local_k * 4, "sample_cand_i")
         self.mask_words = -(-vocab // 32)
         self.mask_ptr = alloc(self.mask_words * 4, "token_mask")
         rt.memset_u32(self.mask_ptr, 0xFFFFFFFF, self.mask_words)
+        # candidates: a copy of the raw logits and two stage-1 passes' outputs (raw, penalised)
+        self.raw_ptr = alloc(4 * vocab, "cand_raw")
+        self.cand_part = alloc(self.n_blocks * 8 * 4, "cand_part")
+        runs = self.n_blocks * CAND_RUN * 4
+        self.model_v, self.model_i = alloc(runs, "cand_model_v"), alloc(runs, "cand_model_i")
+        self.final_v, self.final_i = alloc(runs, "cand_final_v"), alloc(runs, "cand_final_i")
+        # their stage-1 knobs: T = 1, top_k = CAND_RUN, nothing else
+        assert self.n_blocks <= CAND_MAX_RUNS, vocab
+        self.cand_params_ptr = alloc(PARAMS_DTYPE.itemsize, "cand_params")
+        self._cand_params_host = rt.pinned(1, PARAMS_DTYPE)
+        self._cand_params_host[:] = params_record(SamplingParams(temperature=1.0, top_k=CAND_RUN), seed=0)
+        rt.upload_async(self.cand_params_ptr, self._cand_params_host)
+        self.top_logprobs = 0
         rt.set_max_dynamic_shared("sample_finish", self.finish_shared)
         self._params_host = rt.pinned(1, PARAMS_DTYPE)  # one staging buffer: copies stay ordered
         self.set_params(SamplingParams(temperature=0.0))
@@ -93,7 +159,17 @@ class GpuSampler:
         self.rt.synchronize()  # the previous copy out of the staging buffer has finished
         self._params_host[:] = params_record(p, seed, use_mask)
         self.rt.upload_async(self.params_ptr, self._params_host)
+        self.params, self.top_logprobs = p, p.top_logprobs
         return seed
+
+    @property
+    def result_bytes(self) -> int:
+        """Bytes of sample_out a step reads back: the token, and the candidates when on."""
+        return RESULT_DTYPE.itemsize if self.top_logprobs else OUT_DTYPE.itemsize
+
+    def candidates(self, result: np.ndarray, token: int) -> TokenCandidates | None:
+        """The candidates in a step's readback (RESULT_DTYPE), None when off."""
+        return candidates_from_record(result[0], self.params, token, self.vocab) if self.top_logprobs else None
 
     def rewind_counter(self, steps: int) -> None:
         """Undo `steps` sampled tokens' Philox counter advance (steps queued ahead that nobody
@@ -122,11 +198,27 @@ class GpuSampler:
         bitmask and result slot than the sampler's own (a verify pass has one per row)."""
         rt = self.rt
         mask_ptr = self.mask_ptr if mask_ptr is None else mask_ptr
+        # candidates only into the sampler's own result (a verify row's slot has room for the token)
+        cand = self.top_logprobs > 0 and out_ptr is None
         out_ptr = self.out_ptr if out_ptr is None else out_ptr
+        if cand:
+            rt.copy_async(self.raw_ptr, logits_ptr, 4 * self.vocab)
+            self._stage1(self.raw_ptr, self.cand_params_ptr, self.cand_part, self.model_v, self.model_i, CAND_RUN)
         rt.launch("sample_penalize", 1, 256, (logits_ptr, self.params_ptr, history_ptr, pos_ptr, self.vocab))
-        rt.launch("sample_stage1", self.n_blocks, 1024,
-                  (logits_ptr, mask_ptr, self.params_ptr, self.part_ptr, self.cand_v, self.cand_i,
-                   self.vocab, self.local_k))
+        self._stage1(logits_ptr, self.params_ptr, self.part_ptr, self.cand_v, self.cand_i, self.local_k, mask_ptr)
+        cuts_ptr = out_ptr + OUT_DTYPE.itemsize if cand else 0
         rt.launch("sample_finish", 1, 1024,
                   (logits_ptr, self.params_ptr, self.part_ptr, self.cand_v, self.cand_i, self.n_blocks,
-                   self.local_k, self.vocab, token_io_ptr, pos_io_ptr, out_ptr), shared=self.finish_shared)
+                   self.local_k, self.vocab, token_io_ptr, pos_io_ptr, out_ptr, cuts_ptr), shared=self.finish_shared)
+        if cand:
+            # the penalised logits' best: the masked ones were written -inf in place by stage 1
+            self._stage1(logits_ptr, self.cand_params_ptr, self.part_ptr, self.final_v, self.final_i, CAND_RUN)
+            rt.launch("sample_candidates", 1, 1024,
+                      (self.raw_ptr, logits_ptr, self.params_ptr, self.cand_part, self.model_v, self.model_i,
+                       self.final_v, self.final_i, self.n_blocks, self.vocab, out_ptr, cuts_ptr))
+
+    def _stage1(self, logits_ptr: int, params_ptr: int, part_ptr: int, v_ptr: int, i_ptr: int, k: int,
+                mask_ptr: int | None = None) -> None:
+        self.rt.launch("sample_stage1", self.n_blocks, 1024,
+                       (logits_ptr, self.mask_ptr if mask_ptr is None else mask_ptr, params_ptr, part_ptr,
+                        v_ptr, i_ptr, self.vocab, k))

@@ -100,7 +100,7 @@ class TokenInspector(VerticalScroll):
 
     def __init__(self, backend: str = "cpu", **kwargs) -> None:
         super().__init__(**kwargs)
-        self.backend = backend  # the cuda sampler does not report candidates yet
+        self.backend = backend  # the cuda backend's speculative rounds report no candidates
 
     def compose(self) -> ComposeResult:
         yield Static("", id="inspect-summary", markup=False)
@@ -134,7 +134,8 @@ class TokenInspector(VerticalScroll):
                        f"id {token.id} · logprob {token.logprob:.3f} ({percent(p)})")
             c = token.candidates
             if c is None:
-                note = ("No candidates: the cuda backend does not report them yet." if self.backend == "cuda"
+                note = ("No candidates: this token came before the inspector was open, or from a speculative "
+                        "round (they report none on the cuda backend)." if self.backend == "cuda"
                         else "No candidates: this token came before the inspector was open.")
             else:
                 summary += f"\nrank {c.rank + 1} of the model's (1: top)"
