@@ -467,7 +467,7 @@ __device__ void filtered_draw(const float* cv, const int* ci, int n, const Sampl
 // with it on; then filtered_draw.
 extern "C" __global__ void __launch_bounds__(S2_THREADS) sample_finish(
     const float* logits, SampleParams* params, const float* part, const float* cand_v, const int* cand_i,
-    int n_blocks, int local_k, int vocab, int* token_io, int* pos_io, SampleOut* out, SampleCuts* cuts) {
+    int n_blocks, int local_k, int vocab, int* token_io, int* pos_io, SampleOut* out, SampleCandidates* cand) {
     pdl_entry();
     extern __shared__ float dyn[];
     float* cv = dyn;                                  // [S2_MAX_CAND]
@@ -478,6 +478,7 @@ extern "C" __global__ void __launch_bounds__(S2_THREADS) sample_finish(
     __shared__ float logprob_s;
     const SampleParams p = *params;
     const float temp = p.temperature > 0.0f ? p.temperature : 1.0f;
+    SampleCuts* cuts = cand ? &cand->cuts : nullptr;
 
     // global max / argmax / normalizers over the n_blocks partials: warp 0, lanes strided, then a
     // shuffle tree (a serial loop over 64 partials costs ~15 us of dependent loads).
@@ -505,7 +506,7 @@ extern "C" __global__ void __launch_bounds__(S2_THREADS) sample_finish(
             (void)ZT;
             pick_s = arg;
             logprob_s = -logf(Z1);
-            if (cuts) cuts->mode = 0;
+            if (cand) { cuts->mode = 0; cand->final_id[0] = arg; cand->final_logit[0] = logits[arg]; }
         } else if (!filters_on(p, vocab)) {   // plain temperature sampling: Gumbel-max, exact
             pick_s = gi;
             logprob_s = (logits[gi] - M) / temp - logf(ZT);
@@ -536,6 +537,12 @@ extern "C" __global__ void __launch_bounds__(S2_THREADS) sample_finish(
             L = min(2 * L, cap);
         }
         filtered_draw(cv, ci, min(L, cap), p, k_on, Z1, M, temp, dred, &pick_s, &logprob_s, cuts);
+        // the final distribution's best are the sorted list's first (sample_candidates needs no
+        // pass of its own over the penalised logits here)
+        if (cand && threadIdx.x < min(min(p.top_logprobs, CAND_MAX), min(L, cap))) {
+            cand->final_id[threadIdx.x] = ci[threadIdx.x];
+            cand->final_logit[threadIdx.x] = cv[threadIdx.x];
+        }
     }
     if (threadIdx.x == 0) {
         out->token = pick_s;
@@ -548,8 +555,9 @@ extern "C" __global__ void __launch_bounds__(S2_THREADS) sample_finish(
 
 // The candidates of the token sample_finish drew. One block of 1024. raw: the logits before
 // penalties and mask (a copy); logits: after them (-inf: masked). model_* / final_*: stage-1
-// passes (T = 1, top_k = CAND_RUN, no mask) over raw and over logits, each block's best CAND_RUN
-// sorted; merged here into the best n. rank: the drawn token's place among the raw logits in
+// passes (T = 1, top_k = CAND_RUN, no mask) over raw and (plain temperature draws only: the
+// other draws' best come from sample_finish) over logits, each block's best CAND_RUN sorted;
+// merged here into the best n. rank: the drawn token's place among the raw logits in
 // before()'s order, from the list when it is there, else by counting the whole vocabulary.
 extern "C" __global__ void __launch_bounds__(1024) sample_candidates(
     const float* raw, const float* logits, const SampleParams* params, const float* model_part,
@@ -565,7 +573,10 @@ extern "C" __global__ void __launch_bounds__(1024) sample_candidates(
     int n_runs = 1;
     while (n_runs < n_blocks) n_runs <<= 1;
     if (threadIdx.x == 0) rank_s = -1;
-    for (int list = 0; list < 2; ++list) {
+    // the penalised list: sample_finish wrote it for greedy and filtered draws; plain
+    // temperature sampling sorts nothing there, so the stage-1 pass over logits did (final_*)
+    const int lists = cand->cuts.mode == 1 ? 2 : 1;
+    for (int list = 0; list < lists; ++list) {
         const float* cv = list ? final_cv : model_cv;
         const int* ci = list ? final_ci : model_ci;
         for (int i = threadIdx.x; i < n_runs * CAND_RUN; i += blockDim.x) {
@@ -586,10 +597,13 @@ extern "C" __global__ void __launch_bounds__(1024) sample_candidates(
             } else {
                 cand->final_id[t] = id;
                 cand->final_logit[t] = v[t];
-                cand->final_raw[t] = id < vocab ? raw[id] : -INFINITY;
             }
         }
         __syncthreads();
+    }
+    if (threadIdx.x < n) {
+        const int id = cand->final_id[threadIdx.x];
+        cand->final_raw[threadIdx.x] = id >= 0 && id < vocab ? raw[id] : -INFINITY;
     }
     if (rank_s < 0) {  // block-uniform: not among the n best
         const float lt = raw[token];

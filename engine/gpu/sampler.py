@@ -39,6 +39,8 @@ CAND_DTYPE = np.dtype([  # struct SampleCandidates
     ("model_id", "<i4", CAND_MAX), ("model_logit", "<f4", CAND_MAX), ("model_final", "<f4", CAND_MAX),
     ("final_id", "<i4", CAND_MAX), ("final_logit", "<f4", CAND_MAX), ("final_raw", "<f4", CAND_MAX),
 ])
+SORT_BEST = SamplingParams(temperature=1.0, top_k=CAND_RUN)  # a stage-1 pass that keeps each block's best
+NO_SORT = SamplingParams(temperature=0.0)                    # one that only reduces (cheap)
 RESULT_DTYPE = np.dtype([("token", "<i4"), ("logprob", "<f4"), ("cand", CAND_DTYPE)])  # one step's readback
 MODE_GREEDY, MODE_PLAIN, MODE_FILTERED, MODE_NONE = range(4)
 STAGE1_CHUNK = 4096      # S1_CHUNK in sampling.cu
@@ -137,12 +139,14 @@ class GpuSampler:
         runs = self.n_blocks * CAND_RUN * 4
         self.model_v, self.model_i = alloc(runs, "cand_model_v"), alloc(runs, "cand_model_i")
         self.final_v, self.final_i = alloc(runs, "cand_final_v"), alloc(runs, "cand_final_i")
-        # their stage-1 knobs: T = 1, top_k = CAND_RUN, nothing else
+        # their stage-1 knobs: T = 1, top_k = CAND_RUN, nothing else; the penalised pass sorts only
+        # for plain temperature draws (set_params), the others' best come from sample_finish
         assert self.n_blocks <= CAND_MAX_RUNS, vocab
         self.cand_params_ptr = alloc(PARAMS_DTYPE.itemsize, "cand_params")
-        self._cand_params_host = rt.pinned(1, PARAMS_DTYPE)
-        self._cand_params_host[:] = params_record(SamplingParams(temperature=1.0, top_k=CAND_RUN), seed=0)
-        rt.upload_async(self.cand_params_ptr, self._cand_params_host)
+        self.final_params_ptr = alloc(PARAMS_DTYPE.itemsize, "cand_final_params")
+        self._cand_params_host = rt.pinned(2, PARAMS_DTYPE)
+        self._cand_params_host[0] = params_record(SORT_BEST, seed=0)[0]
+        rt.upload_async(self.cand_params_ptr, self._cand_params_host[:1])
         self.top_logprobs = 0
         rt.set_max_dynamic_shared("sample_finish", self.finish_shared)
         self._params_host = rt.pinned(1, PARAMS_DTYPE)  # one staging buffer: copies stay ordered
@@ -159,6 +163,9 @@ class GpuSampler:
         self.rt.synchronize()  # the previous copy out of the staging buffer has finished
         self._params_host[:] = params_record(p, seed, use_mask)
         self.rt.upload_async(self.params_ptr, self._params_host)
+        plain = p.temperature > 0 and not (0 < p.top_k < self.vocab or p.top_p < 1.0 or p.min_p > 0.0)
+        self._cand_params_host[1] = params_record(SORT_BEST if plain else NO_SORT, seed=0)[0]
+        self.rt.upload_async(self.final_params_ptr, self._cand_params_host[1:])
         self.params, self.top_logprobs = p, p.top_logprobs
         return seed
 
@@ -212,7 +219,7 @@ class GpuSampler:
                    self.local_k, self.vocab, token_io_ptr, pos_io_ptr, out_ptr, cuts_ptr), shared=self.finish_shared)
         if cand:
             # the penalised logits' best: the masked ones were written -inf in place by stage 1
-            self._stage1(logits_ptr, self.cand_params_ptr, self.part_ptr, self.final_v, self.final_i, CAND_RUN)
+            self._stage1(logits_ptr, self.final_params_ptr, self.part_ptr, self.final_v, self.final_i, CAND_RUN)
             rt.launch("sample_candidates", 1, 1024,
                       (self.raw_ptr, logits_ptr, self.params_ptr, self.cand_part, self.model_v, self.model_i,
                        self.final_v, self.final_i, self.n_blocks, self.vocab, out_ptr, cuts_ptr))

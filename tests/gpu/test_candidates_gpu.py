@@ -26,7 +26,7 @@ CASES = {
     "temperature": SamplingParams(temperature=0.9, top_k=0, top_p=1.0, min_p=0.0),
     "default_chain": SamplingParams(),
     "top_k": SamplingParams(temperature=1.0, top_k=7, top_p=1.0, min_p=0.0),
-    "top_p_k_off": SamplingParams(temperature=1.0, top_k=0, top_p=0.6, min_p=0.0),
+    "top_p_k_off": SamplingParams(temperature=1.0, top_k=0, top_p=0.2, min_p=0.0),  # < 20 tokens: top_p shows
     "min_p": SamplingParams(temperature=1.3, top_k=0, top_p=1.0, min_p=0.2),
     "penalties": SamplingParams(temperature=0.7, top_k=40, top_p=0.95, min_p=0.02, repeat_penalty=1.4,
                                 presence_penalty=0.5, frequency_penalty=0.3),
