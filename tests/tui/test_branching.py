@@ -5,6 +5,7 @@ branches where the chat forks, marked ‹ n/m › in the message's header. On th
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from tui_helpers import hold_still, send, wait_for, wait_ready
@@ -237,3 +238,28 @@ async def test_the_real_engine_branches_from_a_token(tmp_path, paths):
         branch = app.screen.chat.messages[1].content
         expected = app.engine.chat([{"role": "user", "content": "Hello there"}], knobs, reply_prefix=prefix).collect()
         assert branch == head + expected.text and expected.text
+
+
+@pytest.mark.anyio
+async def test_a_chat_file_from_before_branches_opens_and_goes_on(make_app):
+    """A file the previous version wrote (tests/data/chats: format 1 before the chat tree, with an
+    interrupted reply) opens as it was; a new turn saves it in the tree format without losing a
+    message or a field."""
+    raw = (Path(__file__).parents[1] / "data" / "chats" / "pre-branches-a76d5ea.json").read_text()
+    old = json.loads(raw)["messages"]
+    app = make_app(FAST, resume=True)
+    path = app.store.path_of("20261130-101500")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(raw)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await wait_ready(pilot)
+        assert app.screen.chat.id == "20261130-101500" and app.screen.chat.system_prompt == "You are terse."
+        assert [v.text for v in _transcript(app).message_views] == [m["content"] for m in old]
+        await send(pilot, "And one about the moon.")
+        await _wait_reply(pilot, 1)
+        assert app.engine.jobs[0].messages[-1]["content"] == "And one about the moon."
+    saved = Chat.from_json(path.read_text())
+    assert [(m.role, m.content, m.status, m.created, m.sampling) for m in saved.messages[:4]] == \
+        [(m["role"], m["content"], m["status"], m["created"], m["sampling"]) for m in old]
+    assert [m.content for m in saved.messages[4:]] == ["And one about the moon.", DEFAULT_REPLIES[0]]
+    assert all(not m.branches for m in saved.messages)
