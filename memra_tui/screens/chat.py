@@ -224,14 +224,17 @@ class ChatScreen(Screen):
         composer = self.query_one(Composer)
         composer.clear()
         transcript = self.query_one(Transcript)
-        if self.editing_index is not None:
-            del self.chat.messages[self.editing_index:]
-            await transcript.remove_from(self.editing_index)
-            self._end_edit()
-            if self.chat.context_start > len(self.chat.messages):  # a dropped message was edited: send it again
-                self.chat.context_start = len(self.chat.messages)
-                await transcript.show_chat(self.chat)
         message = ChatMessage("user", text, created=self.app.clock())
+        if self.editing_index is not None:
+            # the edited message and the replies after it stay, as a sibling branch ([ ] reach it);
+            # a dropped message that was edited is sent again (fork moves context_start back)
+            i = self.editing_index
+            self._end_edit()
+            self.chat.fork(i, [message])
+            await transcript.show_chat(self.chat)
+            transcript.select_message(i)
+            self.app.save_chat(self.chat)
+            return
         if not self.chat.messages:
             self.chat.title = title_from(text)
             transcript.border_title = self.chat.title
@@ -492,7 +495,8 @@ class ChatScreen(Screen):
         composer.move_cursor(composer.document.end)
         composer.focus()
         banner = self.query_one("#edit-banner", Label)
-        banner.update("editing your last message: Enter resends it (the replies after it are replaced), Esc cancels")
+        banner.update("editing your last message: Enter sends it as a new branch (the old one and its replies stay: "
+                      "[ ] switch), Esc cancels")
         banner.add_class("-shown")
 
     def _end_edit(self) -> None:

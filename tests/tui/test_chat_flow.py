@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from memra_tui.chats import Chat
 from memra_tui.scripted_engine import DEFAULT_REPLIES, Script, split_tokens
 from memra_tui.widgets.composer import Composer
 from memra_tui.widgets.message_view import MessageView
@@ -95,9 +96,19 @@ async def test_edit_and_resend_the_last_user_message(make_app):
             {"role": "assistant", "content": DEFAULT_REPLIES[0]},
             {"role": "user", "content": "changed"},
         ]
+        await wait_for(pilot, lambda: not app.screen.streaming)
         expected = ["first", DEFAULT_REPLIES[0], "changed", DEFAULT_REPLIES[2]]
         assert [m.content for m in app.screen.chat.messages] == expected
         assert [v.text for v in views(app)] == expected
+        # the edited message and its reply stay, a sibling branch at the edited place
+        chat = app.screen.chat
+        assert chat.siblings(2) == (1, 2)
+        assert [m.content for m in chat.messages[2].branches[0]] == ["second", DEFAULT_REPLIES[1]]
+        assert Chat.from_json(app.store.path_of(chat.id).read_text()).siblings(2) == (1, 2)
+        app.screen.query_one(Transcript).focus()
+        await pilot.press("[")
+        await pilot.pause()
+        assert [v.text for v in views(app)] == ["first", DEFAULT_REPLIES[0], "second", DEFAULT_REPLIES[1]]
 
 
 async def test_copy_reply_and_code_block(make_app):
