@@ -27,6 +27,9 @@ struct SampleParams {      // mirrored by engine/gpu/sampler.py PARAMS_DTYPE
     uint32_t counter;      // Philox step counter; +1 per sampled token
     int use_mask;          // apply the token bitmask
     int top_logprobs;      // > 0: sample_candidates reports this many candidates (read there only)
+    int skip;              // sample_stage1 does nothing: a candidates pass this draw does not need
+    int cand_reuse;        // sample_candidates: raw logits == penalised ones (no penalties, no mask)
+                           // and sample_finish's sorted list is long enough: it is the model's list too
 };
 
 struct SampleOut {         // written by sample_finish; the 4-byte token id is what the host reads
@@ -288,6 +291,7 @@ extern "C" __global__ void __launch_bounds__(S1_THREADS, 1) sample_stage1(
     __shared__ float bmax_s;
     constexpr int PER = S1_CHUNK / S1_THREADS;  // 4: a warp holds one run of RUN = 128
     const SampleParams p = *params;
+    if (p.skip) return;
     const float temp = p.temperature > 0.0f ? p.temperature : 1.0f;
     const int base = blockIdx.x * S1_CHUNK;
 
@@ -562,7 +566,7 @@ extern "C" __global__ void __launch_bounds__(S2_THREADS) sample_finish(
 extern "C" __global__ void __launch_bounds__(1024) sample_candidates(
     const float* raw, const float* logits, const SampleParams* params, const float* model_part,
     const float* model_cv, const int* model_ci, const float* final_cv, const int* final_ci,
-    int n_blocks, int vocab, const SampleOut* out, SampleCandidates* cand) {
+    const float* draw_part, int n_blocks, int vocab, const SampleOut* out, SampleCandidates* cand) {
     pdl_entry();
     constexpr int MAXP = CAND_MAX_RUNS * CAND_RUN;
     __shared__ float v[MAXP];
@@ -570,13 +574,21 @@ extern "C" __global__ void __launch_bounds__(1024) sample_candidates(
     __shared__ int rank_s;
     const int n = min(params->top_logprobs, CAND_MAX);
     const int token = out->token;
+    const bool reuse = params->cand_reuse;  // the model's list is sample_finish's (no raw pass ran)
+    if (reuse) model_part = draw_part;
     int n_runs = 1;
     while (n_runs < n_blocks) n_runs <<= 1;
     if (threadIdx.x == 0) rank_s = -1;
     // the penalised list: sample_finish wrote it for greedy and filtered draws; plain
     // temperature sampling sorts nothing there, so the stage-1 pass over logits did (final_*)
     const int lists = cand->cuts.mode == 1 ? 2 : 1;
-    for (int list = 0; list < lists; ++list) {
+    if (reuse && threadIdx.x < n) {
+        const int t = threadIdx.x, id = cand->final_id[t];
+        cand->model_id[t] = id;
+        cand->model_logit[t] = cand->model_final[t] = cand->final_logit[t];
+        if (id == token) rank_s = t;
+    }
+    for (int list = reuse ? 1 : 0; list < lists; ++list) {
         const float* cv = list ? final_cv : model_cv;
         const int* ci = list ? final_ci : model_ci;
         for (int i = threadIdx.x; i < n_runs * CAND_RUN; i += blockDim.x) {

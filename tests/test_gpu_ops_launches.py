@@ -17,7 +17,7 @@ from memra_engine.gpu import build
 from memra_engine.gpu.kv_cache import GpuKvCache
 from memra_engine.gpu.ops import (ATTN_MAX_SPLITS, ATTN_MAX_SPLITS_CL, Arena, DArray, GpuOps, attn_plan,
                                   attn_row_splits, attn_slots, attn_splits, kv_bucket)
-from memra_engine.gpu.sampler import GpuSampler
+from memra_engine.gpu.sampler import GpuSampler, candidate_passes
 from memra_engine.gpu.weights import GpuWeights
 from memra_engine.model import arch_module
 from memra_engine.model.config import config_from_gguf
@@ -245,6 +245,23 @@ def test_sampler_launches_match_their_kernels():
                            "sample_stage1", "sample_candidates"]
     finish = dict(rt.calls)["sample_finish"]
     assert finish[-1] == sampler.out_ptr + 8
+    # which candidates passes do work (the others return at once): default knobs reuse the draw's
+    # sorted list; penalties, a mask, greedy or a top_k below n need the raw pass; plain
+    # temperature draws the penalised one
+    def passes(use_mask=False, **knobs):
+        return candidate_passes(SamplingParams(top_logprobs=10, **knobs), 49152, use_mask)
+    assert passes() == (False, False)
+    assert passes(top_k=0) == (False, False)
+    assert passes(repeat_penalty=1.1) == (True, False)
+    assert passes(repeat_penalty=1.1, repeat_last_n=0) == (False, False)
+    assert passes(use_mask=True) == (True, False)
+    assert passes(temperature=0.0) == (True, False)
+    assert passes(top_k=5) == (True, False)
+    assert passes(top_k=0, top_p=1.0, min_p=0.0) == (True, True)
+    sampler.set_params(SamplingParams(top_logprobs=10, repeat_penalty=1.1))
+    assert sampler._cand_params_host["skip"].tolist() == [0, 1] and sampler._params_host["cand_reuse"][0] == 0
+    sampler.set_params(SamplingParams(top_logprobs=10))
+    assert sampler._cand_params_host["skip"].tolist() == [1, 1] and sampler._params_host["cand_reuse"][0] == 1
     # a verify row's slot (out_ptr given) has room for the token only: no candidates there
     rt.calls.clear()
     sampler.launch(1 << 20, 1 << 21, 1 << 22, out_ptr=1 << 24)

@@ -29,7 +29,7 @@ PARAMS_DTYPE = np.dtype([
     ("temperature", "<f4"), ("top_k", "<i4"), ("top_p", "<f4"), ("min_p", "<f4"),
     ("repeat_penalty", "<f4"), ("presence_penalty", "<f4"), ("frequency_penalty", "<f4"),
     ("repeat_last_n", "<i4"), ("seed_lo", "<u4"), ("seed_hi", "<u4"), ("counter", "<u4"),
-    ("use_mask", "<i4"), ("top_logprobs", "<i4"),
+    ("use_mask", "<i4"), ("top_logprobs", "<i4"), ("skip", "<i4"), ("cand_reuse", "<i4"),
 ])
 OUT_DTYPE = np.dtype([("token", "<i4"), ("logprob", "<f4")])
 CAND_MAX, CAND_RUN, CAND_MAX_RUNS = 20, 32, 128  # in sampling.cu
@@ -40,7 +40,6 @@ CAND_DTYPE = np.dtype([  # struct SampleCandidates
     ("final_id", "<i4", CAND_MAX), ("final_logit", "<f4", CAND_MAX), ("final_raw", "<f4", CAND_MAX),
 ])
 SORT_BEST = SamplingParams(temperature=1.0, top_k=CAND_RUN)  # a stage-1 pass that keeps each block's best
-NO_SORT = SamplingParams(temperature=0.0)                    # one that only reduces (cheap)
 RESULT_DTYPE = np.dtype([("token", "<i4"), ("logprob", "<f4"), ("cand", CAND_DTYPE)])  # one step's readback
 MODE_GREEDY, MODE_PLAIN, MODE_FILTERED, MODE_NONE = range(4)
 STAGE1_CHUNK = 4096      # S1_CHUNK in sampling.cu
@@ -62,14 +61,29 @@ def local_k_for(vocab: int) -> int:
     return k
 
 
-def params_record(p: SamplingParams, seed: int, use_mask: bool = False, counter: int = 0) -> np.ndarray:
+def params_record(p: SamplingParams, seed: int, use_mask: bool = False, counter: int = 0, skip: bool = False,
+                  cand_reuse: bool = False) -> np.ndarray:
     rec = np.zeros(1, PARAMS_DTYPE)
     rec["temperature"], rec["top_k"], rec["top_p"], rec["min_p"] = p.temperature, p.top_k, p.top_p, p.min_p
     rec["repeat_penalty"], rec["presence_penalty"] = p.repeat_penalty, p.presence_penalty
     rec["frequency_penalty"], rec["repeat_last_n"] = p.frequency_penalty, p.repeat_last_n
     rec["seed_lo"], rec["seed_hi"] = seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF
     rec["counter"], rec["use_mask"], rec["top_logprobs"] = counter, int(use_mask), p.top_logprobs
+    rec["skip"], rec["cand_reuse"] = int(skip), int(cand_reuse)
     return rec
+
+
+def candidate_passes(p: SamplingParams, vocab: int, use_mask: bool) -> tuple[bool, bool]:
+    """Which stage-1 passes the candidates need (sampling.cu): (raw, penalised). The raw pass is
+    not needed when the raw logits are the penalised ones (no penalty, no mask) and sample_finish's
+    sorted list holds the best n (a filtered draw, top_k off or >= n); the penalised pass only for
+    plain temperature draws (greedy and filtered ones get theirs from sample_finish)."""
+    k_on = 0 < p.top_k < vocab
+    filtered = p.temperature > 0 and (k_on or p.top_p < 1.0 or p.min_p > 0.0)
+    penalties = p.repeat_last_n != 0 and (p.repeat_penalty != 1.0 or p.presence_penalty != 0.0
+                                          or p.frequency_penalty != 0.0)  # as sample_penalize
+    reuse = filtered and not penalties and not use_mask and (not k_on or p.top_k >= min(p.top_logprobs, CAND_MAX))
+    return not reuse, p.temperature > 0 and not filtered
 
 
 def candidates_from_record(rec: np.void, params: SamplingParams, token: int, vocab: int) -> TokenCandidates:
@@ -142,11 +156,9 @@ class GpuSampler:
         # their stage-1 knobs: T = 1, top_k = CAND_RUN, nothing else; the penalised pass sorts only
         # for plain temperature draws (set_params), the others' best come from sample_finish
         assert self.n_blocks <= CAND_MAX_RUNS, vocab
-        self.cand_params_ptr = alloc(PARAMS_DTYPE.itemsize, "cand_params")
-        self.final_params_ptr = alloc(PARAMS_DTYPE.itemsize, "cand_final_params")
-        self._cand_params_host = rt.pinned(2, PARAMS_DTYPE)
-        self._cand_params_host[0] = params_record(SORT_BEST, seed=0)[0]
-        rt.upload_async(self.cand_params_ptr, self._cand_params_host[:1])
+        self.cand_params_ptr = alloc(2 * PARAMS_DTYPE.itemsize, "cand_params")  # the raw pass's, the penalised one's
+        self.final_params_ptr = self.cand_params_ptr + PARAMS_DTYPE.itemsize
+        self._cand_params_host = rt.pinned(2, PARAMS_DTYPE)  # set_params writes both
         self.top_logprobs = 0
         rt.set_max_dynamic_shared("sample_finish", self.finish_shared)
         self._params_host = rt.pinned(1, PARAMS_DTYPE)  # one staging buffer: copies stay ordered
@@ -161,11 +173,12 @@ class GpuSampler:
         if seed is None:
             seed = p.seed if p.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1
         self.rt.synchronize()  # the previous copy out of the staging buffer has finished
-        self._params_host[:] = params_record(p, seed, use_mask)
+        raw_pass, penalised_pass = candidate_passes(p, self.vocab, use_mask)
+        self._params_host[:] = params_record(p, seed, use_mask, cand_reuse=not raw_pass)
         self.rt.upload_async(self.params_ptr, self._params_host)
-        plain = p.temperature > 0 and not (0 < p.top_k < self.vocab or p.top_p < 1.0 or p.min_p > 0.0)
-        self._cand_params_host[1] = params_record(SORT_BEST if plain else NO_SORT, seed=0)[0]
-        self.rt.upload_async(self.final_params_ptr, self._cand_params_host[1:])
+        self._cand_params_host[0] = params_record(SORT_BEST, seed=0, skip=not raw_pass)[0]
+        self._cand_params_host[1] = params_record(SORT_BEST, seed=0, skip=not penalised_pass)[0]
+        self.rt.upload_async(self.cand_params_ptr, self._cand_params_host)  # the two blocks lie side by side
         self.params, self.top_logprobs = p, p.top_logprobs
         return seed
 
@@ -222,7 +235,7 @@ class GpuSampler:
             self._stage1(logits_ptr, self.final_params_ptr, self.part_ptr, self.final_v, self.final_i, CAND_RUN)
             rt.launch("sample_candidates", 1, 1024,
                       (self.raw_ptr, logits_ptr, self.params_ptr, self.cand_part, self.model_v, self.model_i,
-                       self.final_v, self.final_i, self.n_blocks, self.vocab, out_ptr, cuts_ptr))
+                       self.final_v, self.final_i, self.part_ptr, self.n_blocks, self.vocab, out_ptr, cuts_ptr))
 
     def _stage1(self, logits_ptr: int, params_ptr: int, part_ptr: int, v_ptr: int, i_ptr: int, k: int,
                 mask_ptr: int | None = None) -> None:
