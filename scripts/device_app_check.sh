@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Issue 16's "real app on the GPU": memra-chat itself in tmux on the GPU machine, a long prompt
+# pasted in one go (bracketed paste, as a user pastes a document) and two short turns after it,
+# the screen captured after each reply into $OUT/app-NAME-N.txt; then memra-bench on the same file
+# (pp at the prompt's length, tg128 on the engine path) so the panes' TTFT and decode tok/s can be
+# set beside what the benchmark predicts. Run after scripts/device_run.sh installed memra.
+# Usage: bash scripts/device_app_check.sh NAME MODEL.gguf [PROMPT_REPEATS]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/memra-out}
+name=$1 model=$2 repeats=${3:-65}
+PY=${PYTHON:-python3} backend=${MEMRA_APP_BACKEND:-cuda}  # a dry run here: PYTHON=.venv/bin/python MEMRA_APP_BACKEND=cpu
+mkdir -p "$OUT"
+export PYTHONPATH=/tmp/site XDG_DATA_HOME=/tmp/xdg-$name XDG_CONFIG_HOME=/tmp/xdgc-$name
+[ -x /tmp/tmuxroot/usr/bin/tmux ] || for f in .whl/tmux/*.deb; do dpkg -x "$f" /tmp/tmuxroot; done
+export PATH=/tmp/tmuxroot/usr/bin:$PATH LD_LIBRARY_PATH=/tmp/tmuxroot/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+python3 - "$repeats" > /tmp/prompt-$name.txt <<'PY'
+import sys
+para = ("The harbour town woke slowly. Fishing boats knocked against the pier, gulls argued over the nets, "
+        "and the baker opened his shutters to the smell of bread and salt. ")
+print("Summarise this story in two sentences.\n\n" + para * int(sys.argv[1]), end="")
+PY
+capture() { tmux capture-pane -p -t "$name" > "$OUT/app-$name-$1.txt"; }
+# wait_reply N: until the chat file holds N finished replies (one streaming is saved "interrupted")
+wait_reply() {
+  for _ in $(seq 1 240); do
+    sleep 0.5
+    python3 - "$XDG_DATA_HOME/memra/chats" "$1" <<'PY' && return 0
+import json, pathlib, sys
+files = sorted(pathlib.Path(sys.argv[1]).glob("*.json"))
+done = [m for m in json.loads(files[-1].read_text())["messages"]
+        if m["role"] == "assistant" and m["status"] != "interrupted"] if files else []
+sys.exit(0 if len(done) >= int(sys.argv[2]) else 1)
+PY
+  done
+  echo "$name: reply $1 did not finish in 120 s"
+}
+tmux new-session -d -s "$name" -x 160 -y 48 \
+  "$PY -c 'import sys; from memra_tui.cli import main; sys.exit(main())' $model --backend $backend --ctx 8192 ${MEMRA_APP_FLAGS:-}; sleep 60"
+for _ in $(seq 1 90); do sleep 0.5; tmux capture-pane -p -t "$name" | grep -q "Send" && break; done
+tmux load-buffer /tmp/prompt-$name.txt && tmux paste-buffer -p -t "$name" && sleep 0.5 && tmux send-keys -t "$name" Enter
+wait_reply 1; capture 1
+tmux send-keys -t "$name" "Now in one sentence." Enter; wait_reply 2
+tmux send-keys -t "$name" "Give the story a title." Enter; wait_reply 3; capture 3
+tmux kill-session -t "$name"
+n_prompt=$(grep -o "[0-9,]* / 8,192 tokens" "$OUT/app-$name-1.txt" | head -1 | cut -d' ' -f1 | tr -d ,)
+$PY -m memra_engine.bench "$model" --backend $backend --runs 3 --n-prompt "${n_prompt:-4000}" --json \
+  > "$OUT/bench-app-$name.json" 2>> "$OUT/misc.log"
+python3 - "$OUT" "$name" "${n_prompt:-4000}" <<'PY'
+import json, pathlib, re, sys
+out, name, n = pathlib.Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+r = json.loads((out / f"bench-app-{name}.json").read_text())
+first, last = [(out / f"app-{name}-{i}.txt").read_text() for i in (1, 3)]
+def pane(text, label):
+    m = re.search(rf"{label}\s+([\d,.]+) (tok/s|ms)", text)
+    return float(m.group(1).replace(",", "")) if m else float("nan")
+pp = r.get(f"pp{n}_tok_s", float("nan"))
+ttft, predicted = pane(first, "TTFT"), 1000 * n / pp
+engine = r.get("tg128_decode_sample_default_sampling_tok_s", float("nan"))
+print(f"{name}: prompt {n} tokens; TTFT {ttft:.0f} ms in the pane, {predicted:.0f} ms from pp{n} {pp:,.0f} tok/s "
+      f"({ttft / predicted:.2f}x); decode {pane(first, 'decode'):.1f} / {pane(last, 'decode'):.1f} tok/s in the pane "
+      f"(replies 1 and 3), memra-bench engine path {engine:.1f}")
+PY
