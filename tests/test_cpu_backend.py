@@ -336,3 +336,25 @@ def test_elementwise_ops_match_their_formulas():
     a, b, c = ops.split(g, (2, 3, 5))
     assert (a.shape, b.shape, c.shape) == ((3, 2), (3, 3), (3, 5))
     np.testing.assert_array_equal(np.concatenate([a, b, c], -1), g)
+
+
+def test_kv_cache_memory_is_touched_only_as_it_fills():
+    """A 377 MiB cache (the default model's shape at --ctx 8192) costs memory only for what is
+    written: one position in every layer and kv head touches a few pages, not the whole slices
+    (with huge pages each first write zeroed 2 MiB: the first prefill paid for the whole cache),
+    and the values read back."""
+    import psutil
+
+    proc = psutil.Process()
+    cache = KvCache(30, 3, 8192, 64)
+    before = proc.memory_info().rss
+    rng = np.random.default_rng(0)
+    k, v = rng.standard_normal((2, 1, 3, 64)).astype(np.float32)
+    for layer in range(30):
+        keys, values = cache.write(layer, 0, k, v)
+    grown = proc.memory_info().rss - before
+    assert cache.nbytes == 2 * 30 * 3 * 8192 * 64 * 4
+    assert grown < 8 << 20, f"{grown / 2**20:.0f} MiB touched for 180 rows of 256 bytes"
+    np.testing.assert_array_equal(keys[:, 0], k[0])
+    np.testing.assert_array_equal(values[:, 0], v[0])
+    assert not cache.k[:, :, 1:].any()

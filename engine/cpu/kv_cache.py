@@ -2,7 +2,8 @@
 
 Layout [n_layer, n_kv_head, n_ctx, head_dim]: for one layer and kv head the cached keys are a
 contiguous [n_ctx, head_dim] matrix, so scores over the first L positions are one BLAS matmul
-per kv head with no copy. np.zeros maps pages lazily: memory is only touched as the cache fills.
+per kv head with no copy. Memory is only touched as the cache fills: the arrays live in an
+anonymous mapping without transparent huge pages (lazy_zeros).
 
 kv_type (engine/kv_type.py) sets what a cached value reads back as, not how it is stored: the
 arrays stay float32 so attention is the same code for both.
@@ -13,6 +14,8 @@ arrays stay float32 so attention is the same code for both.
   stores the same int8 values and f16 scales, so the GPU can be checked against this.
 """
 from __future__ import annotations
+
+import mmap
 
 import numpy as np
 
@@ -43,12 +46,24 @@ def dequantize_q8_0(qs: np.ndarray, d: np.ndarray) -> np.ndarray:
     return blocks.reshape(qs.shape)
 
 
+def lazy_zeros(shape: tuple[int, ...], dtype=np.float32) -> np.ndarray:
+    """Zeros whose pages are touched only where written. np.zeros would do it with small pages,
+    but numpy advises huge pages for large arrays: then the first write into each 2 MiB of a
+    layer's [n_ctx, head_dim] slices zeroes all of it, and the first prefill paid for the whole
+    cache (0.86 s of a 1.17 s first prefill at --ctx 8192 on the default model; 0.27 s warm)."""
+    count = int(np.prod(shape))
+    buf = mmap.mmap(-1, max(count * np.dtype(dtype).itemsize, 1))  # anonymous: zero-filled on demand
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):
+        buf.madvise(mmap.MADV_NOHUGEPAGE)
+    return np.frombuffer(buf, dtype=dtype, count=count).reshape(shape)
+
+
 class KvCache:
     def __init__(self, n_layer: int, n_kv_head: int, n_ctx: int, head_dim: int, kv_type: str = DEFAULT_KV_TYPE):
         self.kv_type = check_kv_type(kv_type, head_dim)
         shape = (n_layer, n_kv_head, n_ctx, head_dim)
-        self.k = np.zeros(shape, dtype=np.float32)
-        self.v = np.zeros(shape, dtype=np.float32)
+        self.k = lazy_zeros(shape)
+        self.v = lazy_zeros(shape)
         self.n_ctx = n_ctx
 
     @staticmethod
