@@ -11,7 +11,7 @@ With --inspector the token inspector is open (F7) before the message is sent, so
 with its top 10 candidates per token, and the cursor is put on the reply in flight, which is then
 drawn as tokens (one span each) rather than markdown; the tokens with candidates are counted.
 
-    python scripts/bench_ui.py [--rate 5000] [--tokens 20000] [--size 120x40] [--inspector]
+    python scripts/bench_ui.py [--rate 5000] [--tokens 20000] [--size 120x40] [--inspector] [--message-file F]
 """
 from __future__ import annotations
 
@@ -36,7 +36,8 @@ REPLY = (
 )
 
 
-async def measure(rate: float, tokens: int, size: tuple[int, int], inspector: bool = False) -> dict:
+async def measure(rate: float, tokens: int, size: tuple[int, int], inspector: bool = False,
+                  message: str = "go") -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="memra-bench-ui-"))
     script = Script(replies=[REPLY], tokens_per_s=rate, n_tokens=tokens, stats_every=64)
     from memra_engine.sampling import SamplingParams
@@ -73,7 +74,7 @@ async def measure(rate: float, tokens: int, size: tuple[int, int], inspector: bo
         if inspector:
             await app.screen.action_inspect()  # no reply yet: the next one comes with candidates
             await pilot.pause(0.2)
-        composer.text = "go"
+        composer.text = message
         frames0, appends0 = frames, appends
         cpu0, wall0 = time.thread_time(), time.perf_counter()
         composer.action_send()  # as Enter does (pilot.press would wait for the UI to go idle)
@@ -117,9 +118,11 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=20000)
     parser.add_argument("--size", default="120x40")
     parser.add_argument("--inspector", action="store_true", help="the token inspector open, its cursor on the reply")
+    parser.add_argument("--message-file", type=Path, help="send this file's text (a long pasted prompt) instead of 'go'")
     args = parser.parse_args()
     width, height = (int(v) for v in args.size.split("x"))
-    r = asyncio.run(measure(args.rate, args.tokens, (width, height), args.inspector))
+    message = args.message_file.read_text() if args.message_file else "go"
+    r = asyncio.run(measure(args.rate, args.tokens, (width, height), args.inspector, message))
     print(f"emitted {r['tokens']:,} tokens ({r['chars']:,} chars) in {r['emit_s']:.2f} s "
           f"({r['tokens'] / r['emit_s']:,.0f} tok/s) at {width}x{height}")
     print(f"frames/s while streaming:        {r['frames_per_s']:.1f}")
