@@ -6,9 +6,10 @@ that block advances on the device once per sampled token.
 
 Launch order (all on rt.stream, graph-capturable): sample_penalize, sample_stage1, sample_finish.
 With candidates on (SamplingParams.top_logprobs > 0, the sampling workbench) the raw logits are
-copied and passed through stage 1 first, sample_finish records its cuts, and after it a stage-1
-pass over the penalised logits and sample_candidates fill a CAND_DTYPE record next to the token:
-the host reads it with the token (candidates_from_record).
+copied and passed through stage 1 first, sample_finish records its cuts and its sorted list's
+best, a stage-1 pass over the penalised logits runs for plain temperature draws, and
+sample_candidates fills a CAND_DTYPE record next to the token: the host reads it with the token
+(candidates_from_record). A pass a knob set does not need returns at once (candidate_passes).
 
 Filtered draws (any of top_k / top_p / min_p on): stage 1 leaves each 4096-token block's best
 local_k logits sorted; sample_finish merges those runs (all of them with top_k off, the best
@@ -130,9 +131,10 @@ class GpuSampler:
     def nbytes(vocab: int) -> int:
         n_blocks = -(-vocab // STAGE1_CHUNK)
         k = local_k_for(vocab)
-        candidates = 4 * vocab + n_blocks * 8 * 4 + 4 * n_blocks * CAND_RUN * 4 + PARAMS_DTYPE.itemsize
+        # the raw copy, its partials, four runs buffers, two parameter blocks: 7 allocations
+        candidates = 4 * vocab + n_blocks * 8 * 4 + 4 * n_blocks * CAND_RUN * 4 + 2 * PARAMS_DTYPE.itemsize
         return (4 * 256 + n_blocks * 8 * 4 + 2 * n_blocks * k * 4 + (-(-vocab // 32)) * 4 + 6 * 256
-                + RESULT_DTYPE.itemsize + candidates + 6 * 256)
+                + RESULT_DTYPE.itemsize + candidates + 7 * 256)
 
     def __init__(self, rt, pool, vocab: int):
         self.rt, self.vocab = rt, vocab

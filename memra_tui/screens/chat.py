@@ -220,7 +220,7 @@ class ChatScreen(Screen):
         await self._start_reply()
 
     async def _add_user_message(self, text: str) -> None:
-        """The composer's message at the chat's end (in edit mode: in place of the one edited)."""
+        """The composer's message at the chat's end (in edit mode: a new branch at the one edited)."""
         composer = self.query_one(Composer)
         composer.clear()
         transcript = self.query_one(Transcript)
