@@ -177,7 +177,12 @@ class Bounded:
         tick = self.bounds.tick
 
         def local(frame, event, arg):
-            tick()
+            # never on an 'exception' event: CPython clears the error after tracing the
+            # StopIteration that ends a loop over a Python iterator (jinja2's LoopContext), so an
+            # OutOfTime raised there would vanish, and with it this trace function (a trace
+            # function that raises is removed), leaving the loop with no deadline at all
+            if event != "exception":
+                tick()
             return local
 
         def trace(frame, event, arg):

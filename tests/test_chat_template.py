@@ -276,6 +276,47 @@ def test_compile_is_stopped_at_its_deadline(monkeypatch):
     _sane_render_works()
 
 
+class _EventClock:
+    """A clock for template_sandbox that moves 1 ms each time it is read, so a deadline of N ms
+    passes at the Nth trace event of a render: deterministic, whatever the machine's speed."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        self.now += 0.001
+        return self.now
+
+
+def test_the_deadline_holds_wherever_in_a_loop_it_passes(monkeypatch):
+    """The deadline passing on any trace event, one after another over the first 600 of a render
+    of loops over jinja2's LoopContext, still stops the render. It once passed on the 'exception'
+    event of the StopIteration that ends such a loop: CPython clears that error after tracing it,
+    so the OutOfTime vanished with the trace function, and the render ran on without a deadline
+    (CI hung 80 minutes on loop_recursive_fanout)."""
+    from memra_engine import template_sandbox
+    templates = [ChatTemplate(source) for source in (
+        (Path(__file__).parent / "hostile_templates" / "loop_recursive_fanout.jinja").read_text(),
+        "{% for i in range(100000) %}{% for j in [1, 2] %}{{ loop.index }}{% endfor %}{% endfor %}")]
+    monkeypatch.setattr(template_sandbox, "time", _EventClock())
+    for n in range(1, 600):
+        monkeypatch.setattr(chat_template_module, "RENDER_SECONDS", n / 1000)
+        for template in templates:
+            errors = []
+
+            def render():
+                try:
+                    template.render(CONVERSATION)
+                except TemplateError as e:
+                    errors.append(str(e))
+
+            worker = threading.Thread(target=render, daemon=True)
+            worker.start()
+            worker.join(timeout=10)
+            assert not worker.is_alive(), f"a deadline at trace event {n} did not stop the render"
+            assert errors and "ran longer than" in errors[0], (n, errors)
+
+
 def test_template_source_too_large_is_refused():
     with pytest.raises(TemplateError, match="over the limit"):
         ChatTemplate("x" * (chat_template_module.MAX_SOURCE + 1))
