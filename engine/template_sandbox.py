@@ -7,7 +7,8 @@ gigabytes, so rendering and compiling also run under bounds:
   COMPILE_SECONDS) on every Python call and on every line of the template's own code. jinja2 has
   no timeout of its own, and a template loop with no output never comes back to a streaming
   render loop, so a check there alone would not catch it. This module's own frames are not
-  traced: their loops are bounded by the size limit.
+  traced: their loops are bounded by the size limit. CPython can swallow what a trace function
+  raises, and then drops the trace function, so a watchdog thread stands behind it (_Watchdog).
 - size: no single C-level operation may make a value larger than the size limit, checked BEFORE it
   runs, because one `'x' * 10**10` allocates 10 GB in one step that no deadline can interrupt:
   the binary operators (* ** + %), `~`, list/tuple/dict literals (shared references nest
@@ -24,6 +25,7 @@ gigabytes, so rendering and compiling also run under bounds:
 """
 from __future__ import annotations
 
+import ctypes
 import functools
 import json
 import re
@@ -164,8 +166,59 @@ def count_text(n: int) -> str:
     return f"{n / (1 << 20):.1f} Mi" if n >= 1 << 20 else str(n)
 
 
+class _Watchdog:
+    """The deadline's backstop. A trace function that raises is removed, and CPython swallows an
+    exception raised inside a finalizer (a __del__, or a generator closed on its deallocation:
+    'Exception ignored in ...'), so one OutOfTime raised there leaves the block with no deadline
+    at all. If the block is still running GRACE_S past its deadline, this thread raises OutOfTime
+    in it asynchronously (PyThreadState_SetAsyncExc), again every RETRY_S (one of those may land
+    in a finalizer too), at most MAX_SENDS times. stop() leaves nothing pending."""
+
+    GRACE_S = 0.25
+    RETRY_S = 0.05
+    MAX_SENDS = 40
+
+    def __init__(self, seconds: float):
+        self._thread_id = threading.get_ident()
+        self._lock = threading.Lock()
+        self._active = True
+        self._stopped = threading.Event()
+        threading.Thread(target=self._watch, args=(seconds,), name="memra-template-deadline", daemon=True).start()
+
+    def _watch(self, seconds: float) -> None:
+        if self._stopped.wait(seconds + self.GRACE_S):
+            return
+        for _ in range(self.MAX_SENDS):
+            with self._lock:
+                if not self._active:
+                    return
+                _set_async_exc(self._thread_id, OutOfTime)
+            if self._stopped.wait(self.RETRY_S):
+                return
+
+    def stop(self) -> None:
+        """No OutOfTime is sent after this; one sent before arrives at the caller's next Python
+        call at the latest (clearing it instead, SetAsyncExc with NULL, hangs Python 3.11 when
+        a trace function is set)."""
+        with self._lock:
+            self._active = False
+        self._stopped.set()
+
+
+def _set_async_exc(thread_id: int, exc: type[BaseException]) -> None:
+    """Raise exc in the thread thread_id when it next checks for pending calls (a Python call,
+    a loop's backward jump)."""
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), ctypes.py_object(exc))
+
+
+def _arrive() -> None:
+    """Does nothing: calling it is a check for pending calls, where an OutOfTime sent to this
+    thread is raised."""
+
+
 class Bounded:
-    """Run a block under bounds: the trace function that keeps the deadline, on this thread only."""
+    """Run a block under bounds: the trace function that keeps the deadline, on this thread only,
+    and the watchdog behind it."""
 
     def __init__(self, bounds: Bounds):
         self.bounds = bounds
@@ -179,8 +232,7 @@ class Bounded:
         def local(frame, event, arg):
             # never on an 'exception' event: CPython clears the error after tracing the
             # StopIteration that ends a loop over a Python iterator (jinja2's LoopContext), so an
-            # OutOfTime raised there would vanish, and with it this trace function (a trace
-            # function that raises is removed), leaving the loop with no deadline at all
+            # OutOfTime raised there would vanish, and with it this trace function
             if event != "exception":
                 tick()
             return local
@@ -196,11 +248,21 @@ class Bounded:
             tick()
             return local if filename == "<template>" else None
 
+        # the watchdog's thread starts before the trace function: the deadline must not pass
+        # inside threading's own locks
+        self._watchdog = _Watchdog(self.bounds.seconds) if self.bounds.seconds is not None else None
         sys.settrace(trace)
         return self.bounds
 
     def __exit__(self, *exc) -> None:
         sys.settrace(self._previous_trace)   # a debugger's or coverage's trace function comes back
+        while self._watchdog is not None:
+            try:
+                self._watchdog.stop()
+                _arrive()
+                break
+            except OutOfTime:   # sent just before stop() took the lock: the block is over anyway
+                pass
         _local.bounds = self._previous_bounds
 
 

@@ -317,6 +317,37 @@ def test_the_deadline_holds_wherever_in_a_loop_it_passes(monkeypatch):
             assert errors and "ran longer than" in errors[0], (n, errors)
 
 
+def test_a_stop_swallowed_in_a_finalizer_is_sent_again(monkeypatch):
+    """CPython swallows an exception raised in a finalizer and drops the trace function that
+    raised it, so the trace alone would leave the block without a deadline (stop 24's CI: the
+    compile deadline test compiled to the end). The watchdog raises OutOfTime in the block
+    after the grace period, and once the block is over nothing more arrives."""
+    from memra_engine.template_sandbox import Bounded, Bounds, OutOfTime, _Watchdog
+
+    unraisable = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: unraisable.append(u.exc_type))
+
+    class Finalized:
+        def __del__(self):
+            pass   # a Python call: the trace function's first event after the deadline
+
+    trace_before = sys.gettrace()
+    start = time.monotonic()
+    with pytest.raises(OutOfTime):
+        with Bounded(Bounds(chat_template_module.MIN_SIZE_LIMIT, 0.05)):
+            time.sleep(0.1)   # the deadline passes inside a C call: no trace event
+            Finalized()       # OutOfTime raised in __del__, and swallowed there
+            while time.monotonic() - start < 10:   # a loop no trace function sees any more
+                pass
+    stopped = time.monotonic() - start
+    assert unraisable == [OutOfTime]
+    assert stopped < 0.05 + _Watchdog.GRACE_S + 0.5, f"stopped after {stopped:.2f} s"
+    assert sys.gettrace() is trace_before
+    quiet = time.monotonic()
+    while time.monotonic() - quiet < 3 * _Watchdog.RETRY_S:   # no OutOfTime left on its way
+        pass
+
+
 def test_template_source_too_large_is_refused():
     with pytest.raises(TemplateError, match="over the limit"):
         ChatTemplate("x" * (chat_template_module.MAX_SOURCE + 1))
