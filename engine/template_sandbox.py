@@ -34,6 +34,8 @@ import sys
 import threading
 import time
 import types
+import weakref
+import _weakrefset
 from datetime import datetime
 from typing import Any, Callable, Mapping
 
@@ -160,6 +162,10 @@ def _bounds() -> Bounds:
 
 
 _THIS_FILE = _bounds.__code__.co_filename
+# weakref callbacks run wherever the collector frees an object, and what they raise is swallowed
+# ('Exception ignored in'): the deadline is never raised in them (_Watchdog is the backstop for
+# the finalizers no file name gives away)
+_UNTICKED = {_THIS_FILE, weakref.__file__, _weakrefset.__file__}
 
 
 def count_text(n: int) -> str:
@@ -243,7 +249,7 @@ class Bounded:
             # module's own code is not traced (its loops are bounded by the size limit), so the
             # deadline never fires inside a check or inside __exit__ below.
             filename = frame.f_code.co_filename
-            if filename == _THIS_FILE:
+            if filename in _UNTICKED:
                 return None
             tick()
             return local if filename == "<template>" else None
