@@ -1,7 +1,10 @@
 """Split a model file into parts small enough for one device call, and join them back there.
 
 A device call carries at most 64 MiB of files, and the default model (SmolLM2-135M Q4_1) is 94 MiB,
-so it travels in parts over consecutive calls to the same warm machine (shared/device/README.md):
+so it travels in parts over consecutive calls to the same warm machine (shared/device/README.md).
+Part 0 is small enough to travel with the wheels (.whl, ~15 MB) and the working tree (~7 MB) in the
+call that installs; every later part travels with the tree alone, so the default model takes two
+calls, the first of them the install:
 
     python scripts/model_parts.py split MODEL.gguf .models    # .models/NAME.part0, .part1, NAME.sha256
     python scripts/model_parts.py join .models OUT            # OUT: a file, or a directory for OUT/NAME
@@ -18,7 +21,8 @@ import os
 import sys
 from pathlib import Path
 
-MAX_PART_BYTES = 48 << 20   # leaves room for the wheels and the tree in a 64 MiB call
+FIRST_PART_BYTES = 40 << 20   # part 0: with the wheels and the tree in a 64 MiB call
+MAX_PART_BYTES = 56 << 20     # every later part: with the tree
 BLOCK = 1 << 20
 
 
@@ -26,17 +30,28 @@ class PartsError(Exception):
     """Bad input: reported as one line, never a traceback."""
 
 
-def split(model: Path, out_dir: Path, max_part_bytes: int = MAX_PART_BYTES) -> list[Path]:
-    """Write out_dir/NAME.part0..partN-1 of near-equal sizes (each <= max_part_bytes) and NAME.sha256."""
+def part_sizes(size: int, first_part_bytes: int = FIRST_PART_BYTES, max_part_bytes: int = MAX_PART_BYTES) -> list[int]:
+    """Bytes of each part: the first at most first_part_bytes, the rest near-equal, each at most
+    max_part_bytes; one part when the whole file fits the first."""
+    if size <= first_part_bytes:
+        return [size]
+    rest = size - first_part_bytes
+    n = -(-rest // max_part_bytes)
+    return [first_part_bytes] + [rest // n + (i < rest % n) for i in range(n)]
+
+
+def split(model: Path, out_dir: Path, max_part_bytes: int = MAX_PART_BYTES,
+          first_part_bytes: int = FIRST_PART_BYTES) -> list[Path]:
+    """Write out_dir/NAME.part0..partN-1 (sizes from part_sizes) and NAME.sha256."""
     if not model.is_file():
         raise PartsError(f"no such file: {model}")
     size = model.stat().st_size
-    n_parts = max(1, -(-size // max_part_bytes))
-    part_bytes = -(-size // n_parts)
+    sizes = part_sizes(size, first_part_bytes, max_part_bytes)
+    n_parts = len(sizes)
     out_dir.mkdir(parents=True, exist_ok=True)
     digest, parts = hashlib.sha256(), []
     with model.open("rb") as src:
-        for i in range(n_parts):
+        for i, part_bytes in enumerate(sizes):
             part = out_dir / f"{model.name}.part{i}"
             with part.open("wb") as dst:
                 left = part_bytes

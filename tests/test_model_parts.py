@@ -27,12 +27,14 @@ def run_cli(*args) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True)
 
 
-@pytest.mark.parametrize("max_part", [100_000, 300_001, 1 << 20])
-def test_split_then_join_gives_the_same_bytes(model, tmp_path, max_part):
-    written = model_parts.split(model, tmp_path / "parts", max_part_bytes=max_part)
-    parts = [p for p in written if ".part" in p.name]
-    assert len(parts) == -(-300_001 // max_part)
-    assert all(p.stat().st_size <= max_part for p in parts)
+@pytest.mark.parametrize("first_part, max_part, n_parts", [
+    (100_000, 100_000, 4), (60_000, 120_000, 4), (300_001, 1 << 20, 1), (1 << 20, 1 << 20, 1), (299_999, 10, 2)])
+def test_split_then_join_gives_the_same_bytes(model, tmp_path, first_part, max_part, n_parts):
+    written = model_parts.split(model, tmp_path / "parts", max_part_bytes=max_part, first_part_bytes=first_part)
+    parts = sorted((p for p in written if ".part" in p.name), key=lambda p: int(p.name.rsplit("part", 1)[1]))
+    assert len(parts) == n_parts
+    assert parts[0].stat().st_size <= first_part
+    assert all(p.stat().st_size <= max_part for p in parts[1:])
     assert sum(p.stat().st_size for p in parts) == model.stat().st_size
     out_dir = tmp_path / "out"
     out_dir.mkdir()
@@ -52,14 +54,17 @@ def test_cli_round_trip_to_a_file_path(model, tmp_path):
     assert (tmp_path / "x" / "joined.gguf").read_bytes() == model.read_bytes()
 
 
-def test_the_default_limit_splits_the_default_model_in_two():
-    size = 98_362_432  # SmolLM2-135M-Instruct.Q4_1.gguf
-    n = -(-size // model_parts.MAX_PART_BYTES)
-    assert n == 2 and -(-size // n) <= model_parts.MAX_PART_BYTES
+def test_the_default_model_travels_in_two_calls():
+    """Part 0 with the wheels and the tree, part 1 with the tree: each call under 64 MiB."""
+    call = 64 << 20
+    wheels, tree = 15 << 20, 8 << 20   # .whl is 14.7 MB, the carried tree ~7 MB
+    sizes = model_parts.part_sizes(98_362_432)  # SmolLM2-135M-Instruct.Q4_1.gguf
+    assert len(sizes) == 2 and sum(sizes) == 98_362_432
+    assert sizes[0] + wheels + tree <= call and sizes[1] + tree <= call
 
 
 def test_missing_part_is_a_one_line_error(model, tmp_path):
-    model_parts.split(model, tmp_path / "parts", max_part_bytes=100_000)
+    model_parts.split(model, tmp_path / "parts", max_part_bytes=100_000, first_part_bytes=100_000)
     (tmp_path / "parts" / "tiny.gguf.part2").unlink()
     r = run_cli("join", tmp_path / "parts", tmp_path / "joined.gguf")
     assert r.returncode == 1
@@ -68,7 +73,7 @@ def test_missing_part_is_a_one_line_error(model, tmp_path):
 
 
 def test_corrupted_part_is_a_one_line_error(model, tmp_path):
-    model_parts.split(model, tmp_path / "parts", max_part_bytes=100_000)
+    model_parts.split(model, tmp_path / "parts", max_part_bytes=100_000, first_part_bytes=100_000)
     part = tmp_path / "parts" / "tiny.gguf.part1"
     data = bytearray(part.read_bytes())
     data[12345] ^= 1
