@@ -82,8 +82,11 @@ class Backend(Protocol):
         """Knobs for the next sampled steps (no recapture); returns the seed in use.
         use_mask: the sampler applies the bitmask of the masked step pair below."""
 
-    def decode_sample(self, token: int) -> tuple[int, float]:
-        """Decode `token` at n_past and sample the next one on the device: (token id, logprob)."""
+    def decode_sample(self, token: int, ahead: bool = True) -> tuple[int, float]:
+        """Decode `token` at n_past and sample the next one on the device: (token id, logprob).
+        ahead: the backend may queue the steps after this one, for a caller that feeds back the
+        token it gets (a plain decode loop); False when the next call may be something else (a
+        speculative round's verify), which would throw that queued work away."""
 
     def begin_masked_step(self, token: int) -> np.ndarray:
         """Queue the forward of `token` at n_past and return the pinned uint32 bitmask buffer that

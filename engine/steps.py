@@ -115,9 +115,10 @@ class DeviceSampling:
         self.seed = self.backend.set_sampling(params, seed=(self.seed + n_generated) % 2**63,
                                               use_mask=self.constraint is not None)
 
-    def step(self, fed: int, budget: int = 1) -> Steps:
+    def step(self, fed: int, budget: int = 1, ahead: bool = True) -> Steps:
+        """ahead: the backend may queue the next steps (see Backend.decode_sample)."""
         if self.constraint is None:
-            token, logprob = self.backend.decode_sample(fed)
+            token, logprob = self.backend.decode_sample(fed, ahead=ahead)
             return [Step(token, logprob, self.backend.step_candidates())]
         mask = self.backend.begin_masked_step(fed)  # the GPU runs the forward meanwhile
         with self.mask_timer:
@@ -149,7 +150,7 @@ class _Rounds:
         k = min(self.length.next(), budget - 1, backend.n_ctx - backend.n_past - 1)
         drafts, q = self.draft(k) if k >= self.spec.draft_min else ([], None)
         if len(drafts) < self.spec.draft_min:
-            return self.plain.step(fed, 1)
+            return self.plain_step(fed)
         n_past = backend.n_past
         steps = self.verify(fed, drafts, q)
         kept = len(steps) - 1
@@ -157,6 +158,10 @@ class _Rounds:
         self.counters.record(len(drafts), kept)
         self.length.update(kept)
         return steps
+
+    def plain_step(self, fed: int) -> Steps:
+        """One token without drafts (none found, or too few)."""
+        return self.plain.step(fed, 1)
 
     def cut(self, drafts: list[int]) -> list[int]:
         """Drafts up to the first end-of-text token (the target draws its own) or the first token
@@ -244,6 +249,12 @@ class DeviceSpeculative(_Rounds):
         if isinstance(self.drafter, DraftModel):  # greedy drafts: a point mass, under the reply's grammar
             self.drafter.backend.set_sampling(SamplingParams(temperature=0.0), seed=0,
                                               use_mask=self.constraint is not None)
+
+    def plain_step(self, fed: int) -> Steps:
+        # nothing queued past it: the next step may be a round, whose verify would first wait out
+        # the queued steps and drop them (two decode steps lost per plain step -> round switch:
+        # most of the gap between prompt lookup's modelled and measured speedup, docs/gpu-log.md)
+        return self.plain.step(fed, 1, ahead=False)
 
     def draft(self, k: int) -> tuple[list[int], None]:
         history = self.history

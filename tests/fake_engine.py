@@ -139,7 +139,7 @@ class DeviceSamplingBackend(ScriptedBackend):
         self.calls["decode"] += 1
         return super().decode(token)
 
-    def decode_sample(self, token: int):
+    def decode_sample(self, token: int, ahead: bool = True):
         self.calls["decode_sample"] += 1
         return self._draw(super().decode(token))
 

@@ -82,6 +82,7 @@ class HostDevice(_Passthrough):
         self.mask_buf = np.empty(self.words, np.uint32)
         self.params = self.rng = None
         self.use_mask = False
+        self.aheads: list[bool] = []  # decode_sample's `ahead` per call
 
     @property
     def n_past(self) -> int:
@@ -108,7 +109,8 @@ class HostDevice(_Passthrough):
         self.params, self.rng, self.use_mask = params, make_rng(seed), use_mask
         return seed
 
-    def decode_sample(self, token: int):
+    def decode_sample(self, token: int, ahead: bool = True):
+        self.aheads.append(ahead)
         return sample(self.decode(token), self.params, self.tokens, self.rng)
 
     def begin_masked_step(self, token: int) -> np.ndarray:

@@ -223,7 +223,7 @@ class HostAsDevice:
         self.params, self.rng, self.use_mask = params, make_rng(seed), use_mask
         return 0 if seed is None else seed
 
-    def decode_sample(self, token):
+    def decode_sample(self, token, ahead=True):
         self.calls["decode_sample"] += 1
         return sample(self.inner.decode(token), self.params, [], self.rng)
 

@@ -191,6 +191,30 @@ def test_device_rounds_greedy_equal_plain(paths, grammar):
         assert same.stats.spec_accepted == same.stats.spec_drafted > 0
 
 
+def test_plain_steps_between_rounds_queue_nothing_ahead(paths):
+    """On the GPU decode_sample queues the steps after the one it returns (run-ahead), and a
+    verify next waits them out and drops them: two decode steps lost at every switch from a plain
+    step to a round. The speculative strategy's plain steps (no draft found) ask for none queued;
+    a plain reply's steps keep the run-ahead."""
+    made = []
+
+    def opener():
+        model, info = open_model(open_gguf(paths["tiny-llama"]), "cpu", 1024, None, lambda m: None)
+        model.backend = HostDevice(model.backend)
+        made.append(model.backend)
+        return model, info
+
+    with Engine.start(opener) as eng:
+        backend = made[0]
+        plain = chat(eng)
+        assert len(backend.aheads) > 8 and all(backend.aheads)
+        backend.aheads.clear()
+        lookup = chat(eng, spec=SpecConfig(mode="lookup"))
+        assert lookup.token_ids == plain.token_ids
+        assert lookup.stats.spec_rounds > 0 and backend.aheads   # rounds, and plain steps between them
+        assert not any(backend.aheads)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("grammar", [None, "json"])
 def test_default_model_greedy_speculative_equals_plain(smollm2_path, grammar):

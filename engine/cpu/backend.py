@@ -108,7 +108,7 @@ class CpuBackend:
     def set_sampling(self, params, seed=None, use_mask=False) -> int:
         raise NotImplementedError("the cpu backend samples on the host")
 
-    def decode_sample(self, token: int) -> tuple[int, float]:
+    def decode_sample(self, token: int, ahead: bool = True) -> tuple[int, float]:
         raise NotImplementedError("the cpu backend samples on the host")
 
     def begin_masked_step(self, token: int) -> np.ndarray:

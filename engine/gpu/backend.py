@@ -344,16 +344,18 @@ class CudaBackend:
             self.graphs[key] = graph
         return graph
 
-    def decode_sample(self, token: int) -> tuple[int, float]:
+    def decode_sample(self, token: int, ahead: bool = True) -> tuple[int, float]:
         """Decode `token` at n_past and sample the next one on the device, in one graph launch.
         Returns (next token id, its logprob) with the semantics of memra_engine.sampling.sample.
-        Steps that decode the returned token and its successor stay queued (see the module doc)."""
+        With ahead, steps that decode the returned token and its successor stay queued (see the
+        module doc); without, nothing new is queued, so a verify next has no step to wait out."""
         ids = self._check([token])
         if not (self._ahead and self._ahead[0][0] == self.n_past and int(ids[0]) == self._fed):
             self._settle()
             self._write_step(int(ids[0]))
             self._queue_step(self.n_past)
-        self._fill_queue()
+        if ahead:
+            self._fill_queue()
         _, slot = self._ahead.pop(0)
         self.out_events[slot].synchronize()
         self.n_past += 1
@@ -362,7 +364,8 @@ class CudaBackend:
         token_out, logprob = int(out["token"]), float(out["logprob"])
         self._candidates = self.sampler.candidates(self.out_slots[slot], token_out)  # before the slot is reused
         self._fed = token_out
-        self._fill_queue()
+        if ahead:
+            self._fill_queue()
         return token_out, logprob
 
     # ---- speculative rounds ------------------------------------------------------------------

@@ -88,6 +88,32 @@ def test_draft_tokens_equal_a_decode_sample_chain_and_share_the_target_runtime(p
         target.close()
 
 
+def test_decode_sample_without_run_ahead_gives_the_same_draws_and_queues_nothing(paths):
+    """decode_sample(ahead=False), the speculative strategy's plain step, draws what the run-ahead
+    path draws with the same seed (the Philox counter advances once per step either way), mixed
+    with run-ahead steps in any order, and leaves no step queued for a verify to wait out."""
+    gpu = cuda_backend(paths["tiny-llama"])
+    try:
+        prompt = list(range(10, 40))
+        runs = []
+        for pattern in ([True] * 12, [False] * 12, [True, False, False, True, True, False] * 2):
+            gpu.truncate(0)
+            gpu.prefill(prompt)
+            gpu.set_sampling(SamplingParams(temperature=1.0, top_k=20), seed=5)
+            out, t = [], 7
+            for ahead in pattern:
+                queued = len(gpu._ahead)
+                t, _ = gpu.decode_sample(t, ahead=ahead)
+                out.append(t)
+                if not ahead:  # nothing new queued: only what an earlier run-ahead step left
+                    assert len(gpu._ahead) == max(queued - 1, 0)
+            runs.append(out)
+        assert runs[0] == runs[1] == runs[2]
+        assert gpu.n_past == len(prompt) + 12
+    finally:
+        gpu.close()
+
+
 @pytest.mark.parametrize("name", list(MODELS))
 @pytest.mark.parametrize("grammar", [None, "json"])
 def test_greedy_speculative_replies_equal_plain_replies(paths, name, grammar):
