@@ -93,8 +93,9 @@ class Backend(Protocol):
         the step's sampling will use: the caller fills it (engine/grammar.py layout) while the GPU
         runs the forward, then calls finish_masked_step()."""
 
-    def finish_masked_step(self) -> tuple[int, float]:
-        """Upload the mask, sample on the device, and return (token id, logprob)."""
+    def finish_masked_step(self, ahead: bool = True) -> tuple[int, float]:
+        """Upload the mask, sample on the device, and return (token id, logprob). ahead: the
+        backend may queue the next token's forward meanwhile (as decode_sample's ahead)."""
 
     def step_candidates(self) -> "TokenCandidates | None":
         """The candidates (engine/candidates.py) of the token the last decode_sample or

@@ -123,7 +123,7 @@ class DeviceSampling:
         mask = self.backend.begin_masked_step(fed)  # the GPU runs the forward meanwhile
         with self.mask_timer:
             self.constraint.mask_into(mask)
-        token, logprob = self.backend.finish_masked_step()
+        token, logprob = self.backend.finish_masked_step(ahead=ahead)
         self.constraint.accept(token)
         return [Step(token, logprob, self.backend.step_candidates())]
 
@@ -266,11 +266,11 @@ class DeviceSpeculative(_Rounds):
             drafts = dm.backend.draft_tokens(history[-1], k)
         else:  # each draft under its grammar mask, or most drafts would be cut at once
             drafts, token = [], history[-1]
-            for _ in range(k):
+            for i in range(k):
                 mask = dm.backend.begin_masked_step(token)
                 with self.plain.mask_timer:
                     constraint.mask_into(mask)
-                token, _ = dm.backend.finish_masked_step()
+                token, _ = dm.backend.finish_masked_step(ahead=i < k - 1)  # the last: the verify is next
                 drafts.append(token)
                 if token in self.stop_ids:
                     break

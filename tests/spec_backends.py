@@ -117,7 +117,8 @@ class HostDevice(_Passthrough):
         self._logits = self.decode(token)
         return self.mask_buf
 
-    def finish_masked_step(self):
+    def finish_masked_step(self, ahead: bool = True):
+        self.aheads.append(ahead)
         allowed = unpack_mask(self.mask_buf, self.config.vocab_size)
         return sample(self._logits, self.params, self.tokens, self.rng, allowed)
 

@@ -233,7 +233,7 @@ class HostAsDevice:
         self.mask[:] = 0  # what the strategy does not write stays all-masked
         return self.mask
 
-    def finish_masked_step(self):
+    def finish_masked_step(self, ahead=True):
         assert self.use_mask
         return sample(self.logits, self.params, [], self.rng, unpack_mask(self.mask, self.n_vocab))
 

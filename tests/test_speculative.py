@@ -213,6 +213,9 @@ def test_plain_steps_between_rounds_queue_nothing_ahead(paths):
         assert lookup.token_ids == plain.token_ids
         assert lookup.stats.spec_rounds > 0 and backend.aheads   # rounds, and plain steps between them
         assert not any(backend.aheads)
+        backend.aheads.clear()
+        with_grammar = chat(eng, spec=SpecConfig(mode="lookup"), grammar=Grammar.json())  # the masked step pair
+        assert with_grammar.stats.spec_rounds > 0 and backend.aheads and not any(backend.aheads)
 
 
 @pytest.mark.slow

@@ -114,7 +114,7 @@ class CpuBackend:
     def begin_masked_step(self, token: int) -> np.ndarray:
         raise NotImplementedError("the cpu backend samples on the host")
 
-    def finish_masked_step(self) -> tuple[int, float]:
+    def finish_masked_step(self, ahead: bool = True) -> tuple[int, float]:
         raise NotImplementedError("the cpu backend samples on the host")
 
     def step_candidates(self):

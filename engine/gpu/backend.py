@@ -293,9 +293,9 @@ class CudaBackend:
             self._launch_forward(self.n_past)
         return self.mask_host
 
-    def finish_masked_step(self) -> tuple[int, float]:
+    def finish_masked_step(self, ahead: bool = True) -> tuple[int, float]:
         """Upload the mask, sample, queue the next forward (its token is written by the sampler on
-        the device), then wait for this step's token."""
+        the device; not when ahead is False), then wait for this step's token."""
         rt = self.rt
         rt.upload_async(self.sampler.mask_ptr, self.mask_host)
         if self.use_graphs:
@@ -305,7 +305,7 @@ class CudaBackend:
         self._read_result(self.out_host)
         self.out_events[0].record(rt.stream)
         pos = self.n_past + 1
-        ahead = self.run_ahead and pos < self.n_ctx
+        ahead = ahead and self.run_ahead and pos < self.n_ctx
         if ahead:
             self._launch_forward(pos)
         self.out_events[0].synchronize()

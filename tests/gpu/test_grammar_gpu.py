@@ -112,8 +112,8 @@ class MaskRecorder:
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
-    def finish_masked_step(self):
-        out = self.inner.finish_masked_step()
+    def finish_masked_step(self, ahead=True):
+        out = self.inner.finish_masked_step(ahead)
         sampler = self.inner.sampler
         self.device_masks.append(self.inner.rt.download(sampler.mask_ptr, (sampler.mask_words,), np.uint32))
         return out
