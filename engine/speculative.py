@@ -81,16 +81,22 @@ class PromptLookup:
     def __init__(self, ngram_max: int = LOOKUP_NGRAM_MAX, ngram_min: int = LOOKUP_NGRAM_MIN):
         self.ngrams = range(ngram_max, ngram_min - 1, -1)
         self.index: dict[tuple[int, ...], int] = {}  # n-gram -> the position after its latest occurrence
+        self.heads: set[tuple[int, ...]] = set()  # every indexed n-gram less its last token
         self.n_indexed = 0  # n-grams ending before this position are in the index
 
-    def propose(self, history: list[int], k: int) -> list[int]:
-        # index every n-gram that ends before the last token: the last n tokens are the key and
-        # must match an earlier occurrence, not themselves
-        for end in range(self.n_indexed, len(history) - 1):
+    def _index(self, history: list[int], end: int) -> None:
+        """Index every n-gram that ends before position `end`."""
+        for last in range(self.n_indexed, end):
             for n in self.ngrams:
-                if end + 1 >= n:
-                    self.index[tuple(history[end + 1 - n:end + 1])] = end + 1
-        self.n_indexed = max(self.n_indexed, len(history) - 1)
+                if last + 1 >= n:
+                    key = tuple(history[last + 1 - n:last + 1])
+                    self.index[key] = last + 1
+                    self.heads.add(key[:-1])
+        self.n_indexed = max(self.n_indexed, end)
+
+    def propose(self, history: list[int], k: int) -> list[int]:
+        # the last n tokens are the key and must match an earlier occurrence, not themselves
+        self._index(history, len(history) - 1)
         for n in self.ngrams:
             if len(history) < n:
                 continue
@@ -98,6 +104,13 @@ class PromptLookup:
             if start is not None:
                 return history[start:start + k]
         return []
+
+    def may_draft_next(self, history: list[int]) -> bool:
+        """Whether propose could find a draft once one more token follows `history`: some earlier
+        n-gram begins with its last n - 1 tokens. False is certain: whatever the token, the next
+        step drafts nothing."""
+        self._index(history, len(history))  # the n-grams ending at the last token: earlier than the next one
+        return any(len(history) >= n - 1 and tuple(history[len(history) - n + 1:]) in self.heads for n in self.ngrams)
 
 
 class DraftModel:

@@ -251,10 +251,13 @@ class DeviceSpeculative(_Rounds):
                                               use_mask=self.constraint is not None)
 
     def plain_step(self, fed: int) -> Steps:
-        # nothing queued past it: the next step may be a round, whose verify would first wait out
-        # the queued steps and drop them (two decode steps lost per plain step -> round switch:
-        # most of the gap between prompt lookup's modelled and measured speedup, docs/gpu-log.md)
-        return self.plain.step(fed, 1, ahead=False)
+        # steps queued past this one are lost when a round follows: its verify waits them out and
+        # drops them (two decode steps per switch, most of the gap between prompt lookup's
+        # modelled and measured speedup, docs/gpu-log.md). Queue them only where prompt lookup
+        # knows that no draft can follow
+        lookup = self.drafter if isinstance(self.drafter, PromptLookup) else None
+        ahead = lookup is not None and not lookup.may_draft_next(self.history)
+        return self.plain.step(fed, 1, ahead=ahead)
 
     def draft(self, k: int) -> tuple[list[int], None]:
         history = self.history

@@ -8,14 +8,14 @@ round costs a verify of d + 1 rows, in decode steps, from the H200's measured ta
 (docs/gpu-log.md, "Speculative decoding"); a plain step costs one.
 
     python scripts/spec_model.py collect MODEL.gguf replies.json     # greedy replies (any backend)
-    python scripts/spec_model.py model replies.json [--draft-max 8] [--switch 0] [--plain-step 1.1] [--round 0.16]
+    python scripts/spec_model.py model replies.json [--draft-max 8] [--always-ahead] [--switch 2] [--plain-step 1.1] [--round 0.16]
 
---switch: decode steps lost at each switch from a plain step to a round (the run-ahead queue a
-verify waits out; 2 before the speculative plain steps stopped queueing ahead, 0 since);
---plain-step: a plain step's cost (1 with run-ahead; without it the GPU waits out the host's round
-trip, estimated at 0.1 step, not measured); --round: host time per round in decode steps. With --switch 2 --plain-step 1 --round 0.16 the model gave
-1.31 / 1.47 / 1.31 / 2.42x on bench_spec.py's prompts where the H200 measured 1.27 / 1.42 / 1.28 /
-2.35x (session 24), with the same acceptance and mean kept length.
+--switch: decode steps lost when a round follows a plain step that queued steps ahead (the
+run-ahead queue its verify waits out: 2); --plain-step: a plain step's cost without its run-ahead
+(the GPU waits out the host's round trip: estimated at 1.1, not measured); --round: host time per
+round, in decode steps; --always-ahead: every plain step queues ahead, as before session 25. With
+--always-ahead the model gave 1.31 / 1.47 / 1.31 / 2.42x on bench_spec.py's prompts where the H200
+measured 1.27 / 1.42 / 1.28 / 2.35x (session 24), with the same acceptance and mean kept length.
 """
 from __future__ import annotations
 
@@ -57,22 +57,27 @@ def collect(model: str, out: Path, backend: str, max_tokens: int) -> None:
 
 
 def model_reply(prompt: list[int], reply: list[int], spec: SpecConfig, switch: float, round_s: float,
-                plain_step: float) -> dict:
+                plain_step: float, always_ahead: bool) -> dict:
+    """The modelled speedup of one reply. A plain step queues steps ahead as DeviceSpeculative's
+    does (only where PromptLookup.may_draft_next says no draft can follow; always, with
+    always_ahead, as before session 25); one that did costs 1 and makes a round right after it
+    pay `switch`; one that did not costs plain_step."""
     history, lookup, length = list(prompt), PromptLookup(), DraftLength(spec)
-    i, cost, rounds, drafted, kept_total, after_plain = 0, 0.0, 0, 0, 0, False
+    i, cost, rounds, drafted, kept_total, queued = 0, 0.0, 0, 0, 0, False
     while i < len(reply):
         k = min(length.next(), len(reply) - i)
         drafts = lookup.propose(history, k) if k >= spec.draft_min else []
         if len(drafts) < spec.draft_min:
-            cost += plain_step
+            queued = always_ahead or not lookup.may_draft_next(history)
+            cost += 1.0 if queued else plain_step
             history.append(reply[i])
-            i, after_plain = i + 1, True
+            i += 1
             continue
         kept = 0
         while kept < len(drafts) and i + kept < len(reply) and drafts[kept] == reply[i + kept]:
             kept += 1
-        cost += float(np.interp(len(drafts) + 1, VERIFY_ROWS, VERIFY_COST)) + round_s + (switch if after_plain else 0.0)
-        rounds, drafted, kept_total, after_plain = rounds + 1, drafted + len(drafts), kept_total + kept, False
+        cost += float(np.interp(len(drafts) + 1, VERIFY_ROWS, VERIFY_COST)) + round_s + (switch if queued else 0.0)
+        rounds, drafted, kept_total, queued = rounds + 1, drafted + len(drafts), kept_total + kept, False
         length.update(kept)
         n = min(kept + 1, len(reply) - i)
         history += reply[i:i + n]
@@ -92,15 +97,16 @@ def main() -> None:
     m = sub.add_parser("model")
     m.add_argument("replies", type=Path)
     m.add_argument("--draft-max", type=int, default=SpecConfig().draft_max)
-    m.add_argument("--switch", type=float, default=0.0)
+    m.add_argument("--switch", type=float, default=2.0)
     m.add_argument("--round", type=float, default=0.16)
     m.add_argument("--plain-step", type=float, default=1.1)
+    m.add_argument("--always-ahead", action="store_true", help="every plain step queues ahead (before session 25)")
     args = p.parse_args()
     if args.command == "collect":
         collect(args.model, args.out, args.backend, args.max_tokens)
         return
     spec = SpecConfig(mode="lookup", draft_max=args.draft_max)
-    rows = [model_reply(r["prompt"], r["reply"], spec, args.switch, args.round, args.plain_step) for r in json.loads(args.replies.read_text())]
+    rows = [model_reply(r["prompt"], r["reply"], spec, args.switch, args.round, args.plain_step, args.always_ahead) for r in json.loads(args.replies.read_text())]
     for i, r in enumerate(rows):
         print(f"prompt {i}: {r['speedup']:.2f}x  acceptance {r['acceptance']:.0%}  mean kept {r['kept']:.2f}  rounds {r['rounds']}")
     print(f"median {statistics.median(r['speedup'] for r in rows):.2f}x")

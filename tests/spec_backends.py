@@ -82,7 +82,7 @@ class HostDevice(_Passthrough):
         self.mask_buf = np.empty(self.words, np.uint32)
         self.params = self.rng = None
         self.use_mask = False
-        self.aheads: list[bool] = []  # decode_sample's `ahead` per call
+        self.calls: list[tuple] = []  # ("step", ahead) per sampled step, ("verify",) per round
 
     @property
     def n_past(self) -> int:
@@ -110,7 +110,7 @@ class HostDevice(_Passthrough):
         return seed
 
     def decode_sample(self, token: int, ahead: bool = True):
-        self.aheads.append(ahead)
+        self.calls.append(("step", ahead))
         return sample(self.decode(token), self.params, self.tokens, self.rng)
 
     def begin_masked_step(self, token: int) -> np.ndarray:
@@ -118,7 +118,7 @@ class HostDevice(_Passthrough):
         return self.mask_buf
 
     def finish_masked_step(self, ahead: bool = True):
-        self.aheads.append(ahead)
+        self.calls.append(("step", ahead))
         allowed = unpack_mask(self.mask_buf, self.config.vocab_size)
         return sample(self._logits, self.params, self.tokens, self.rng, allowed)
 
@@ -126,6 +126,7 @@ class HostDevice(_Passthrough):
         return None
 
     def verify_sample(self, tokens, masks=None):
+        self.calls.append(("verify",))
         start = self.n_past
         rows = self.verify(tokens)
         out = []

@@ -67,6 +67,23 @@ def test_prompt_lookup_drafts_the_continuation_of_the_longest_latest_match():
     assert PromptLookup(ngram_min=1).propose([5, 1, 2, 9, 9, 2], 2) == [9, 9]  # unless asked for
 
 
+def test_prompt_lookup_knows_when_no_draft_can_follow():
+    """may_draft_next(h) is True exactly when some next token t gives propose(h + [t]) a draft,
+    on random histories over a small vocabulary (so repeats are common), grown token by token
+    with propose called in between, as the rounds do."""
+    rng = np.random.default_rng(4)
+    for trial in range(40):
+        vocab = int(rng.integers(3, 9))
+        history = [int(t) for t in rng.integers(0, vocab, 2)]
+        live = PromptLookup()
+        for _ in range(30):
+            predicted = live.may_draft_next(history)
+            possible = any(PromptLookup().propose(history + [t], 4) for t in range(vocab))
+            assert predicted == possible, (trial, history)
+            history.append(int(rng.integers(0, vocab)))
+            live.propose(history, 4)
+
+
 def test_spec_config_validates_with_one_line_messages():
     SpecConfig(mode="lookup", draft_max=15, draft_min=15).validate()
     for bad, field in [(SpecConfig(mode="medusa"), "mode"), (SpecConfig(draft_max=0), "draft_max"),
@@ -191,11 +208,12 @@ def test_device_rounds_greedy_equal_plain(paths, grammar):
         assert same.stats.spec_accepted == same.stats.spec_drafted > 0
 
 
-def test_plain_steps_between_rounds_queue_nothing_ahead(paths):
+def test_plain_steps_queue_ahead_only_where_no_round_can_follow(paths):
     """On the GPU decode_sample queues the steps after the one it returns (run-ahead), and a
     verify next waits them out and drops them: two decode steps lost at every switch from a plain
-    step to a round. The speculative strategy's plain steps (no draft found) ask for none queued;
-    a plain reply's steps keep the run-ahead."""
+    step to a round. The speculative strategy's plain steps (no draft found) queue ahead only where
+    prompt lookup knows the next step drafts nothing; a plain reply's steps always do. Also with a
+    grammar (the masked step pair)."""
     made = []
 
     def opener():
@@ -207,15 +225,17 @@ def test_plain_steps_between_rounds_queue_nothing_ahead(paths):
     with Engine.start(opener) as eng:
         backend = made[0]
         plain = chat(eng)
-        assert len(backend.aheads) > 8 and all(backend.aheads)
-        backend.aheads.clear()
-        lookup = chat(eng, spec=SpecConfig(mode="lookup"))
-        assert lookup.token_ids == plain.token_ids
-        assert lookup.stats.spec_rounds > 0 and backend.aheads   # rounds, and plain steps between them
-        assert not any(backend.aheads)
-        backend.aheads.clear()
-        with_grammar = chat(eng, spec=SpecConfig(mode="lookup"), grammar=Grammar.json())  # the masked step pair
-        assert with_grammar.stats.spec_rounds > 0 and backend.aheads and not any(backend.aheads)
+        assert len(backend.calls) > 8 and all(call == ("step", True) for call in backend.calls)
+        for grammar in (None, Grammar.json()):
+            backend.calls.clear()
+            reply = chat(eng, spec=SpecConfig(mode="lookup"), grammar=grammar)
+            if grammar is None:
+                assert reply.token_ids == plain.token_ids
+            calls = backend.calls
+            assert reply.stats.spec_rounds > 0
+            assert ("step", True) in calls and ("step", False) in calls   # both kinds of plain step
+            assert all(not (a == ("step", True) and b == ("verify",)) for a, b in zip(calls, calls[1:])), \
+                "steps were queued ahead of a round"
 
 
 @pytest.mark.slow
