@@ -178,7 +178,8 @@ class _Watchdog:
     'Exception ignored in ...'), so one OutOfTime raised there leaves the block with no deadline
     at all. If the block is still running GRACE_S past its deadline, this thread raises OutOfTime
     in it asynchronously (PyThreadState_SetAsyncExc), again every RETRY_S (one of those may land
-    in a finalizer too), at most MAX_SENDS times. stop() leaves nothing pending."""
+    in a finalizer too), at most MAX_SENDS times. After stop() nothing more is sent; one sent just
+    before is received by Bounded.__exit__."""
 
     GRACE_S = 0.25
     RETRY_S = 0.05
