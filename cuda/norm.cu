@@ -22,6 +22,22 @@ __device__ __forceinline__ void quantize_own(float yi, int8_t* xq_row, int n) {
     if ((int)threadIdx.x < kq) quantize_q8_1_at((int)threadIdx.x < n ? yi : 0.0f, xq_row, kq, threadIdx.x);
 }
 
+// Rows of up to NORM_VPT * blockDim.x values (decode's d = 4096 at 1024 threads) keep their values
+// in registers, thread t holding values t, t + blockDim.x, ...: the multi-pass loops' per-thread
+// order, so the same bits, without writing the row and reading it back between passes (the 8B's
+// add_rms_norm took 5.2 µs a launch that way, for 16 KB). The q8_1 copy: quantize_row's loop
+// with each value from a register.
+#define NORM_VPT 4
+
+__device__ __forceinline__ void quantize_regs(const float (&yv)[NORM_VPT], int8_t* xq_row, int n) {
+    const int kq = (n + 31) & ~31;
+#pragma unroll
+    for (int k = 0; k < NORM_VPT; ++k) {
+        const int i = k * blockDim.x + threadIdx.x;  // warp-uniform bound: blockDim % 32 == 0
+        if (k * (int)blockDim.x < kq && i < kq) quantize_q8_1_at(i < n ? yv[k] : 0.0f, xq_row, kq, i);
+    }
+}
+
 // y[r] = x[r] * rsqrt(mean(x[r]^2) + eps) * w over rows of n. Row r is head r % heads of token
 // r / heads: x rows of tokens are x_ld floats apart (views of a fused qkv output), y's y_ld.
 // xq: when not null (heads == 1 only), y is also written as q8_1 rows of xq_stride bytes.
@@ -39,6 +55,26 @@ extern "C" __global__ void rms_norm_f32(const float* x, const float* w, float* y
         const float yi = i < n ? xi * inv * w[i] : 0.0f;
         if (i < n) yr[i] = yi;
         if (xq) quantize_own(yi, xq + (size_t)blockIdx.x * xq_stride, n);
+        return;
+    }
+    if (n <= NORM_VPT * (int)blockDim.x) {
+        float xv[NORM_VPT], yv[NORM_VPT], ss = 0.0f;
+#pragma unroll
+        for (int k = 0; k < NORM_VPT; ++k) {
+            const int i = k * blockDim.x + threadIdx.x;
+            xv[k] = i < n ? xr[i] : 0.0f;
+        }
+#pragma unroll
+        for (int k = 0; k < NORM_VPT; ++k)
+            if (k * blockDim.x + threadIdx.x < n) ss += xv[k] * xv[k];
+        const float inv = rsqrtf(block_sum(ss, scratch) / (float)n + eps);
+#pragma unroll
+        for (int k = 0; k < NORM_VPT; ++k) {
+            const int i = k * blockDim.x + threadIdx.x;
+            yv[k] = i < n ? xv[k] * inv * w[i] : 0.0f;
+            if (i < n) yr[i] = yv[k];
+        }
+        if (xq) quantize_regs(yv, xq + (size_t)blockIdx.x * xq_stride, n);
         return;
     }
     float ss = 0.0f;
@@ -63,6 +99,31 @@ extern "C" __global__ void add_rms_norm_f32(float* h, const float* a, const floa
         const float yi = i < n ? v * inv * w[i] : 0.0f;
         if (i < n) y[r + i] = yi;
         if (xq) quantize_own(yi, xq + (size_t)blockIdx.x * xq_stride, n);
+        return;
+    }
+    if (n <= NORM_VPT * (int)blockDim.x) {
+        float hv[NORM_VPT], yv[NORM_VPT], ss = 0.0f;
+#pragma unroll
+        for (int k = 0; k < NORM_VPT; ++k) {
+            const int i = k * blockDim.x + threadIdx.x;
+            hv[k] = i < n ? a[r + i] + b[r + i] : 0.0f;
+        }
+#pragma unroll
+        for (int k = 0; k < NORM_VPT; ++k) {
+            const int i = k * blockDim.x + threadIdx.x;
+            if (i < n) {
+                h[r + i] = hv[k];
+                ss += hv[k] * hv[k];
+            }
+        }
+        const float inv = rsqrtf(block_sum(ss, scratch) / (float)n + eps);
+#pragma unroll
+        for (int k = 0; k < NORM_VPT; ++k) {
+            const int i = k * blockDim.x + threadIdx.x;
+            yv[k] = i < n ? hv[k] * inv * w[i] : 0.0f;
+            if (i < n) y[r + i] = yv[k];
+        }
+        if (xq) quantize_regs(yv, xq + (size_t)blockIdx.x * xq_stride, n);
         return;
     }
     float ss = 0.0f;

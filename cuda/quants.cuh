@@ -431,8 +431,7 @@ QDEV void load_act64(act64& a, const q8_1_row& x, int blk) {
 // Scales of sub-blocks 2j, 2j+1, folded with d / dmin.
 // One 16-byte load of the K-quant meta (d, dmin, 12 scale bytes), then get_scale_min_k4 on
 // registers: byte loads of the scales one by one cost more instructions than the dot itself.
-QDEV void kquant_scales(const uint8_t* meta, int j, float& dsc0, float& dsc1, float& dmn0, float& dmn1) {
-    const int4 mv = ld16(meta);
+QDEV void kquant_scales_of(const int4 mv, int j, float& dsc0, float& dsc1, float& dmn0, float& dmn1) {
     const float d = __half2float(__ushort_as_half((unsigned short)(mv.x & 0xFFFF)));
     const float dmin = __half2float(__ushort_as_half((unsigned short)((unsigned)mv.x >> 16)));
     int sc[2], mn[2];
@@ -451,6 +450,10 @@ QDEV void kquant_scales(const uint8_t* meta, int j, float& dsc0, float& dsc1, fl
     dmn0 = fmul(dmin, (float)mn[0]);
     dsc1 = fmul(d, (float)sc[1]);
     dmn1 = fmul(dmin, (float)mn[1]);
+}
+
+QDEV void kquant_scales(const uint8_t* meta, int j, float& dsc0, float& dsc1, float& dmn0, float& dmn1) {
+    kquant_scales_of(ld16(meta), j, dsc0, dsc1, dmn0, dmn1);
 }
 
 // d*sc*(d1*sumi + d2*sumi2) - dmin*m*s for the unit's two sub-blocks.
@@ -585,14 +588,16 @@ struct q6_K_t {
         w.a = ld16(q + 64 * h + l0);
         w.b = ld16(q + 64 * h + 32 + l0);
         w.h = ld16(q + 128 + 32 * h + l0);
-        const uint2 s8 = *reinterpret_cast<const uint2*>(q + 192 + 8 * h);  // scales[8h .. 8h+7]
+        scales_of(w, *reinterpret_cast<const uint2*>(q + 192 + 8 * h), j);  // scales[8h .. 8h+7]
+        w.d = ld_half(m);
+    }
+    static QDEV void scales_of(W& w, const uint2 s8, int j) {
         const int sel = j & 1;
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
             const unsigned word = k < 2 ? s8.x : s8.y;
             w.sc[k] = (int)(int8_t)(word >> (8 * ((2 * k + sel) & 3)));
         }
-        w.d = ld_half(m);
     }
     static QDEV void load_a(A& a, const q8_1_row& x, int b, int j) { load_act16x4(a, x, b, j); }
     static QDEV float dot(const W& w, const A& a) {

@@ -172,7 +172,9 @@ def quantize_q8_1(rt, x_ptr: int, xq_ptr: int, n_cols: int, n_tokens: int = 1) -
 
 
 # ---- matvec (decode, verify) -------------------------------------------------------------------
-ONE_COLUMN_VARIANTS = ((1, 1), (1, 2), (1, 4), (2, 1), (2, 2), (4, 1))  # (rows per warp, units per step)
+# (rows per warp, units per step); units 0: one unit per step, the next step's weights loaded a step
+# ahead (a register double buffer, cuda/matvec.cu matvec_dots_db)
+ONE_COLUMN_VARIANTS = ((1, 1), (1, 2), (1, 4), (2, 1), (2, 2), (4, 1), (1, 0), (2, 0), (4, 0))
 FUSED_VARIANTS = ((1, 1), (2, 1))
 BATCHED_VARIANTS = ((2, 1), (4, 1))  # verify: rows per warp share each column's activation loads
 
@@ -190,18 +192,37 @@ def matvec_variant(w: GpuWeight, fused: bool = False) -> tuple[int, int]:
     row, so with the two-term q8_1 (2.5x the bytes of one term) tall matrices want two rows per warp
     (Q4_1 3072x576: 1.92 -> 1.51 µs); rows of K <= 1024 one unit per step; long rows more loads in
     flight (u2; Q8_0 u4 only past K = 4096: at 576x1536 u4 took 1.95 µs, u2 1.60); the K-quants,
-    heavier per unit, u1 (Q6_K two rows per warp: 576x1536 1.95 -> 1.72 µs). Q2_K/Q3_K follow Q4_K
-    and IQ4_XS the 32-wide types by analogy: not timed."""
+    heavier per unit, u1 (Q6_K two rows per warp: 576x1536 1.95 -> 1.72 µs), and at the 1B-8B shapes
+    the double-buffered loop (u0, below). Q2_K/Q3_K keep Q4_K's rule from before u0, and IQ4_XS
+    follows the 32-wide types: not timed."""
     kind = w.layout.kernel_type
     if fused:
         return (2, 1) if w.rows >= 16384 else (1, 1)
-    if kind in ("q4_K", "q5_K", "q2_K", "q3_K"):
+    # The 8B / 1B shapes (bench_decode_matvecs.py, H200, µs a launch): the double-buffered loop (u0)
+    # wins wherever a lane has several steps or a warp several rows. Q4_K 4096x14336 r1u1 25.2, r2u0
+    # 15.4; 4096x4096 r1u1 8.3, r2u0 6.1; 28672x4096 r2u1 31.2, r4u0 30.2; 16384x2048 r2u1 12.5,
+    # r4u0 10.7; 2048x8192 r2u0 7.2 (r1u1 9.4). Q5_K 4096x14336 r2u0 20.3, r4u0 19.5. Q6_K
+    # 4096x14336 r2u2 27.9, r4u0 17.5; 49152x4096 (the LM head) r2u2 63.3, r4u1 48.8; 1024x4096 r2u1
+    # 4.1, r2u2 3.1; 2048x8192 r2u1 8.7, r4u0 9.4.
+    if kind in ("q4_K", "q5_K"):
+        if w.cols >= 8192:
+            return (2, 0) if kind == "q4_K" else (4, 0)
+        if w.rows >= 6144:
+            return (4, 0)
+        return (2, 0) if w.rows >= 4096 else (1, 1)
+    if kind in ("q2_K", "q3_K"):
         return (2, 1) if w.rows >= 8192 else (1, 1)
     if kind == "q6_K":
-        return (2, 2) if w.rows >= 2048 and w.cols >= 2048 else (2, 1)
+        if w.cols >= 8192:
+            return (4, 0) if w.rows >= 4096 else (2, 1)
+        if w.rows >= 16384:
+            return (4, 1)
+        return (2, 2) if w.rows >= 1024 and w.cols >= 2048 else (2, 1)
     if w.cols <= 1024:
         return (2, 1) if w.rows >= 2048 else (1, 1)
     if w.cols <= 4096:
+        if kind == "q8_0" and w.rows >= 4096 and w.cols == 4096:  # the 8B: 28672 rows r1u2 34.6, r1u4 33.9;
+            return (1, 4) if w.rows >= 6144 else (1, 1)       # 6144 10.1, 9.3; 4096 r1u2 7.4, r1u1 6.9 µs
         return (2, 2) if kind in ("q4_0", "q4_1") else (1, 2)
     return (1, 4) if kind == "q8_0" else (1, 2)
 

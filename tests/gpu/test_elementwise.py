@@ -265,6 +265,34 @@ def test_norm_and_activation_emit_the_same_q8_1_bytes_as_quantize_q8_1(gpu, n):
         assert np.array_equal(got, ref), (kernel, block)  # every byte: qs | qs2 | ds rows fill the stride
 
 
+@pytest.mark.parametrize("n", [4096, 3001, 1500])
+def test_norm_rows_held_in_registers(gpu, n):
+    """Rows of up to 4 values per thread (decode's d = 4096 at the engine's 1024 threads) keep them in
+    registers, 64 threads take the loop over global memory: both give the norm, the residual and the
+    q8_1 bytes of their own y. (Across block sizes the sums' order differs, so no bit equality.)"""
+    from memra_engine.gpu.quant_ops import q8_1_nbytes, q8_1_stride
+
+    rng = np.random.default_rng(n)
+    T = 2
+    x, d = (rng.standard_normal((2, T, n)) * 2).astype(f32)
+    w = (1 + 0.1 * rng.standard_normal(n)).astype(f32)
+    stride, nbytes = q8_1_stride(n), q8_1_nbytes(n, T)
+    for kernel in ("rms_norm_f32", "add_rms_norm_f32"):
+        for block in (64, 1024, -(-n // 4 // 32) * 32):  # loop; registers (1-4 values); registers (4 values)
+            y, h = gpu.empty(T * n), gpu.empty(T * n)
+            xq = gpu.empty(nbytes // 4 + 1)
+            gpu.rt.memset_u32(xq, 0x5A5A5A5A, nbytes // 4)  # poisoned: every byte of a row must be written
+            if kernel == "rms_norm_f32":
+                gpu.rt.launch(kernel, T, block, (gpu.put(x), gpu.put(w), y, n, 1, n, n, f32(1e-6), xq, stride))
+                src = x
+            else:
+                gpu.rt.launch(kernel, T, block, (h, gpu.put(x), gpu.put(d), gpu.put(w), y, n, f32(1e-6), xq, stride))
+                src = x + d
+                assert np.array_equal(gpu.get(h, (T, n)), src), (kernel, block)
+            assert rel_err(gpu.get(y, (T, n)), rms_norm_ref(src, w, 1e-6)) < 1e-5, (kernel, block)
+            assert np.array_equal(gpu.get(xq, nbytes, np.uint8), quantize_q8_1_bytes(gpu, y, T, n)), (kernel, block)
+
+
 EMBED_TYPES = [QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0, QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q2_K, QT.Q3_K, QT.IQ4_XS,
                QT.F16, QT.BF16, QT.F32]
 
