@@ -124,6 +124,11 @@ def print_table(result: dict) -> None:
     for key, value in result.items():
         if key in ("model", "backend", "kv_type", "runs"):
             continue
+        if isinstance(value, dict):  # vram_regions_mib: one line per pool region
+            print(f"  {key}")
+            for region, mib in value.items():
+                print(f"    {region:<22} {mib['used']:>12,.1f} used of {mib['reserved']:,.1f}")
+            continue
         shown = f"{value:,.1f}" if isinstance(value, float) else str(value)
         print(f"  {key:<24} {shown:>12}")
 

@@ -42,3 +42,16 @@ def test_bench_table_and_bad_file(tmp_path, tiny_llama_path):
     junk.write_bytes(b"GGUF" + bytes(100))
     bad = memra_bench(str(junk), "--backend", "cpu")
     assert bad.returncode == 1 and bad.stderr.startswith("memra-bench: error: ") and "Traceback" not in bad.stderr
+
+
+def test_bench_table_shows_vram_regions_one_per_line(capsys):
+    from memra_engine.bench import print_table
+
+    print_table({"model": "m.gguf", "backend": "cuda", "kv_type": "f16", "runs": 5, "pp512_tok_s": 1234.5,
+                 "vram_regions_mib": {"weights": {"used": 4258.0, "reserved": 4300.0},
+                                      "kv": {"used": 512.0, "reserved": 544.0}}})
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].split() == ["pp512_tok_s", "1,234.5"]
+    assert out[2].strip() == "vram_regions_mib"
+    assert out[3].split() == ["weights", "4,258.0", "used", "of", "4,300.0"]
+    assert out[4].split() == ["kv", "512.0", "used", "of", "544.0"]

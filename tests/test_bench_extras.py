@@ -59,7 +59,7 @@ class FakeCuda:
         return us, 300
 
     def memory_stats(self):
-        return VramStats(reserved={"weights": 3 << 20}, used={"weights": 2 << 20})
+        return VramStats(reserved={"weights": 3 << 20, "kv": 5 << 19}, used={"weights": 2 << 20, "kv": 1 << 20})
 
 
 @pytest.fixture
@@ -89,4 +89,5 @@ def test_every_graph_figure_is_the_median_of_its_runs(extras):
     assert out["graph_kernels_per_token"] == 300
     assert out["outside_graph_share"] == pytest.approx(0.5)
     assert out["top_logprobs10_cost"] == 0.0
-    assert out["vram_used_mib"] == 2.0 and out["vram_reserved_mib"] == 3.0
+    assert out["vram_used_mib"] == 3.0 and out["vram_reserved_mib"] == 5.5
+    assert out["vram_regions_mib"] == {"weights": {"used": 2.0, "reserved": 3.0}, "kv": {"used": 1.0, "reserved": 2.5}}

@@ -609,5 +609,8 @@ class CudaBackend:
         stats = self.memory_stats()
         out["vram_used_mib"] = round(sum(stats.used.values()) / MIB, 1)
         out["vram_reserved_mib"] = round(sum(stats.reserved.values()) / MIB, 1)
+        # per pool region (weights, KV cache, scratch, expert slots, ...), as the VRAM pane shows them
+        out["vram_regions_mib"] = {region: {"used": round(stats.used.get(region, 0) / MIB, 1),
+                                            "reserved": round(n / MIB, 1)} for region, n in stats.reserved.items()}
         self.truncate(0)
         return out
