@@ -137,6 +137,55 @@ extern "C" __global__ void add_rms_norm_f32(float* h, const float* a, const floa
     if (xq) quantize_row(y + r, xq + (size_t)blockIdx.x * xq_stride, n);
 }
 
+// Decode's add + norm over several blocks a row (n of 1025..4096: the 8B's 4096, the 1B's 2048).
+// With one block a row the row's q8_1 copy was quantized on one SM (4.7 µs a launch at d = 4096,
+// for 16 KB). Here block s of a row writes values [256 s, 256 s + 256) of h, y and the q8_1 copy,
+// and every block of the row sums the row's squares itself (a and b again, 32 KB from L2) in the
+// order add_rms_norm_f32 takes at 1024 threads: warp w of 8 plays warps w, w + 8, w + 16, w + 24 of
+// its 32, each lane that thread's 4 values in turn, through the same shuffle trees. So the same
+// bits. h must not alias a or b: other blocks of the row read them after this one writes h.
+#define NORM_SPLIT 256
+
+extern "C" __global__ void __launch_bounds__(NORM_SPLIT) add_rms_norm_split_f32(
+        float* h, const float* a, const float* b, const float* w, float* y, int n, float eps, int8_t* xq,
+        int xq_stride) {
+    __shared__ float scratch[32];
+    const int s = blockIdx.x, lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    const int i = NORM_SPLIT * s + threadIdx.x;  // this thread's value of the slice
+    const float wi = i < n ? w[i] : 0.0f;        // weights are constant: loaded before the wait
+    pdl_entry();
+    const size_t r = (size_t)blockIdx.y * n;
+    float hv[4][NORM_VPT];  // [j][k]: value 32 (wid + 8 j) + lane + 1024 k = threadIdx.x + 256 (j + 4 k)
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int k = 0; k < NORM_VPT; ++k) {
+            const int v = threadIdx.x + NORM_SPLIT * (j + 4 * k);
+            hv[j][k] = v < n ? a[r + v] + b[r + v] : 0.0f;
+        }
+    float mine = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        float ss = 0.0f;
+#pragma unroll
+        for (int k = 0; k < NORM_VPT; ++k) {
+            if ((int)threadIdx.x + NORM_SPLIT * (j + 4 * k) < n) ss += hv[j][k] * hv[j][k];
+            if (j + 4 * k == s) mine = hv[j][k];
+        }
+        ss = warp_sum(ss);
+        if (lane == 0) scratch[wid + 8 * j] = ss;
+    }
+    __syncthreads();
+    const float inv = rsqrtf(warp_sum(scratch[lane]) / (float)n + eps);
+    const float yi = i < n ? mine * inv * wi : 0.0f;
+    if (i < n) {
+        h[r + i] = mine;
+        y[r + i] = yi;
+    }
+    const int kq = (n + 31) & ~31;
+    if (xq && i < kq) quantize_q8_1_at(yi, xq + (size_t)blockIdx.y * xq_stride, kq, i);  // warp-uniform: kq % 32 == 0
+}
+
 // Gemma's sandwich norms: yb = rms_norm(b) * wb (the post-attention / post-FFN norm), then
 // h = a + yb, y = rms_norm(h) * w (the next norm), one block per row of n. The same arithmetic,
 // in the same order, as rms_norm_f32 then add_rms_norm_f32 with the same block size: saves a

@@ -436,3 +436,18 @@ def test_the_scratch_holds_two_layers_not_all(four_layer_paths):
         run_forward(path, 40, arena=arena)
         peaks[n_layer] = arena.peaks
     assert peaks[2] == peaks[6] and all(peaks[2])
+
+
+def test_wide_rows_add_and_norm_over_several_blocks(tmp_path):
+    """At d = 2048 (the 1B shape; 4096 on the 8B) decode and verify rows take the split add + norm
+    (n / 256 blocks a row, norm.cu), which needs h apart from a and b; prefill keeps one block a row."""
+    from memra_engine.model.synthetic import write_synthetic_gguf
+
+    path = write_synthetic_gguf(tmp_path / "wide.gguf", preset="tiny-llama", d_model=2048, head_dim=64, n_head=32,
+                                n_kv_head=8, d_ff=256)
+    for T, split in ((1, True), (5, True), (16, True), (40, False)):
+        rt = RecordingRuntime()
+        run_forward(path, T, rt=rt)
+        norms = [(name, args) for name, args in rt.calls if name.startswith("add_rms_norm")]
+        assert norms and all(name == ("add_rms_norm_split_f32" if split else "add_rms_norm_f32") for name, _ in norms), T
+        assert all(args[0] not in (args[1], args[2]) for _, args in norms)

@@ -38,6 +38,7 @@ EW_BLOCK = 256  # elementwise kernels
 ATTN_MAX_SPLITS = 32  # attention.cu: a row's keys go to at most this many blocks (split path)
 ATTN_MERGE_DIMS = 64  # attn_*merge*: head dims per block
 ATTN_MAX_SPLITS_CL = 64  # cluster path: so attn_cl_merge merges at most 8 partials
+NORM_SPLIT_ROWS = 16  # add_rms_norm_split_f32 up to this many rows (decode, verify): each block re-reads its row
 ATTN_MIN_BUCKET = 32  # KV buckets are powers of two from here; a graph is captured per grid they give
 BATCHED_MATVEC_MAX = quant_ops.MATVEC_MAX_COLUMNS  # up to this many tokens: matvec, beyond: GEMM
 FUSED_QUANT_MAX_ROWS = 16384  # one-token matvecs quantize x per block; the LM head shares one quantize
@@ -442,7 +443,11 @@ class GpuOps:
             total, a, b = pending
             y = self.new(x.shape)
             xq, stride = self._quantized_output(y)
-            if pre is None:
+            split = 1024 < n <= 4096 and x.rows <= NORM_SPLIT_ROWS and total.ptr not in (a.ptr, b.ptr)
+            if pre is None and split:  # the same bits over n / 256 blocks a row (see norm.cu)
+                self.rt.launch("add_rms_norm_split_f32", (-(-n // 256), x.rows), 256,
+                               (total.ptr, a.ptr, b.ptr, w.ptr, y.ptr, n, np.float32(eps), xq, stride))
+            elif pre is None:
                 self.rt.launch("add_rms_norm_f32", x.rows, block,
                                (total.ptr, a.ptr, b.ptr, w.ptr, y.ptr, n, np.float32(eps), xq, stride))
             else:  # b = rms_norm(bx): one launch for both norms and the add

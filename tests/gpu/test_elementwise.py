@@ -293,6 +293,31 @@ def test_norm_rows_held_in_registers(gpu, n):
             assert np.array_equal(gpu.get(xq, nbytes, np.uint8), quantize_q8_1_bytes(gpu, y, T, n)), (kernel, block)
 
 
+@pytest.mark.parametrize("n", [4096, 3001, 2048, 1500, 1056])
+def test_add_rms_norm_split_matches_one_block(gpu, n):
+    """Decode's add + norm over n / 256 blocks a row gives the bits of the one-block kernel at the
+    engine's 1024 threads: h, y and every q8_1 byte (verify rows and decode rows may take either)."""
+    from memra_engine.gpu.quant_ops import q8_1_nbytes, q8_1_stride
+
+    rng = np.random.default_rng(n + 7)
+    T = 3
+    x, d = (rng.standard_normal((2, T, n)) * 3).astype(f32)
+    w = (1 + 0.1 * rng.standard_normal(n)).astype(f32)
+    stride, nbytes = q8_1_stride(n), q8_1_nbytes(n, T)
+    a, b, wd = gpu.put(x), gpu.put(d), gpu.put(w)
+    out = {}
+    for kernel, grid, block in (("add_rms_norm_f32", T, 1024), ("add_rms_norm_split_f32", (-(-n // 256), T), 256)):
+        y, h = gpu.empty(T * n), gpu.empty(T * n)
+        xq = gpu.empty(nbytes // 4 + 1)
+        gpu.rt.memset_u32(xq, 0x5A5A5A5A, nbytes // 4)  # poisoned: every byte of a row must be written
+        gpu.rt.launch(kernel, grid, block, (h, a, b, wd, y, n, f32(1e-6), xq, stride))
+        out[kernel] = (gpu.get(h, (T, n)), gpu.get(y, (T, n)), gpu.get(xq, nbytes, np.uint8))
+    (h1, y1, q1), (h2, y2, q2) = out.values()
+    assert np.array_equal(h2, x + d)
+    assert rel_err(y2, rms_norm_ref(x + d, w, 1e-6)) < 1e-5
+    assert np.array_equal(y1, y2) and np.array_equal(q1, q2)
+
+
 EMBED_TYPES = [QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0, QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q2_K, QT.Q3_K, QT.IQ4_XS,
                QT.F16, QT.BF16, QT.F32]
 
