@@ -50,9 +50,10 @@ async def pick_example(pilot, name: str) -> None:
 
 
 async def type_in_picker(pilot, text: str) -> None:
-    await wait_for(pilot, lambda: isinstance(pilot.app.screen, GrammarPickScreen))
+    await wait_for(pilot, lambda: isinstance(pilot.app.screen, GrammarPickScreen) and pilot.app.focused is not None)
     field = pilot.app.screen.query_one("#grammar-text", Input)
-    field.focus()
+    field.focus()  # after the picker's own focus on mount, which would take it back
+    await wait_for(pilot, lambda: field.has_focus)
     field.value = text
     await pilot.press("enter")
     await pilot.pause()

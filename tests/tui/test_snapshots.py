@@ -170,8 +170,12 @@ def test_grammar_picker_offers_the_examples(snap_compare, make_app):
         await wait_ready(pilot)
         await pilot.press("f3")
         pilot.app.screen.query_one("#knob-grammar", Select).value = "json_schema"
-        await wait_for(pilot, lambda: pilot.app.screen.query("#grammar-text"))
-        pilot.app.screen.query_one("#grammar-text").focus()
+        # the picker focuses its examples when it mounts: only then move to the text field
+        await wait_for(pilot, lambda: pilot.app.screen.query("#grammar-examples") and pilot.app.screen.query_one(
+            "#grammar-examples").has_focus)
+        field = pilot.app.screen.query_one("#grammar-text")
+        field.focus()
+        await wait_for(pilot, lambda: field.has_focus)
         await pilot.press("enter")  # nothing typed: the screen says what it needs
         await pilot.pause(0.2)
         await hold_still(pilot)
