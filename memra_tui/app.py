@@ -25,6 +25,7 @@ from memra_engine.sampling import SamplingParams
 from memra_engine.speculative import SpecConfig
 from memra_tui.chats import Chat, ChatStore
 from memra_tui.commands import MemraCommands
+from memra_tui.gc_tuning import SWITCH_INTERVAL_S, settle_heap, unsettle_heap
 from memra_tui.screens.ab_compare import ABScreen
 from memra_tui.screens.chat import ChatScreen, usable_spec
 from memra_tui.screens.chat_list import ChatListScreen
@@ -77,8 +78,10 @@ class MemraApp(App[int]):
     def __init__(self, model: str | None, backend: str = "auto", n_ctx: int = 4096, resume: bool = False, *,
                  paths: AppPaths, load_engine: EngineLoader, clock: Callable[[], float] = time.time,
                  picker_root: Path | None = None, kv_type: str = "f16", grammar: Grammar | None = None,
-                 draft: str | None = None, spec: SpecConfig | None = None, moe_vram: int | None = None) -> None:
+                 draft: str | None = None, spec: SpecConfig | None = None, moe_vram: int | None = None,
+                 settle_gc: bool = False) -> None:
         super().__init__()
+        self.settle_gc = settle_gc  # freeze the heap after each load (gc_tuning; run_app's, not the tests')
         self.model = model
         self.backend = backend
         self.n_ctx = n_ctx
@@ -125,6 +128,8 @@ class MemraApp(App[int]):
         """Load model (None: the default one), with n_ctx tokens of context if given."""
         if n_ctx is not None:
             self.n_ctx = n_ctx
+        if self.settle_gc:
+            unsettle_heap()
         screen = LoadingScreen(model or "the default model (SmolLM2-135M-Instruct Q4_1)")
         if len(self.screen_stack) > 1:
             self.switch_screen(screen)
@@ -179,6 +184,8 @@ class MemraApp(App[int]):
             return
         self.engine = message.engine
         self.model = message.model or self.model
+        if self.settle_gc:
+            settle_heap()
         chat, self._reopen_chat = self._reopen_chat, None
         if chat is None and self.resume:
             chat, problems = self.store.latest()
@@ -309,6 +316,7 @@ def run_app(model: str | None, backend: str, n_ctx: int, resume: bool, kv_type: 
         load_engine = connected(engine, reconnect)
         model = f"{engine.info.model_name} at {engine.info.device_name}"
     app = MemraApp(model, backend, n_ctx, resume, paths=paths, load_engine=load_engine, kv_type=kv_type,
-                   grammar=grammar, draft=draft, spec=spec, moe_vram=moe_vram)
+                   grammar=grammar, draft=draft, spec=spec, moe_vram=moe_vram, settle_gc=True)
+    sys.setswitchinterval(SWITCH_INTERVAL_S)  # the engine thread gets the GIL back within 0.5 ms of asking
     code = app.run()
     return app.return_code if code is None else int(code)

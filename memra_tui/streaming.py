@@ -14,6 +14,7 @@ from typing import Callable
 from textual.message import Message
 
 from memra_engine.events import DoneEvent, EngineStats, StatsEvent, TokenEvent
+from memra_tui.gc_tuning import no_full_collections
 
 log = logging.getLogger("memra_tui")
 
@@ -100,17 +101,18 @@ def pump_job(job, buffer: ReplyBuffer, post: Callable[[Message], object]) -> Non
     when it goes from drained to filled, and post ReplyFinished when the job is over."""
     done = DoneEvent("error", "the engine ended the reply without saying why")
     try:
-        for event in job:
-            if isinstance(event, TokenEvent):
-                wake = buffer.push_token(event)
-            elif isinstance(event, StatsEvent):
-                wake = buffer.push_stats(event.stats)
-            else:
-                wake = False
-            if wake:
-                post(ReplyProgress())
-            elif isinstance(event, DoneEvent):
-                done = event
+        with no_full_collections:
+            for event in job:
+                if isinstance(event, TokenEvent):
+                    wake = buffer.push_token(event)
+                elif isinstance(event, StatsEvent):
+                    wake = buffer.push_stats(event.stats)
+                else:
+                    wake = False
+                if wake:
+                    post(ReplyProgress())
+                elif isinstance(event, DoneEvent):
+                    done = event
     except Exception as e:  # a bug in the engine: log it, show one line
         log.exception("reply stream failed")
         done = DoneEvent("error", f"internal error ({type(e).__name__}: {e}); see the log file")
