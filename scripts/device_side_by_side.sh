@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Issue 16's side-by-side figures in one device call: llama.cpp built (detached, niced) while memra
+# installs and the synthetic Llama-8B and Llama-3.2-1B shapes are written, then memra-bench and
+# llama-bench on the same files, one after the other, and a short table last.
+# Needs .whl (../shared/device/prepare.sh) with ../shared/device/llamacpp copied into it:
+#   cp -r ../shared/device/llamacpp .whl/   then carry ".whl" and run: bash scripts/device_side_by_side.sh
+# About 7 minutes on a fresh H200 (llama.cpp's build is most of it).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/memra-out}
+mkdir -p "$OUT" /tmp/models
+t0=$(date +%s); el() { echo $(( $(date +%s) - t0 )); }
+cp -r .whl/llamacpp /tmp/ && (setsid nohup nice -n 19 bash /tmp/llamacpp/build.sh > /dev/null 2>&1 < /dev/null &)
+MEMRA_TESTS=0 MEMRA_BENCH=0 bash scripts/device_run.sh > "$OUT/devrun.txt" 2>&1; echo "memra installed $(el)s"
+export PYTHONPATH=/tmp/site
+[ -f /tmp/models/llama-8b.gguf ] || python3 -m memra_engine.model.synthetic /tmp/models/llama-8b.gguf --preset llama-8b \
+  --quiet > "$OUT/gen.log" 2>&1 &
+[ -f /tmp/models/llama-1b.gguf ] || python3 -m memra_engine.model.synthetic /tmp/models/llama-1b.gguf --preset llama-8b \
+  --layers 16 --d-model 2048 --d-ff 8192 --heads 32 --kv-heads 8 --head-dim 64 --tied --quiet >> "$OUT/gen.log" 2>&1
+wait; echo "models written $(el)s"
+for m in llama-8b llama-1b; do
+  timeout 150 python3 -m memra_engine.bench /tmp/models/$m.gguf --backend cuda --ctx-depth 4096 --runs 5 --json \
+    > "$OUT/bench-$m.json" 2>> "$OUT/bench.err"; echo "memra-bench $m $(el)s"
+done
+while ! grep -q "llama.cpp build rc" /tmp/llama.cpp/build.log 2>/dev/null && [ "$(el)" -lt 520 ]; do sleep 5; done
+grep "llama.cpp build rc" /tmp/llama.cpp/build.log || echo "llama.cpp not built by $(el)s"
+timeout $(( 585 - $(el) )) bash /tmp/llamacpp/bench.sh /tmp/models/llama-8b.gguf /tmp/models/llama-1b.gguf \
+  > "$OUT/llama.json" 2> "$OUT/llama.err"
+python3 - "$OUT" <<'PY'
+import json, sys
+out = sys.argv[1]
+text, dec, i = open(f"{out}/llama.json").read(), json.JSONDecoder(), 0
+while (j := text.find("[", i)) >= 0:  # llama-bench prints one JSON array per run
+    try:
+        rows, i = dec.raw_decode(text, j)
+    except ValueError as e:
+        print("llama.json:", e)
+        break
+    for r in rows:
+        print(f"llama.cpp {r['model_filename'].split('/')[-1]:<14} pp {r['n_prompt']:>3} tg {r['n_gen']:>3} "
+              f"depth {r.get('n_depth', 0):>4}: {r['avg_ts']:,.1f} tok/s")
+for m in ("llama-8b", "llama-1b"):
+    try:
+        r = json.load(open(f"{out}/bench-{m}.json"))
+    except (OSError, ValueError) as e:
+        print("memra", m, e)
+        continue
+    keys = ["pp512_tok_s", "tg128_graph_tok_s", "tg128_decode_sample_default_sampling_tok_s", "tg128_graph_at_4096_tok_s",
+            "tg128_at_4096_tok_s", "vram_used_mib"]
+    print(f"memra {m:<9}", "  ".join(f"{k.replace('_tok_s', '')}={r[k]:,.1f}" for k in keys if k in r))
+PY
