@@ -386,6 +386,17 @@ def list_models(args: argparse.Namespace) -> int:
     return 0
 
 
+def load_ui():
+    """memra_tui.app.run_app, imported late (the headless path must not load Textual). A UI
+    library that is not installed is one line on stderr, not an internal error."""
+    try:
+        from memra_tui.app import run_app
+    except ModuleNotFoundError as err:
+        raise MemraError(f"the chat UI needs the {err.name!r} package, which is not installed here "
+                         f"(pip install textual, or ask for --prompt to run without the UI)") from None
+    return run_app
+
+
 def run(args: argparse.Namespace) -> int:
     check_remote_flags(args)
     if args.list_models:
@@ -405,13 +416,9 @@ def run(args: argparse.Namespace) -> int:
             # the server first: one that cannot be reached is one line on stderr, before the UI opens
             key = remote_api_key(args)
             remote = (connect_remote(args, key, say), lambda progress: connect_remote(args, key, progress))
-            from memra_tui.app import run_app
-
-            return run_app(None, args.backend, args.ctx, args.resume, args.kv_type, grammar=grammar, spec=spec,
+            return load_ui()(None, args.backend, args.ctx, args.resume, args.kv_type, grammar=grammar, spec=spec,
                            remote=remote)
-        from memra_tui.app import run_app  # lazy: the headless path must not load Textual
-
-        return run_app(args.model, args.backend, args.ctx, args.resume, args.kv_type, grammar=grammar,
+        return load_ui()(args.model, args.backend, args.ctx, args.resume, args.kv_type, grammar=grammar,
                        draft=args.draft, spec=spec, moe_vram=args.moe_vram)
     return run_headless(args)
 

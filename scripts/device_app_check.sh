@@ -11,6 +11,10 @@ OUT=${OUT:-/tmp/memra-out}
 name=$1 model=$2 repeats=${3:-65}
 PY=${PYTHON:-python3} backend=${MEMRA_APP_BACKEND:-cuda}  # a dry run here: PYTHON=.venv/bin/python MEMRA_APP_BACKEND=cpu
 mkdir -p "$OUT"
+# the GPU machine has no Textual: .whl must carry it and its needs (the names below)
+PYTHONPATH=/tmp/site $PY -c "import textual" 2>/dev/null || {
+  echo "$name: textual is not installed: run ../shared/device/prepare.sh textual rich markdown-it-py mdit-py-plugins" \
+       "linkify-it-py uc-micro-py pygments mdurl typing_extensions here, then carry .whl"; exit 1; }
 export PYTHONPATH=/tmp/site XDG_DATA_HOME=/tmp/xdg-$name XDG_CONFIG_HOME=/tmp/xdgc-$name
 [ -x /tmp/tmuxroot/usr/bin/tmux ] || for f in .whl/tmux/*.deb; do dpkg -x "$f" /tmp/tmuxroot; done
 export PATH=/tmp/tmuxroot/usr/bin:$PATH LD_LIBRARY_PATH=/tmp/tmuxroot/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
@@ -20,7 +24,11 @@ para = ("The harbour town woke slowly. Fishing boats knocked against the pier, g
         "and the baker opened his shutters to the smell of bread and salt. ")
 print("Summarise this story in two sentences.\n\n" + para * int(sys.argv[1]), end="")
 PY
-capture() { tmux capture-pane -p -t "$name" > "$OUT/app-$name-$1.txt"; }
+# capture N: the screen (the pane stays after the app exits, so a crash shows its last words)
+capture() {
+  tmux capture-pane -p -t "$name" > "$OUT/app-$name-$1.txt" || echo "$name: no pane to capture ($1)"
+  grep -q "memra-chat exited" "$OUT/app-$name-$1.txt" && { echo "$name: the app exited:"; grep -v "^\s*$" "$OUT/app-$name-$1.txt" | tail -8; }
+}
 # wait_reply N: until the chat file holds N finished replies (one streaming is saved "interrupted")
 wait_reply() {
   for _ in $(seq 1 240); do
@@ -36,8 +44,10 @@ PY
   echo "$name: reply $1 did not finish in 120 s"
 }
 tmux new-session -d -s "$name" -x 160 -y 48 \
-  "$PY -c 'import sys; from memra_tui.cli import main; sys.exit(main())' $model --backend $backend --ctx 8192 ${MEMRA_APP_FLAGS:-}; sleep 60"
+  "$PY -c 'import sys; from memra_tui.cli import main; sys.exit(main())' $model --backend $backend --ctx 8192 ${MEMRA_APP_FLAGS:-}; echo memra-chat exited \$?"
+tmux set-option -t "$name" remain-on-exit on
 for _ in $(seq 1 90); do sleep 0.5; tmux capture-pane -p -t "$name" | grep -q "Send" && break; done
+capture 0  # the screen before the prompt: the model loaded, or why not
 tmux load-buffer /tmp/prompt-$name.txt && tmux paste-buffer -p -t "$name" && sleep 0.5 && tmux send-keys -t "$name" Enter
 wait_reply 1; capture 1
 tmux send-keys -t "$name" "Now in one sentence." Enter; wait_reply 2

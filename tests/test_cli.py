@@ -138,6 +138,20 @@ def test_no_prompt_hands_over_to_the_ui(monkeypatch):
     assert calls[0][1]["moe_vram"] == 6 << 30
 
 
+def test_a_missing_ui_library_is_one_line_not_an_internal_error(monkeypatch, capsys):
+    """The GPU machine of a session had no Textual: the UI then says what is missing, in one line."""
+    import sys
+
+    from memra_tui import cli
+
+    monkeypatch.delitem(sys.modules, "memra_tui.app", raising=False)
+    monkeypatch.setitem(sys.modules, "textual", None)  # import textual now raises ModuleNotFoundError
+    assert cli.main(["model.gguf", "--backend", "cpu"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "'textual' package, which is not installed" in err[0], err
+    assert err[0].startswith("memra-chat: error:")
+
+
 # -- speculative decoding: the flags, in-process on the scripted engine --------------------------
 
 
