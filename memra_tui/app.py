@@ -317,6 +317,6 @@ def run_app(model: str | None, backend: str, n_ctx: int, resume: bool, kv_type: 
         model = f"{engine.info.model_name} at {engine.info.device_name}"
     app = MemraApp(model, backend, n_ctx, resume, paths=paths, load_engine=load_engine, kv_type=kv_type,
                    grammar=grammar, draft=draft, spec=spec, moe_vram=moe_vram, settle_gc=True)
-    sys.setswitchinterval(SWITCH_INTERVAL_S)  # the engine thread gets the GIL back within 0.5 ms of asking
+    sys.setswitchinterval(SWITCH_INTERVAL_S)  # the engine thread gets the GIL back within 50 µs of asking
     code = app.run()
     return app.return_code if code is None else int(code)
