@@ -435,6 +435,135 @@ MATVEC_Q_ALL(q2_K)
 MATVEC_Q_ALL(q3_K)
 MATVEC_Q_ALL(iq4_xs)
 
+// ---- Q4_K verify matvec on int8 tensor cores (2-16 columns) ---------------------------------------
+// mma.m16n8k32 (s8 x s8 -> s32) gives a sub-block's integer dot for 16 rows x 8 columns exactly,
+// whatever order the tensor core sums in, so the float steps after it can be the one-column
+// kernel's, in its order: virtual lane L (of the decode warp's 32) sums units L, L+32, ... with
+// fadd (kquant_combine_ds per unit), then warp_sum's butterfly over the 32 partials. Rows stay
+// bit-identical to decode (tested); the dp4a work, two int8 terms per column, moves to the MMAs.
+// Block: 8 warps, 16 rows, NT tiles of 8 columns. Warp w holds virtual lanes 4w..4w+3: its units
+// at step i, 32i + 4w + l (l < 4), are the quarters of super-block 8i + w, so a row's scales load
+// once a step. Thread (g = lane / 4, t = lane % 4) loads bytes 8t..8t+7 of a unit of rows g and
+// g + 8. The k order inside an MMA is free (a dot product): those 8 values fill k slots 4t..4t+3
+// and 16+4t..16+4t+3 of A, and values 8t..8t+7 of column g's activation the same slots of B.
+// grid ceil(rows / 16), block 256; y [n_tokens][rows]; n_tokens <= 8 NT.
+#define MMA_WARPS 8
+
+__device__ __forceinline__ void mma_s8_16x8x32(int (&d)[4], const int (&a)[4], int b0, int b1) {
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%10,%10,%10,%10};"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0));
+}
+
+__device__ __forceinline__ uint2 ld8(const void* p) { return *reinterpret_cast<const uint2*>(p); }
+
+template <int NT>
+__device__ __forceinline__ void matvec_q4_K_mma(const uint8_t* __restrict__ wq, const uint8_t* __restrict__ wm,
+                                                const int8_t* __restrict__ xq, float* __restrict__ y, int rows,
+                                                int cols, int n_tokens, int stride) {
+    constexpr int C = 8 * NT;
+    __shared__ float part[32][16][C];  // virtual lane, row, column
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int row0 = blockIdx.x * 16;
+    const int nb = cols / 256, kq = nb * 256;
+    {  // the first 2 KB of each row's quants into L2 before the wait (weights never change in a step)
+        const int r = min(row0 + (threadIdx.x >> 4), rows - 1), k = 128 * (threadIdx.x & 15);
+        if (k < nb * 128) prefetch_l2(wq + (size_t)r * nb * 128 + k);
+    }
+    pdl_entry();
+    const int ra = min(row0 + g, rows - 1), rb = min(row0 + g + 8, rows - 1);  // clamped: loads in bounds
+    const int8_t* xb[NT];        // B: column 8 nt + g
+    const float4* xd[NT][2];     // D: columns 8 nt + 2t, + 1 (their (d1, sum, d2, 0))
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+        xb[nt] = xq + (size_t)min(8 * nt + g, n_tokens - 1) * stride;
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+            xd[nt][e] = q8_1_row_at(xq + (size_t)min(8 * nt + 2 * t + e, n_tokens - 1) * stride, kq).ds;
+    }
+    float acc[4][NT][4];
+#pragma unroll
+    for (int l = 0; l < 4; ++l)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[l][nt][e] = 0.0f;
+
+    for (int b = warp; b < nb; b += MMA_WARPS) {
+        const size_t ba = (size_t)ra * nb + b, bb = (size_t)rb * nb + b;
+        uint2 wa[4], wb[4];
+#pragma unroll
+        for (int l = 0; l < 4; ++l) {
+            wa[l] = ld8(wq + ba * 128 + 32 * l + 8 * t);
+            wb[l] = ld8(wq + bb * 128 + 32 * l + 8 * t);
+        }
+        const int4 ma = ld16(wm + ba * 16), mb = ld16(wm + bb * 16);
+#pragma unroll
+        for (int l = 0; l < 4; ++l) {
+            float dsc[2][2], dmn[2][2];  // [row g, g + 8][sub-block 2l, 2l + 1]
+            kquant_scales_of(ma, l, dsc[0][0], dsc[0][1], dmn[0][0], dmn[0][1]);
+            kquant_scales_of(mb, l, dsc[1][0], dsc[1][1], dmn[1][0], dmn[1][1]);
+            int a[2][4];  // low nibbles: sub-block 2l; high: 2l + 1
+            const int v[4] = {(int)wa[l].x, (int)wb[l].x, (int)wa[l].y, (int)wb[l].y};
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                a[0][i] = v[i] & 0x0F0F0F0F;
+                a[1][i] = (v[i] >> 4) & 0x0F0F0F0F;
+            }
+            const int blk = 8 * b + 2 * l;  // q8_1 block of sub-block 2l
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+                int s[2][2][4];  // [sub-block][term][D element]
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const uint2 x1 = ld8(xb[nt] + 32 * (blk + h) + 8 * t);
+                    const uint2 x2 = ld8(xb[nt] + kq + 32 * (blk + h) + 8 * t);
+                    mma_s8_16x8x32(s[h][0], a[h], (int)x1.x, (int)x1.y);
+                    mma_s8_16x8x32(s[h][1], a[h], (int)x2.x, (int)x2.y);
+                }
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {  // D element e: row g + 8 (e >> 1), column 8 nt + 2t + (e & 1)
+                    const int r = e >> 1, c = e & 1;
+                    const float v = kquant_combine_ds(dsc[r][0], dmn[r][0], dsc[r][1], dmn[r][1], xd[nt][c][blk],
+                                                      xd[nt][c][blk + 1], make_int2(s[0][0][e], s[0][1][e]),
+                                                      make_int2(s[1][0][e], s[1][1][e]));
+                    acc[l][nt][e] = fadd(acc[l][nt][e], v);
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int l = 0; l < 4; ++l)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) part[4 * warp + l][g + 8 * (e >> 1)][8 * nt + 2 * t + (e & 1)] = acc[l][nt][e];
+    __syncthreads();
+    // warp_sum's butterfly as lane 0 sees it: at distance o, partial L (< o) adds partial L + o
+    for (int i = threadIdx.x; i < 16 * C; i += blockDim.x) {
+        const int r = i / C, c = i % C;
+        float p[32];
+#pragma unroll
+        for (int L = 0; L < 32; ++L) p[L] = part[L][r][c];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+            for (int L = 0; L < o; ++L) p[L] = p[L] + p[L + o];
+        if (row0 + r < rows && c < n_tokens) y[(size_t)c * rows + row0 + r] = p[0];
+    }
+}
+
+// matvec_q4_K_mma_c<C>(wq, wm, xq, y, rows, cols, n_tokens, stride): grid ceil(rows / 16), block 256.
+#define MATVEC_Q4_K_MMA(NT, C)                                                                             \
+    extern "C" __global__ __launch_bounds__(MMA_WARPS * 32) void matvec_q4_K_mma_c##C(                      \
+        const uint8_t* wq, const uint8_t* wm, const int8_t* xq, float* y, int rows, int cols, int n_tokens, \
+        int stride) {                                                                                     \
+        matvec_q4_K_mma<NT>(wq, wm, xq, y, rows, cols, n_tokens, stride);                                 \
+    }
+MATVEC_Q4_K_MMA(1, 8)
+MATVEC_Q4_K_MMA(2, 16)
+
 // ---- MoE: the routed experts' matvec ------------------------------------------------------------
 // One launch for every (token, chosen expert) slot: grid (ceil(rows / MV_WARPS), n_slots), slot s
 // = t * top_k + j runs expert ids[s] on its input row, as the one-token kernel (r1u1) would:
@@ -721,6 +850,8 @@ MATVEC_F_ALL(f32)
 // memra-kernel: matvec_iq4_xs_fused_r1u1(PPPPiiii)
 // memra-kernel: matvec_iq4_xs_fused_r2u1(PPPPiiii)
 // memra-kernel: matvec_iq4_xs_qkv_rope(PPPPPPPPPiiiiiiiffi)
+// memra-kernel: matvec_q4_K_mma_c8(PPPPiiii)
+// memra-kernel: matvec_q4_K_mma_c16(PPPPiiii)
 // memra-kernel: matvec_f16_c1(PPPiii)
 // memra-kernel: matvec_f16_c2(PPPiii)
 // memra-kernel: matvec_f16_c4(PPPiii)

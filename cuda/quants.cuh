@@ -456,11 +456,16 @@ QDEV void kquant_scales(const uint8_t* meta, int j, float& dsc0, float& dsc1, fl
     kquant_scales_of(ld16(meta), j, dsc0, dsc1, dmn0, dmn1);
 }
 
-// d*sc*(d1*sumi + d2*sumi2) - dmin*m*s for the unit's two sub-blocks.
-QDEV float kquant_combine(float dsc0, float dmn0, float dsc1, float dmn1, const act64& a, int2 s0, int2 s1) {
-    const float t0 = ffma(-dmn0, a.ds0.y, fmul(dsc0, act_dot(a.ds0.x, a.ds0.z, s0, 0.0f)));
-    const float t1 = ffma(-dmn1, a.ds1.y, fmul(dsc1, act_dot(a.ds1.x, a.ds1.z, s1, 0.0f)));
+// d*sc*(d1*sumi + d2*sumi2) - dmin*m*s for the unit's two sub-blocks (ds0, ds1: their q8_1
+// (d1, sum, d2, 0)). The tensor-core verify matvec calls this too, on the MMA's integer sums.
+QDEV float kquant_combine_ds(float dsc0, float dmn0, float dsc1, float dmn1, float4 ds0, float4 ds1, int2 s0, int2 s1) {
+    const float t0 = ffma(-dmn0, ds0.y, fmul(dsc0, act_dot(ds0.x, ds0.z, s0, 0.0f)));
+    const float t1 = ffma(-dmn1, ds1.y, fmul(dsc1, act_dot(ds1.x, ds1.z, s1, 0.0f)));
     return fadd(t0, t1);
+}
+
+QDEV float kquant_combine(float dsc0, float dmn0, float dsc1, float dmn1, const act64& a, int2 s0, int2 s1) {
+    return kquant_combine_ds(dsc0, dmn0, dsc1, dmn1, a.ds0, a.ds1, s0, s1);
 }
 
 struct q4_K_t {  // w = d*sc[s]*q - dmin*m[s]

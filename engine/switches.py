@@ -22,6 +22,11 @@ def batched_rows() -> int | None:
     return int(forced) if forced else None
 
 
+def verify_mma() -> bool:
+    """MEMRA_VERIFY_MMA=0: the batched (verify) Q4_K matvec on dp4a instead of int8 tensor cores."""
+    return os.environ.get("MEMRA_VERIFY_MMA", "1") != "0"
+
+
 def moe_matvec_variant() -> tuple[int, int] | None:
     """MEMRA_MOE_RU=R,U: rows per warp and units per step of the MoE expert matvec; None: the default."""
     forced = os.environ.get("MEMRA_MOE_RU")

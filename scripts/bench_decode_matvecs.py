@@ -38,7 +38,8 @@ def main() -> None:
             for r in bk.bench_matvec(rt, pool, quick=False):
                 variants = "  ".join(f"{k[3:]} {v:.2f}" for k, v in r.items() if k.startswith("us_") and "_c" not in k)
                 print(f"  {r['type']} {r['rows']}x{r['cols']}: best {r['best']} ({r['us_' + r['best']]:.2f} us), "
-                      f"default {r['default']} ({r['us_' + r['default']]:.2f} us)  [{variants}]")
+                      f"default {r['default']} ({r['us_' + r['default']]:.2f} us)  [{variants}]  batched: "
+                      + "  ".join(f"{k[3:]} {v:.2f}" for k, v in r.items() if k.startswith("us_c")))
     finally:
         pool.close()
         rt.close()

@@ -110,9 +110,15 @@ def bench_matvec(rt, pool, quick: bool) -> list[dict]:
             fused_keys = [k for k in result if k.startswith("us_fused")]
             if fused_keys:
                 result["best_fused"] = min(fused_keys, key=lambda k: result[k])[3:]
-            # batched verify: 8 columns in one pass, time per launch
-            fns = [(lambda w=weights[i % len(weights)]: quant_ops.matvec(rt, w, x.ptr, xq.ptr, y.ptr, 8)) for i in range(launches)]
-            result["us_c8"] = time_graph(rt, fns) * 1e6
+            # batched verify: 8 and 16 columns in one pass, time per launch (the default path; where
+            # that is the tensor-core one, the dp4a one beside it)
+            for c in (8, 16):
+                paths = [("", None)] + ([("dp4a", quant_ops.batched_variant(weights[0]))]
+                                        if quant and quant_ops.uses_mma(weights[0]) else [])
+                for tag, v in paths:
+                    fns = [(lambda w=weights[i % len(weights)], v=v, c=c: quant_ops.matvec(rt, w, x.ptr, xq.ptr, y.ptr, c, variant=v))
+                           for i in range(launches)]
+                    result[f"us_c{c}{tag}"] = time_graph(rt, fns) * 1e6
             rows_out.append(result)
             print(f"matvec {ggml_type.name:5s} {rows:6d}x{cols:<6d} " + " ".join(
                 f"{k[3:]} {result[k]:6.2f}" for k in result if k.startswith("us_")) + " us", flush=True)

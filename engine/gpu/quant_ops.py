@@ -177,6 +177,9 @@ def quantize_q8_1(rt, x_ptr: int, xq_ptr: int, n_cols: int, n_tokens: int = 1) -
 ONE_COLUMN_VARIANTS = ((1, 1), (1, 2), (1, 4), (2, 1), (2, 2), (4, 1), (1, 0), (2, 0), (4, 0))
 FUSED_VARIANTS = ((1, 1), (2, 1))
 BATCHED_VARIANTS = ((2, 1), (4, 1))  # verify: rows per warp share each column's activation loads
+# verify on int8 tensor cores (matvec.cu, matvec_q4_K_mma): 16 rows a block, 8 or 16 columns
+MMA_BATCHED_TYPES = ("q4_K",)
+MMA_ROWS, MMA_THREADS = 16, 256
 
 
 def _columns_variant(n: int) -> int:
@@ -242,8 +245,10 @@ def batched_variant(w: GpuWeight) -> tuple[int, int]:
 
 
 def matvec(rt, w: GpuWeight, x_ptr: int, xq_ptr: int | None, y_ptr: int, n_tokens: int = 1,
-           variant: tuple[int, int] | None = None) -> None:
+           variant: tuple[int, int] | str | None = None) -> None:
     """y[t, rows] = W @ x[t] for t < n_tokens (x f32 [n_tokens, cols], y f32 [n_tokens, rows]).
+    variant: (rows per warp, units per step), or "mma" (2-16 columns of a MMA_BATCHED_TYPES weight
+    on tensor cores); None picks per shape.
 
     Quant weights read xq, written by quantize_q8_1 over the same n_tokens; xq_ptr=None instead
     quantizes x inside the matvec (one launch instead of two, the same bytes, so the same y: worth
@@ -271,9 +276,17 @@ def matvec(rt, w: GpuWeight, x_ptr: int, xq_ptr: int | None, y_ptr: int, n_token
     for t0 in range(0, n_tokens, MATVEC_MAX_COLUMNS):
         n = min(MATVEC_MAX_COLUMNS, n_tokens - t0)
         c = _columns_variant(n)
+        args = (w.q_ptr, w.meta_ptr, int(xq_ptr) + t0 * stride, int(y_ptr) + t0 * w.rows * 4, w.rows, w.cols, n, stride)
+        if c > 1 and (variant == "mma" or (variant is None and uses_mma(w))):
+            rt.launch(f"matvec_{lay.kernel_type}_mma_c{8 if n <= 8 else 16}", -(-w.rows // MMA_ROWS), MMA_THREADS, args)
+            continue
         r, u = variant or (matvec_variant(w) if c == 1 else batched_variant(w))
-        rt.launch(f"matvec_{lay.kernel_type}_r{r}u{u}_c{c}", -(-w.rows // (MATVEC_WARPS * r)), 32 * MATVEC_WARPS,
-                  (w.q_ptr, w.meta_ptr, int(xq_ptr) + t0 * stride, int(y_ptr) + t0 * w.rows * 4, w.rows, w.cols, n, stride))
+        rt.launch(f"matvec_{lay.kernel_type}_r{r}u{u}_c{c}", -(-w.rows // (MATVEC_WARPS * r)), 32 * MATVEC_WARPS, args)
+
+
+def uses_mma(w: GpuWeight) -> bool:
+    """Whether 2-16 columns of w take the tensor-core matvec (same bits as the dp4a one, tested)."""
+    return w.layout.kernel_type in MMA_BATCHED_TYPES and switches.verify_mma()
 
 
 def matvec_qkv_rope(rt, w: GpuWeight, xq_ptr: int, bias_ptr: int, q_out: int, kc: int, vc: int, pos_ptr: int,
@@ -323,6 +336,8 @@ def kernel_names() -> list[str]:
         names += [f"matvec_{name}_r{r}u{u}_c{c}" for r, u in BATCHED_VARIANTS for c in (2, 4, 8, 16)]
         names += [f"matvec_{name}_fused_r{r}u{u}" for r, u in FUSED_VARIANTS]
         names.append(f"matvec_{name}_qkv_rope")
+        if name in MMA_BATCHED_TYPES:
+            names += [f"matvec_{name}_mma_c{c}" for c in (8, 16)]
         names += [f"{prefix}_{name}" for prefix in GEMM_TILES]
     for name, _ in FLOAT_TYPES.values():
         names += [f"matvec_{name}_c{c}" for c in (1, 2, 4, 8, 16)]

@@ -138,12 +138,36 @@ def test_batched_columns_bit_identical_to_single(gpu, ggml_type):
         for v in quant_ops.BATCHED_VARIANTS:  # rows per warp: each row's sums are the same
             for n in (2, 3, 8, 16):
                 assert np.array_equal(run_matvec(rt, pool, w, x[:n], variant=v), singles[:n]), f"{v}, {n} columns"
+        if w.layout.kernel_type in quant_ops.MMA_BATCHED_TYPES:  # and the tensor-core path
+            for n in (2, 3, 8, 9, 16):
+                assert np.array_equal(run_matvec(rt, pool, w, x[:n], variant="mma"), singles[:n]), f"mma, {n} columns"
         for v in quant_ops.ONE_COLUMN_VARIANTS:
             assert np.array_equal(run_matvec(rt, pool, w, x[:1], variant=v), singles[:1]), f"variant {v} differs"
         for v in quant_ops.FUSED_VARIANTS:  # quantize inside the matvec: same bytes, same sums
             assert np.array_equal(run_matvec(rt, pool, w, x[:2], variant=v, fused=True), singles[:2]), f"fused {v} differs"
 
 
+
+@pytest.mark.parametrize("ggml_type", [QT[t.upper()] for t in quant_ops.MMA_BATCHED_TYPES], ids=lambda t: t.name)
+@pytest.mark.parametrize("rows,cols", [(1000, 4096), (77, 2560), (4099, 2048), (16, 14336)])
+def test_tensor_core_verify_matvec_is_decode_bit_for_bit(gpu, ggml_type, rows, cols):
+    """matvec_<type>_mma (int8 MMAs for the integer sums, decode's float steps in decode's order)
+    against one-column launches, bit for bit, at shapes where each of the 8 warps has several
+    super-blocks (2-7 steps), super-blocks not a multiple of 8 (2560: 10), rows not a multiple of
+    16, and 1..16 columns; the default choice for 2-16 columns is this path. Plus the float64
+    emulation bound of test_quant_matvec (1e-5 of S)."""
+    rt, pool = gpu.rt, gpu.pool
+    rng = np.random.default_rng(rows + cols)
+    w, data = upload(rt, pool, ggml_type, rows, cols, rng)
+    x = (rng.standard_normal((16, cols)) * rng.uniform(0.1, 10, (16, 1))).astype(np.float32)
+    singles = np.stack([run_matvec(rt, pool, w, x[i:i + 1])[0] for i in range(16)])
+    for n in (2, 5, 8, 9, 16):
+        got = run_matvec(rt, pool, w, x[:n], variant="mma")
+        assert np.array_equal(got, singles[:n]), f"{n} columns: {np.sum(got != singles[:n])} values differ"
+    assert quant_ops.uses_mma(w)
+    assert np.array_equal(run_matvec(rt, pool, w, x[:6]), singles[:6])
+    wf = dequantize_weight(ggml_type, data, rows, cols)
+    assert rel(singles, matvec_q8_1_ref(ggml_type, data, rows, cols, x), wf, x) <= 1e-5
 
 @pytest.mark.parametrize("ggml_type", [QT.Q4_1, QT.Q8_0, QT.Q4_K, QT.Q6_K], ids=lambda t: t.name)
 @pytest.mark.parametrize("neox,bias,hd,n_q,n_kv", [(True, False, 64, 9, 3), (False, True, 128, 4, 2),
