@@ -474,13 +474,11 @@ __device__ __forceinline__ void matvec_q4_K_mma(const uint8_t* __restrict__ wq, 
     pdl_entry();
     const int ra = min(row0 + g, rows - 1), rb = min(row0 + g + 8, rows - 1);  // clamped: loads in bounds
     const int8_t* xb[NT];        // B: column 8 nt + g
-    const float4* xd[NT][2];     // D: columns 8 nt + 2t, + 1 (their (d1, sum, d2, 0))
+    const float4* xd[NT];        // column 8 nt + lane % 8's (d1, sum, d2, 0), shared out by shuffles
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
         xb[nt] = xq + (size_t)min(8 * nt + g, n_tokens - 1) * stride;
-#pragma unroll
-        for (int e = 0; e < 2; ++e)
-            xd[nt][e] = q8_1_row_at(xq + (size_t)min(8 * nt + 2 * t + e, n_tokens - 1) * stride, kq).ds;
+        xd[nt] = q8_1_row_at(xq + (size_t)min(8 * nt + (lane & 7), n_tokens - 1) * stride, kq).ds;
     }
     float acc[4][NT][4];
 #pragma unroll
@@ -499,6 +497,13 @@ __device__ __forceinline__ void matvec_q4_K_mma(const uint8_t* __restrict__ wq, 
             wb[l] = ld8(wq + bb * 128 + 32 * l + 8 * t);
         }
         const int4 ma = ld16(wm + ba * 16), mb = ld16(wm + bb * 16);
+        // the super-block's 8 q8_1 scales of all 8 columns in two loads a warp (8 lines each), not
+        // one load per unit and column (8 lines each): lane holds column lane % 8, block 4j + lane / 8
+        float4 ds[NT][2];
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int j = 0; j < 2; ++j) ds[nt][j] = xd[nt][8 * b + 4 * j + (lane >> 3)];
 #pragma unroll
         for (int l = 0; l < 4; ++l) {
             float dsc[2][2], dmn[2][2];  // [row g, g + 8][sub-block 2l, 2l + 1]
@@ -522,11 +527,23 @@ __device__ __forceinline__ void matvec_q4_K_mma(const uint8_t* __restrict__ wq, 
                     mma_s8_16x8x32(s[h][0], a[h], (int)x1.x, (int)x1.y);
                     mma_s8_16x8x32(s[h][1], a[h], (int)x2.x, (int)x2.y);
                 }
+                // xs[c][h]: column 2t + c's scales of sub-block 2l + h; block q of the super-block
+                // is in lane (column) + 8 (q % 4), register q / 4
+                float4 xs[2][2];
+#pragma unroll
+                for (int c = 0; c < 2; ++c)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const int q = 2 * l + h, src = 2 * t + c + 8 * (q & 3);
+                        const float4 d = ds[nt][q >> 2];
+                        xs[c][h] = make_float4(__shfl_sync(0xffffffffu, d.x, src), __shfl_sync(0xffffffffu, d.y, src),
+                                               __shfl_sync(0xffffffffu, d.z, src), 0.0f);
+                    }
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {  // D element e: row g + 8 (e >> 1), column 8 nt + 2t + (e & 1)
                     const int r = e >> 1, c = e & 1;
-                    const float v = kquant_combine_ds(dsc[r][0], dmn[r][0], dsc[r][1], dmn[r][1], xd[nt][c][blk],
-                                                      xd[nt][c][blk + 1], make_int2(s[0][0][e], s[0][1][e]),
+                    const float v = kquant_combine_ds(dsc[r][0], dmn[r][0], dsc[r][1], dmn[r][1], xs[c][0], xs[c][1],
+                                                      make_int2(s[0][0][e], s[0][1][e]),
                                                       make_int2(s[1][0][e], s[1][1][e]));
                     acc[l][nt][e] = fadd(acc[l][nt][e], v);
                 }

@@ -87,10 +87,28 @@ def test_matvec_launches(ggml_type, n_tokens):
     for launch in rt.launches:
         check_launch(launch)
         name, grid, block, args, _ = launch
-        r = int(name.split("_r")[1][0]) if "_r" in name else 1
-        assert grid[0] * (block // 32) * r >= rows, f"{name}: grid {grid} misses rows"
+        if "_mma_" in name:  # tensor-core verify matvec: MMA_ROWS rows a block
+            per_block = quant_ops.MMA_ROWS
+        else:  # a warp per R rows
+            per_block = (block // 32) * (int(name.split("_r")[1][0]) if "_r" in name else 1)
+        assert grid[0] * per_block >= rows, f"{name}: grid {grid} misses rows"
         done += args[-2] if not w.layout.is_float else args[-1]  # n_tokens argument
     assert done == n_tokens
+
+
+@pytest.mark.parametrize("n_tokens,expect", [(1, "_r"), (2, "_mma_c8"), (8, "_mma_c8"), (9, "_mma_c16"), (16, "_mma_c16")])
+def test_q4_K_verify_columns_take_the_tensor_core_matvec(n_tokens, expect, monkeypatch):
+    """2-16 columns of Q4_K launch matvec_q4_K_mma_c{8,16} (grid: 16 rows a block); one column
+    stays on decode's kernel; MEMRA_VERIFY_MMA=0 puts verify back on the dp4a kernels."""
+    rt = RecordingRuntime()
+    w, _ = upload(rt, QT.Q4_K, 4099, 512)
+    quant_ops.matvec(rt, w, 0x1000, 0x2000, 0x3000, n_tokens)
+    (name, grid, block, _, _), = rt.launches
+    assert expect in name and (n_tokens == 1 or (grid[0], block) == (-(-4099 // 16), 256)), name
+    monkeypatch.setenv("MEMRA_VERIFY_MMA", "0")
+    rt.launches.clear()
+    quant_ops.matvec(rt, w, 0x1000, 0x2000, 0x3000, n_tokens)
+    assert "_mma_" not in rt.launches[0][0]
 
 
 @pytest.mark.parametrize("ggml_type", list(quant_ops.QUANT_PLANES), ids=lambda t: t.name)
