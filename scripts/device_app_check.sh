@@ -3,9 +3,9 @@
 # pasted in one go (bracketed paste, as a user pastes a document) and two short turns after it,
 # the screen captured after each reply into $OUT/app-NAME-N.txt; then memra-bench on the same file
 # (pp at the prompt's length, tg128 on the engine path) so the panes' TTFT and decode tok/s can be
-# set beside what the benchmark predicts. Run after scripts/device_run.sh installed memra. The context
-# is 16,384 so all three turns fit (at 8,192 a 512-token first reply left no room and the app asked
-# to drop the oldest turn, which nothing here answers).
+# set beside what the benchmark predicts. Run after scripts/device_run.sh installed memra. When a turn
+# outgrows the context (a random-weight reply of 512 tokens can re-tokenize to 2,000+), the app asks
+# to drop the oldest turn; this answers y, as a user would, and says so.
 # Usage: bash scripts/device_app_check.sh NAME MODEL.gguf [PROMPT_REPEATS]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -35,6 +35,9 @@ capture() {
 wait_reply() {
   for _ in $(seq 1 240); do
     sleep 0.5
+    if tmux capture-pane -p -t "$name" | grep -q "outgrown the context"; then
+      echo "$name: turn $1 outgrew the context: answered y (drop the oldest turn)"; tmux send-keys -t "$name" y
+    fi
     python3 - "$XDG_DATA_HOME/memra/chats" "$1" <<'PY' && return 0
 import json, pathlib, sys
 files = sorted(pathlib.Path(sys.argv[1]).glob("*.json"))
@@ -46,7 +49,7 @@ PY
   echo "$name: reply $1 did not finish in 120 s"
 }
 tmux new-session -d -s "$name" -x 160 -y 48 \
-  "$PY -c 'import sys; from memra_tui.cli import main; sys.exit(main())' $model --backend $backend --ctx 16384 ${MEMRA_APP_FLAGS:-}; echo memra-chat exited \$?"
+  "$PY -c 'import sys; from memra_tui.cli import main; sys.exit(main())' $model --backend $backend --ctx 8192 ${MEMRA_APP_FLAGS:-}; echo memra-chat exited \$?"
 tmux set-option -t "$name" remain-on-exit on
 for _ in $(seq 1 90); do sleep 0.5; tmux capture-pane -p -t "$name" | grep -q "Send" && break; done
 capture 0  # the screen before the prompt: the model loaded, or why not
@@ -55,7 +58,17 @@ wait_reply 1; capture 1
 tmux send-keys -t "$name" "Now in one sentence." Enter; wait_reply 2
 tmux send-keys -t "$name" "Give the story a title." Enter; wait_reply 3; capture 3
 tmux kill-session -t "$name"
-n_prompt=$(grep -o "[0-9,]* / 16,384 tokens" "$OUT/app-$name-1.txt" | head -1 | cut -d' ' -f1 | tr -d ,)
+n_prompt=$(grep -o "[0-9,]* / 8,192 tokens" "$OUT/app-$name-1.txt" | head -1 | cut -d' ' -f1 | tr -d ,)
+# the pane counts the context after reply 1 (prompt + reply): a reply cut at max tokens took exactly max_tokens
+n_prompt=$(python3 - "$XDG_DATA_HOME/memra/chats" "${n_prompt:-0}" <<'PY'
+import json, pathlib, sys
+files = sorted(pathlib.Path(sys.argv[1]).glob("*.json"))
+replies = [m for m in json.loads(files[-1].read_text())["messages"] if m["role"] == "assistant"] if files else []
+used = int(sys.argv[2])
+cut = replies and replies[0]["status"] == "length"
+print(used - replies[0]["sampling"]["max_tokens"] if cut and used else used or "")
+PY
+)
 $PY -m memra_engine.bench "$model" --backend $backend --runs 3 --n-prompt "${n_prompt:-4000}" --json \
   > "$OUT/bench-app-$name.json" 2>> "$OUT/misc.log"
 python3 - "$OUT" "$name" "${n_prompt:-4000}" <<'PY'
