@@ -10,7 +10,13 @@ the next step through a GIL-releasing call (as cuGraphLaunch through ctypes does
 reaches alone, then inside the real app (headless, the reply streaming into the transcript), says
 what the app's threads take.
 
+--prefill-launches N models an eager prefill before the first token: N kernel launches of
+--launch-us of Python each (PyCUDA's prepared_async_call: ~10 µs), the GIL released once a launch,
+while the app renders the pasted prompt (--prompt-chars of it in the first message). It reports the
+prefill's wall time alone and in the app: what a long paste's TTFT pays for the UI.
+
 Usage: python scripts/ui_gil_probe.py [--step-us 570] [--host-us 60] [--tokens 512] [--switch-ms 0.5]
+       [--prefill-launches 6000 --launch-us 10 --prompt-chars 40000]
 """
 from __future__ import annotations
 
@@ -42,9 +48,21 @@ class ModelGpuEngine(ScriptedEngine):
     step_s = 570e-6
     host_s = 60e-6
     launch_holds_gil = False  # True: the launch as a PyDLL call would be, the GIL kept
+    prefill_launches, launch_s = 0, 10e-6
     rates: list[float] = []
+    prefills: list[float] = []  # seconds
+
+    def _prefill(self) -> None:
+        t0 = time.perf_counter()
+        for _ in range(self.prefill_launches):
+            python_work(self.launch_s * 1e6)
+            if not ModelGpuEngine.launch_holds_gil:
+                _libc.getppid()  # a ctypes call that releases the GIL and does not sleep (usleep(0) takes ~80 µs)
+        self.prefills.append(time.perf_counter() - t0)
 
     def _play(self, job) -> None:
+        if self.prefill_launches:
+            self._prefill()
         tokens = split_tokens(self.script.replies[0])
         tokens = [tokens[i % len(tokens)] for i in range(self.script.n_tokens)]
         n = len(tokens)
@@ -80,7 +98,7 @@ def alone(script: Script) -> float:
     return ModelGpuEngine.rates.pop()
 
 
-async def in_app(script: Script, replies: int) -> list[float]:
+async def in_app(script: Script, replies: int, prompt_chars: int = 0) -> list[float]:
     from memra_tui.app import MemraApp
     from memra_tui.settings import AppPaths
 
@@ -93,8 +111,11 @@ async def in_app(script: Script, replies: int) -> list[float]:
                        settle_gc=True)
         async with app.run_test(size=(160, 48)) as pilot:
             await wait_ready(pilot)
+            story = ("The harbour town woke slowly. Fishing boats knocked against the pier, gulls argued over "
+                     "the nets, and the baker opened his shutters to the smell of bread and salt. ")
             for i in range(replies):
-                await send(pilot, f"Tell me a story, part {i}.")
+                paste = story * (prompt_chars // len(story)) if i == 0 and prompt_chars else ""
+                await send(pilot, f"Tell me a story, part {i}.\n\n{paste}")
     rates, ModelGpuEngine.rates[:] = list(ModelGpuEngine.rates), []
     return rates
 
@@ -107,8 +128,12 @@ def main() -> None:
     p.add_argument("--replies", type=int, default=3)
     p.add_argument("--launch-holds-gil", action="store_true", help="model the launch as a call that keeps the GIL")
     p.add_argument("--switch-ms", type=float, default=None, help="sys.setswitchinterval for both runs (default: run_app's)")
+    p.add_argument("--prefill-launches", type=int, default=0, help="launches of an eager prefill before each reply")
+    p.add_argument("--launch-us", type=float, default=10.0, help="Python per prefill launch")
+    p.add_argument("--prompt-chars", type=int, default=40000, help="pasted text in the first message (with a prefill)")
     args = p.parse_args()
     ModelGpuEngine.step_s, ModelGpuEngine.host_s = args.step_us * 1e-6, args.host_us * 1e-6
+    ModelGpuEngine.prefill_launches, ModelGpuEngine.launch_s = args.prefill_launches, args.launch_us * 1e-6
     ModelGpuEngine.launch_holds_gil = args.launch_holds_gil
     from memra_tui.app import SWITCH_INTERVAL_S
 
@@ -116,7 +141,14 @@ def main() -> None:
     script = Script(tokens_per_s=1e9, n_tokens=args.tokens)
     device = 1e6 / args.step_us
     solo = statistics.median(alone(script) for _ in range(3))
-    app = asyncio.run(in_app(script, args.replies))
+    solo_prefill = statistics.median(ModelGpuEngine.prefills) if args.prefill_launches else 0.0
+    ModelGpuEngine.prefills.clear()
+    app = asyncio.run(in_app(script, args.replies, args.prompt_chars if args.prefill_launches else 0))
+    if args.prefill_launches:
+        first, *rest = ModelGpuEngine.prefills
+        print(f"prefill ({args.prefill_launches} launches of {args.launch_us:g} us): alone {solo_prefill * 1e3:.1f} ms; "
+              f"in the app {first * 1e3:.1f} ms after the paste ({first / solo_prefill:.2f}x), "
+              f"{', '.join(f'{r * 1e3:.1f}' for r in rest)} ms after short turns")
     print(f"device {device:,.0f} tok/s; engine alone {solo:,.0f}; in the app {', '.join(f'{r:,.0f}' for r in app)} "
           f"(median {statistics.median(app) / solo:.1%} of alone); switch interval {sys.getswitchinterval() * 1e3:g} ms")
 
