@@ -26,7 +26,8 @@ def dropped_note(n: int) -> str:
 
 class Transcript(VerticalScroll):
     DEFAULT_CSS = """
-    Transcript { height: 1fr; padding: 0 1; border: round $primary 40%; border-title-color: $text-muted; }
+    Transcript { height: 1fr; padding: 0 1; border: round $primary 40%; border-title-color: $text-muted;
+                 scrollbar-gutter: stable; }
     Transcript > .system { color: $text-muted; text-style: italic; margin: 0 0 1 0; }
     Transcript > .empty { color: $text-muted; width: 1fr; content-align: center middle; height: 3; }
     Transcript > .dropped-note { color: $warning; margin: 0 0 1 0; }

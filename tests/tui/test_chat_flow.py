@@ -255,3 +255,24 @@ async def test_toggle_panes_and_narrow_layout(make_app):
         await pilot.press("f2")
         await pilot.pause()
         assert not sidebar.display
+
+
+async def test_a_long_paste_is_wrapped_once_not_again_when_the_transcript_overflows(make_app, monkeypatch):
+    """Wrapping a 40,000-character paste costs the UI thread ~45 ms, and on the GPU the prefill
+    (Python kernel launches) waits for the GIL meanwhile: the transcript keeps its scrollbar's
+    gutter, so the message keeps its width when the scrollbar appears and is wrapped once a turn."""
+    from memra_tui.widgets.message_view import MarkdownChunk
+
+    wraps = []
+    renderable = MarkdownChunk._renderable
+    monkeypatch.setattr(MarkdownChunk, "_renderable",
+                        lambda self: (wraps.append(len(self.source)) if len(self.source) > 10_000 else None) or renderable(self))
+    paste = "The harbour town woke slowly, and the baker opened his shutters. " * 600
+    app = make_app(Script(tokens_per_s=2000, n_ctx=65536))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_ready(pilot)
+        await send(pilot, f"Summarise this.\n\n{paste}")
+        await pilot.pause()
+        sent = app.screen.chat.messages[0].content
+        assert paste.strip() in sent and app.screen.chat.messages[1].status == "done"
+        assert len(wraps) == 1 and wraps[0] >= len(paste.strip()), f"the paste was wrapped {len(wraps)} times"
