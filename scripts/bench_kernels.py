@@ -112,9 +112,9 @@ def bench_matvec(rt, pool, quick: bool) -> list[dict]:
                 result["best_fused"] = min(fused_keys, key=lambda k: result[k])[3:]
             # batched verify: 8 and 16 columns in one pass, time per launch (the default path; where
             # that is the tensor-core one, the dp4a one beside it)
+            paths = [("", None)] + ([("dp4a", quant_ops.batched_variant(weights[0]))]
+                                    if quant and quant_ops.uses_mma(weights[0]) else [])
             for c in (8, 16):
-                paths = [("", None)] + ([("dp4a", quant_ops.batched_variant(weights[0]))]
-                                        if quant and quant_ops.uses_mma(weights[0]) else [])
                 for tag, v in paths:
                     fns = [(lambda w=weights[i % len(weights)], v=v, c=c: quant_ops.matvec(rt, w, x.ptr, xq.ptr, y.ptr, c, variant=v))
                            for i in range(launches)]

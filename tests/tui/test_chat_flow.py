@@ -263,10 +263,15 @@ async def test_a_long_paste_is_wrapped_once_not_again_when_the_transcript_overfl
     gutter, so the message keeps its width when the scrollbar appears and is wrapped once a turn."""
     from memra_tui.widgets.message_view import MarkdownChunk
 
-    wraps = []
+    wraps = []  # the long chunk's renders (a render is a wrap: CachedLines calls it on a cache miss)
     renderable = MarkdownChunk._renderable
-    monkeypatch.setattr(MarkdownChunk, "_renderable",
-                        lambda self: (wraps.append(len(self.source)) if len(self.source) > 10_000 else None) or renderable(self))
+
+    def counted(self):
+        if len(self.source) > 10_000:
+            wraps.append(len(self.source))
+        return renderable(self)
+
+    monkeypatch.setattr(MarkdownChunk, "_renderable", counted)
     paste = "The harbour town woke slowly, and the baker opened his shutters. " * 600
     app = make_app(Script(tokens_per_s=2000, n_ctx=65536))
     async with app.run_test(size=(120, 40)) as pilot:
