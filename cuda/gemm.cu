@@ -127,11 +127,173 @@ __device__ __forceinline__ void gemm_tile(const uint8_t* __restrict__ wq, const 
     }
 }
 
+// ---- the pipelined tile (gemm3_<type>) ------------------------------------------------------
+// The same WMMA products, fed by a two-stage cp.async pipeline: while a block dequantizes and
+// multiplies K step s, the raw bytes of step s + 1 (the f16 activation tile and the weight blocks'
+// q and meta bytes, as they lie in the repacked planes) are already on their way to shared memory.
+// The weight tile is then dequantized from shared memory with the same T::dequant (it reads
+// through generic pointers), so every type gets the pipeline from its one traits struct.
+// x arrives as f16 rows (f32_to_f16_rows below, row stride ldx, zero past cols): half the bytes
+// of f32, and copyable without passing through registers.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
+    const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
+    const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(d), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
+
+// Shared memory of one block: two stages of (x tile, raw weight bytes), one dequantized w tile.
+// Raw bytes per row and K step: the blocks the step touches (K-quants: their whole 256-value
+// super-block, of which the step dequantizes one half); the meta bytes from the 4-byte-aligned
+// address at or below the first block's (Q6_K's 2-byte d), read in 4-byte copies.
+template <class T, int BM, int BN, int WM, int WN>
+struct PipeTile {
+    static constexpr int THREADS = 32 * WM * WN;
+    static constexpr int FM = BM / WM / 16, FN = BN / WN / 16;
+    static constexpr int LDC = BN + 4;
+    static constexpr int NB_STEP = T::QK >= GEMM_BK ? 1 : GEMM_BK / T::QK;  // blocks a row a step
+    static constexpr int QROW = NB_STEP * T::QB;                              // multiple of 16
+    static constexpr int MCH = T::MB ? (NB_STEP * T::MB + 3 + 3) / 4 : 0;    // 4-byte meta copies a row
+    static constexpr int MROW = (MCH * 4 + 15) / 16 * 16;
+    static constexpr int XS = BM * GEMM_LDS * 2, WS = BN * GEMM_LDS * 2, RAW = BN * (QROW + MROW);
+    static constexpr int STAGE = XS + RAW;
+    static constexpr int SMEM_PIPE = 2 * STAGE + WS;
+    static constexpr int SMEM = SMEM_PIPE > BM * LDC * 4 ? SMEM_PIPE : BM * LDC * 4;
+};
+
+template <class T, class G, int BM, int BN, int WN, bool ROUTED = false>
+__device__ __forceinline__ void gemm_pipe(const uint8_t* __restrict__ wq, const uint8_t* __restrict__ wm,
+                                          const half* __restrict__ xh, int ldx, float* __restrict__ y,
+                                          int rows, int cols, int n_tokens,
+                                          const int* __restrict__ slots = nullptr, int x_div = 1) {
+    extern __shared__ int4 gemm_smem[];
+    uint8_t* smem = reinterpret_cast<uint8_t*>(gemm_smem);
+    half* ws = reinterpret_cast<half*>(smem + 2 * G::STAGE);
+    __shared__ int slot_of[ROUTED ? BM : 1];
+    constexpr int UPT = GEMM_BK / T::UE;
+    const int tid = threadIdx.x, warp = tid >> 5;
+    const int t0 = blockIdx.y * BM, r0 = blockIdx.x * BN;
+    const int nb = (cols + T::QK - 1) / T::QK;
+    const size_t meta_bytes = (size_t)rows * nb * T::MB;
+    const int wt = (warp / WN) * (BM / (G::THREADS / 32 / WN)), wr = (warp % WN) * (BN / WN);
+    const int nsteps = (cols + GEMM_BK - 1) / GEMM_BK;
+
+    if (ROUTED) {
+        for (int i = tid; i < BM; i += G::THREADS) slot_of[i] = t0 + i < n_tokens ? slots[t0 + i] : 0;
+        __syncthreads();
+    }
+    auto issue = [&](int ks, int s) {
+        const int k0 = ks * GEMM_BK, b0 = k0 / T::QK;
+        half* xs = reinterpret_cast<half*>(smem + s * G::STAGE);
+        uint8_t* rq = smem + s * G::STAGE + G::XS;
+        uint8_t* rm = rq + BN * G::QROW;
+        for (int i = tid; i < BM * (GEMM_BK / 8); i += G::THREADS) {
+            const int tt = i / (GEMM_BK / 8), k = k0 + (i % (GEMM_BK / 8)) * 8, t = t0 + tt;
+            const bool ok = t < n_tokens && k < cols;
+            const half* src = ok ? xh + (size_t)(ROUTED ? slot_of[tt] / x_div : t) * ldx + k : xh;
+            cp_async16(xs + tt * GEMM_LDS + (k - k0), src, ok ? 16 : 0);
+        }
+        for (int i = tid; i < BN * (G::QROW / 16); i += G::THREADS) {
+            const int rr = i / (G::QROW / 16), c = i % (G::QROW / 16), r = r0 + rr;
+            const bool ok = r < rows && b0 + (16 * c) / T::QB < nb;
+            const uint8_t* src = ok ? wq + ((size_t)r * nb + b0) * T::QB + 16 * c : wq;
+            cp_async16(rq + rr * G::QROW + 16 * c, src, ok ? 16 : 0);
+        }
+        if (G::MCH) {
+            for (int i = tid; i < BN * G::MCH; i += G::THREADS) {
+                const int rr = i / G::MCH, c = i % G::MCH, r = r0 + rr;
+                if (r >= rows) continue;
+                const size_t off = (((size_t)r * nb + b0) * T::MB & ~(size_t)3) + 4 * c;
+                // a word that starts inside the plane (its last, for Q6_K's odd block counts, may
+                // end up to 3 bytes past it: still inside the pool's 256-aligned allocation)
+                if (off < meta_bytes) cp_async4(rm + rr * G::MROW + 4 * c, wm + off);
+            }
+        }
+    };
+
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[G::FM][G::FN];
+#pragma unroll
+    for (int i = 0; i < G::FM; ++i)
+#pragma unroll
+        for (int j = 0; j < G::FN; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
+
+    issue(0, 0);
+    cp_async_commit();
+    for (int ks = 0; ks < nsteps; ++ks) {
+        const int s = ks & 1, k0 = ks * GEMM_BK, b0 = k0 / T::QK;
+        cp_async_wait_all();
+        __syncthreads();  // step ks is in shared memory for all; step ks - 1's products are done
+        if (ks + 1 < nsteps) issue(ks + 1, s ^ 1);
+        cp_async_commit();
+        const uint8_t* rq = smem + s * G::STAGE + G::XS;
+        const uint8_t* rm = rq + BN * G::QROW;
+        for (int i = tid; i < BN * UPT; i += G::THREADS) {
+            const int rr = i / UPT, uu = i % UPT, r = r0 + rr;
+            const int gu = k0 / T::UE + uu;
+            const int b = gu / T::UNITS, j = gu % T::UNITS;
+            half* row = ws + rr * GEMM_LDS;
+            if (r < rows && b < nb) {
+                const int moff = (int)((((size_t)r * nb + b0) * T::MB) & 3);
+                T::dequant(rq + rr * G::QROW + (b - b0) * T::QB, rm + rr * G::MROW + moff + (b - b0) * T::MB, j,
+                           row + b * T::QK - k0);
+            } else {
+                for (int e = 0; e < T::UE; e += 8) *reinterpret_cast<int4*>(row + uu * T::UE + e) = make_int4(0, 0, 0, 0);
+            }
+        }
+        __syncthreads();
+        const half* xs = reinterpret_cast<const half*>(smem + s * G::STAGE);
+#pragma unroll
+        for (int kk = 0; kk < GEMM_BK; kk += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, half, wmma::row_major> a[G::FM];
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, half, wmma::col_major> b[G::FN];
+#pragma unroll
+            for (int i = 0; i < G::FM; ++i) wmma::load_matrix_sync(a[i], xs + (wt + 16 * i) * GEMM_LDS + kk, GEMM_LDS);
+#pragma unroll
+            for (int j = 0; j < G::FN; ++j) wmma::load_matrix_sync(b[j], ws + (wr + 16 * j) * GEMM_LDS + kk, GEMM_LDS);
+#pragma unroll
+            for (int i = 0; i < G::FM; ++i)
+#pragma unroll
+                for (int j = 0; j < G::FN; ++j) wmma::mma_sync(acc[i][j], a[i], b[j], acc[i][j]);
+        }
+    }
+    cp_async_wait_all();
+    __syncthreads();
+    float* cs = reinterpret_cast<float*>(gemm_smem);
+#pragma unroll
+    for (int i = 0; i < G::FM; ++i)
+#pragma unroll
+        for (int j = 0; j < G::FN; ++j)
+            wmma::store_matrix_sync(cs + (wt + 16 * i) * G::LDC + wr + 16 * j, acc[i][j], G::LDC, wmma::mem_row_major);
+    __syncthreads();
+    for (int i = tid; i < BM * BN; i += G::THREADS) {
+        const int tt = i / BN, rr = i % BN;
+        const int t = t0 + tt, r = r0 + rr;
+        if (t < n_tokens && r < rows) y[(size_t)(ROUTED ? slot_of[tt] : t) * rows + r] = cs[tt * G::LDC + rr];
+    }
+}
+
+// f32_to_f16_rows(x, y, cols, ldy, n): y[t][c] = f16(x[t][c]) for c < cols, 0 for cols <= c < ldy
+// (the pipelined GEMM's input). grid (ceil(ldy / 256), n), block 256.
+extern "C" __global__ void f32_to_f16_rows(const float* __restrict__ x, half* __restrict__ y, int cols, int ldy, int n) {
+    pdl_entry();
+    const int c = blockIdx.x * blockDim.x + threadIdx.x, t = blockIdx.y;
+    if (c < ldy) y[(size_t)t * ldy + c] = __float2half_rn(c < cols ? x[(size_t)t * cols + c] : 0.0f);
+}
+// memra-kernel: f32_to_f16_rows(PPiii)
+
 // Two tile shapes; bench_kernels.py times both (docs/gpu-log.md has the numbers):
 //   gemm_<type>:  64 tokens x  64 rows, 4 warps of 32x32 (34.8 KB shared)
 //   gemm2_<type>: 128 tokens x 128 rows, 8 warps of 64x32 (69.6 KB shared, needs the opt-in)
 typedef GemmTile<64, 64, 2, 2> Tile1;
 typedef GemmTile<128, 128, 2, 4> Tile2;
+//   gemm3_<type>: pipelined, 128 tokens x 128 rows, 8 warps of 64x32, one block an SM
+//   gemm4_<type>: pipelined,  64 tokens x 128 rows, 4 warps of 32x64, two blocks an SM
+template <class T> using Pipe3 = PipeTile<T, 128, 128, 2, 4>;
+template <class T> using Pipe4 = PipeTile<T, 64, 128, 2, 2>;
 
 // gemm_<type>(wq, wm, x, y, rows, cols, n_tokens): grid (ceil(rows/64), ceil(n_tokens/64)),
 // block 128, dynamic shared Tile1::SMEM; gemm2_<type>: grid (ceil(rows/128), ceil(n_tokens/128)),
@@ -144,6 +306,21 @@ typedef GemmTile<128, 128, 2, 4> Tile2;
     extern "C" __global__ __launch_bounds__(256, 2) void gemm2_##TYPE(                                      \
         const uint8_t* wq, const uint8_t* wm, const float* x, float* y, int rows, int cols, int n_tokens) { pdl_entry();  \
         gemm_tile<TYPE##_t, Tile2, 128, 128, 4>(wq, wm, x, y, rows, cols, n_tokens);                        \
+    }
+
+// gemm3_<type>, gemm4_<type>(wq, wm, xh, y, rows, cols, n_tokens, ldx): the pipelined tiles; xh
+// f16 rows of stride ldx. grid (ceil(rows/128), ceil(n_tokens/BM)), block THREADS, dynamic shared
+// PipeTile::SMEM (quant_ops.GEMM_TILES). Not for f32 weights: their raw step (64 KB) does not fit.
+#define GEMM_PIPE_ENTRY(TYPE)                                                                               \
+    extern "C" __global__ __launch_bounds__(256, 1) void gemm3_##TYPE(                                      \
+        const uint8_t* wq, const uint8_t* wm, const half* xh, float* y, int rows, int cols, int n_tokens,   \
+        int ldx) { pdl_entry();                                                                             \
+        gemm_pipe<TYPE##_t, Pipe3<TYPE##_t>, 128, 128, 4>(wq, wm, xh, ldx, y, rows, cols, n_tokens);        \
+    }                                                                                                       \
+    extern "C" __global__ __launch_bounds__(128, 2) void gemm4_##TYPE(                                      \
+        const uint8_t* wq, const uint8_t* wm, const half* xh, float* y, int rows, int cols, int n_tokens,   \
+        int ldx) { pdl_entry();                                                                             \
+        gemm_pipe<TYPE##_t, Pipe4<TYPE##_t>, 64, 128, 2>(wq, wm, xh, ldx, y, rows, cols, n_tokens);         \
     }
 
 // moe_gemm_<type>(table, meta_offset, offsets, order, x, y, rows, cols, top_k, x_per_slot): the
@@ -179,6 +356,20 @@ GEMM_ENTRY(iq4_xs)
 GEMM_ENTRY(f16)
 GEMM_ENTRY(bf16)
 GEMM_ENTRY(f32)
+
+GEMM_PIPE_ENTRY(q4_0)
+GEMM_PIPE_ENTRY(q4_1)
+GEMM_PIPE_ENTRY(q5_0)
+GEMM_PIPE_ENTRY(q5_1)
+GEMM_PIPE_ENTRY(q8_0)
+GEMM_PIPE_ENTRY(q4_K)
+GEMM_PIPE_ENTRY(q5_K)
+GEMM_PIPE_ENTRY(q6_K)
+GEMM_PIPE_ENTRY(q2_K)
+GEMM_PIPE_ENTRY(q3_K)
+GEMM_PIPE_ENTRY(iq4_xs)
+GEMM_PIPE_ENTRY(f16)
+GEMM_PIPE_ENTRY(bf16)
 
 MOE_GEMM_ENTRY(q4_0)
 MOE_GEMM_ENTRY(q4_1)
@@ -220,6 +411,32 @@ MOE_GEMM_ENTRY(iq4_xs)
 // memra-kernel: gemm2_bf16(PPPPiii)
 // memra-kernel: gemm_f32(PPPPiii)
 // memra-kernel: gemm2_f32(PPPPiii)
+// memra-kernel: gemm3_q4_0(PPPPiiii)
+// memra-kernel: gemm4_q4_0(PPPPiiii)
+// memra-kernel: gemm3_q4_1(PPPPiiii)
+// memra-kernel: gemm4_q4_1(PPPPiiii)
+// memra-kernel: gemm3_q5_0(PPPPiiii)
+// memra-kernel: gemm4_q5_0(PPPPiiii)
+// memra-kernel: gemm3_q5_1(PPPPiiii)
+// memra-kernel: gemm4_q5_1(PPPPiiii)
+// memra-kernel: gemm3_q8_0(PPPPiiii)
+// memra-kernel: gemm4_q8_0(PPPPiiii)
+// memra-kernel: gemm3_q4_K(PPPPiiii)
+// memra-kernel: gemm4_q4_K(PPPPiiii)
+// memra-kernel: gemm3_q5_K(PPPPiiii)
+// memra-kernel: gemm4_q5_K(PPPPiiii)
+// memra-kernel: gemm3_q6_K(PPPPiiii)
+// memra-kernel: gemm4_q6_K(PPPPiiii)
+// memra-kernel: gemm3_q2_K(PPPPiiii)
+// memra-kernel: gemm4_q2_K(PPPPiiii)
+// memra-kernel: gemm3_q3_K(PPPPiiii)
+// memra-kernel: gemm4_q3_K(PPPPiiii)
+// memra-kernel: gemm3_iq4_xs(PPPPiiii)
+// memra-kernel: gemm4_iq4_xs(PPPPiiii)
+// memra-kernel: gemm3_f16(PPPPiiii)
+// memra-kernel: gemm4_f16(PPPPiiii)
+// memra-kernel: gemm3_bf16(PPPPiiii)
+// memra-kernel: gemm4_bf16(PPPPiiii)
 // memra-kernel: moe_gemm_q4_0(PqPPPPiiii)
 // memra-kernel: moe_gemm_q4_1(PqPPPPiiii)
 // memra-kernel: moe_gemm_q5_0(PqPPPPiiii)

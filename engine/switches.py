@@ -27,6 +27,11 @@ def verify_mma() -> bool:
     return os.environ.get("MEMRA_VERIFY_MMA", "1") != "0"
 
 
+def gemm_tile() -> str | None:
+    """MEMRA_GEMM=gemm|gemm2|gemm3|gemm4: the prefill GEMM's tile shape; None: chosen per shape."""
+    return os.environ.get("MEMRA_GEMM") or None
+
+
 def moe_matvec_variant() -> tuple[int, int] | None:
     """MEMRA_MOE_RU=R,U: rows per warp and units per step of the MoE expert matvec; None: the default."""
     forced = os.environ.get("MEMRA_MOE_RU")

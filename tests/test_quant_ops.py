@@ -131,11 +131,14 @@ def test_fused_matvec_and_quantize_launches(ggml_type):
 def test_gemm_launches(ggml_type, rows, n_tokens):
     rt = RecordingRuntime()
     w, _ = upload(rt, ggml_type, rows, 256)
-    quant_ops.gemm(rt, w, 0x1000, 0x2000, n_tokens)
+    quant_ops.gemm(rt, w, 0x1000, 0x2000, n_tokens, 0x3000)
     (launch,) = rt.launches
     check_launch(launch)
     name, grid, block, args, shared = launch
-    bm, bn, threads, smem = quant_ops.GEMM_TILES[name.split("_")[0]]
+    prefix = name.split("_")[0]
+    bm, bn, threads = quant_ops.GEMM_TILES[prefix]
+    smem = quant_ops.gemm_shared(prefix, w.layout)
+    assert smem <= 227 * 1024
     assert grid[0] * bn >= rows and grid[1] * bm >= n_tokens and block == threads and shared == smem
     if smem > quant_ops.SHARED_OPT_IN:
         assert rt.smem_opt_in[name] == smem

@@ -251,6 +251,7 @@ class GpuOps:
         self.n_splits = 1  # attention grid.y of this forward (attn_splits; set per forward by begin)
         self.prefill_splits = 0  # the split path's grid.y, for prefill forwards on the cluster path
         self._xq: dict[tuple[int, int], int] = {}
+        self._xh: dict[tuple[int, int], int] = {}  # f16 copies for the pipelined GEMM, kept as _xq
         # attention partials (opart, ml), one pair per shape and forward: a layer's partials are
         # merged before the next layer's attention starts (stream order), so every layer reuses them
         self._attn_parts: dict[tuple[int, ...], tuple[DArray, DArray]] = {}
@@ -274,6 +275,7 @@ class GpuOps:
         and a 16-block cluster per row made prefill 2x slower (docs/gpu-log.md round 7)."""
         self.arena.reset()
         self._xq.clear()
+        self._xh.clear()
         self._attn_parts.clear()
         self._pending_add = self._pending_pre = self._pending_norm2d = self._pending_mm = self._pending_embed = None
         self._pending_norm.clear()
@@ -286,8 +288,9 @@ class GpuOps:
         lo, hi = self.arena.begin_layer(layer)
         # a q8_1 copy cached for an array of the emptied part would be found again for a new
         # array at the same address: drop those (and copies that lived there)
-        for key in [k for k, xq in self._xq.items() if lo <= k[0] < hi or lo <= xq < hi]:
-            del self._xq[key]
+        for copies in (self._xq, self._xh):
+            for key in [k for k, xq in copies.items() if lo <= k[0] < hi or lo <= xq < hi]:
+                del copies[key]
         stale = [p for p in (*self._pending_norm, *self._pending_rope) if lo <= p < hi]
         assert not stale, f"deferred ops on layer {layer - 2}'s scratch at layer {layer}"
 
@@ -452,7 +455,8 @@ class GpuOps:
                                (total.ptr, a.ptr, b.ptr, w.ptr, y.ptr, n, np.float32(eps), xq, stride))
             else:  # b = rms_norm(bx): one launch for both norms and the add
                 bx, bw, beps, yb, _, _ = pre
-                self._xq.pop((yb.ptr, yb.rows), None)  # yb's q8_1 copy is not written here
+                self._xq.pop((yb.ptr, yb.rows), None)  # yb's q8_1 (f16) copy is not written here
+                self._xh.pop((yb.ptr, yb.rows), None)
                 self.rt.launch("norm_add_rms_norm_f32", x.rows, block,
                                (total.ptr, a.ptr, bx.ptr, bw.ptr, yb.ptr, np.float32(beps), w.ptr, y.ptr, n,
                                 np.float32(eps), xq, stride))
@@ -653,7 +657,9 @@ class GpuOps:
     def _matmul_into(self, x: DArray, w: GpuWeight, y_ptr: int) -> None:
         T = x.rows
         if T > BATCHED_MATVEC_MAX:
-            quant_ops.gemm(self.rt, w, x.ptr, y_ptr, T)
+            tile = quant_ops.gemm_variant(w, T)
+            xh = self._f16_of(x, w.cols) if tile in quant_ops.PIPELINED_TILES else 0
+            quant_ops.gemm(self.rt, w, x.ptr, y_ptr, T, xh, tile)
             return
         key = (x.ptr, T)
         if (self.fuse_quant and T == 1 and not w.layout.is_float and w.rows < FUSED_QUANT_MAX_ROWS
@@ -662,6 +668,16 @@ class GpuOps:
             return
         xq = 0 if w.layout.is_float else self._q8_1_of(x, w.cols)
         quant_ops.matvec(self.rt, w, x.ptr, xq, y_ptr, T)
+
+    def _f16_of(self, x: DArray, cols: int) -> int:
+        """x's f16 copy for the pipelined GEMM tiles: one conversion per activation, however many
+        weights read it (q, k, v; gate, up)."""
+        key = (x.ptr, x.rows)
+        xh = self._xh.get(key, 0)
+        if not xh:
+            xh = self._xh[key] = self.arena.alloc(quant_ops.f16_nbytes(cols, x.rows))
+            quant_ops.to_f16(self.rt, x.ptr, xh, cols, x.rows)
+        return xh
 
     def _q8_1_of(self, x: DArray, cols: int) -> int:
         """x's q8_1 copy: the one its producer wrote, or a quantize launch (once per activation,

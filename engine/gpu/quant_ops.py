@@ -304,33 +304,79 @@ def matvec_qkv_rope(rt, w: GpuWeight, xq_ptr: int, bias_ptr: int, q_out: int, kc
 
 
 # ---- GEMM (prefill) ----------------------------------------------------------------------------
-# kernel prefix -> (tokens per tile, rows per tile, threads, dynamic shared bytes); see gemm.cu
-GEMM_TILES = {"gemm": (64, 64, 128, 34816), "gemm2": (128, 128, 256, 69632)}
+# kernel prefix -> (tokens per tile, rows per tile, threads); see gemm.cu. gemm3 and gemm4 are the
+# pipelined tiles: they read x as f16 rows (to_f16) and do not exist for f32 weights.
+GEMM_TILES = {"gemm": (64, 64, 128), "gemm2": (128, 128, 256), "gemm3": (128, 128, 256), "gemm4": (64, 128, 128)}
+PIPELINED_TILES = ("gemm3", "gemm4")
+GEMM_LDS = 128 + 8  # the f16 tile row in halves (gemm.cu GEMM_LDS)
+
+
+def gemm_tiles(w: GpuWeight) -> list[str]:
+    """The tile shapes this weight's type has kernels for."""
+    return [p for p in GEMM_TILES if not (p in PIPELINED_TILES and w.layout.kernel_type == "f32")]
+
+
+def gemm_shared(prefix: str, lay: WeightLayout) -> int:
+    """Dynamic shared bytes of a tile (gemm.cu GemmTile::SMEM, PipeTile::SMEM)."""
+    bm, bn, _ = GEMM_TILES[prefix]
+    out = bm * (bn + 4) * 4  # the f32 y tile staged at the end
+    if prefix not in PIPELINED_TILES:
+        return max((bm + bn) * GEMM_LDS * 2, out)
+    nb_step = 1 if lay.block_values >= 128 else 128 // lay.block_values
+    mch = (nb_step * lay.meta_bytes + 6) // 4 if lay.meta_bytes else 0
+    raw = bn * (nb_step * lay.q_bytes + _align(4 * mch, 16))
+    return max(2 * (bm * GEMM_LDS * 2 + raw) + bn * GEMM_LDS * 2, out)
 
 
 def gemm_variant(w: GpuWeight, n_tokens: int) -> str:
-    """The tile shape for a prefill chunk: the 128x128 tile wins once there are enough tiles to
-    keep two blocks per SM busy (bench_kernels.py times both; docs/gpu-log.md)."""
+    """The tile shape for a prefill chunk (bench_kernels.py times them all; docs/gpu-log.md)."""
+    forced = switches.gemm_tile()
+    if forced in gemm_tiles(w):
+        return forced
+    if w.layout.kernel_type != "f32":
+        return "gemm3" if n_tokens >= 256 and w.rows >= 2048 else "gemm4"
     return "gemm2" if n_tokens >= 256 and w.rows >= 4096 else "gemm"
 
 
-def gemm(rt, w: GpuWeight, x_ptr: int, y_ptr: int, n_tokens: int, scratch=None, variant: str | None = None) -> None:
+def f16_ld(cols: int) -> int:
+    """Row stride in halves of x's f16 copy (16-byte rows for the pipelined tiles' copies)."""
+    return _align(cols, 8)
+
+
+def f16_nbytes(cols: int, n_tokens: int) -> int:
+    return 2 * f16_ld(cols) * n_tokens
+
+
+def to_f16(rt, x_ptr: int, xh_ptr: int, cols: int, n_tokens: int) -> None:
+    """x f32 [n_tokens, cols] -> f16 rows of stride f16_ld(cols), zero past cols (gemm.cu)."""
+    ld = f16_ld(cols)
+    rt.launch("f32_to_f16_rows", (-(-ld // 256), n_tokens), 256, (int(x_ptr), int(xh_ptr), cols, ld, n_tokens))
+
+
+def gemm(rt, w: GpuWeight, x_ptr: int, y_ptr: int, n_tokens: int, xh_ptr: int = 0, variant: str | None = None) -> None:
     """y[t, rows] = W @ x[t] on tensor cores (f16 operands, f32 accumulate), for prefill chunks.
-    x is f32 [n_tokens, cols]. `scratch` is not needed: the weight is dequantized tile by tile in
-    shared memory and x is converted on the fly (kept in the signature for the backend's seam)."""
+    x is f32 [n_tokens, cols]; the weight is dequantized tile by tile in shared memory. The
+    pipelined tiles read xh_ptr, x's f16 copy (to_f16), instead of x."""
     prefix = variant or gemm_variant(w, n_tokens)
-    bm, bn, threads, smem = GEMM_TILES[prefix]
+    bm, bn, threads = GEMM_TILES[prefix]
+    smem = gemm_shared(prefix, w.layout)
     name = f"{prefix}_{w.layout.kernel_type}"
     if smem > SHARED_OPT_IN:
         rt.set_max_dynamic_shared(name, smem)  # a function attribute, not a stream operation
     meta = w.meta_ptr if not w.layout.is_float else w.q_ptr
-    rt.launch(name, (-(-w.rows // bn), -(-n_tokens // bm)), threads,
-              (w.q_ptr, meta, int(x_ptr), int(y_ptr), w.rows, w.cols, n_tokens), shared=smem)
+    grid = (-(-w.rows // bn), -(-n_tokens // bm))
+    if prefix in PIPELINED_TILES:
+        if not xh_ptr:
+            raise ValueError(f"{name} reads x as f16: pass xh_ptr (quant_ops.to_f16)")
+        rt.launch(name, grid, threads, (w.q_ptr, meta, int(xh_ptr), int(y_ptr), w.rows, w.cols, n_tokens,
+                                        f16_ld(w.cols)), shared=smem)
+    else:
+        rt.launch(name, grid, threads, (w.q_ptr, meta, int(x_ptr), int(y_ptr), w.rows, w.cols, n_tokens), shared=smem)
 
 
 def kernel_names() -> list[str]:
     """Every entry point this module may launch (resolve them before graph capture)."""
-    names = ["quantize_q8_1"]
+    names = ["quantize_q8_1", "f32_to_f16_rows"]
     for name, _, _ in QUANT_PLANES.values():
         names += [f"matvec_{name}_r{r}u{u}_c1" for r, u in ONE_COLUMN_VARIANTS]
         names += [f"matvec_{name}_r{r}u{u}_c{c}" for r, u in BATCHED_VARIANTS for c in (2, 4, 8, 16)]
@@ -341,5 +387,5 @@ def kernel_names() -> list[str]:
         names += [f"{prefix}_{name}" for prefix in GEMM_TILES]
     for name, _ in FLOAT_TYPES.values():
         names += [f"matvec_{name}_c{c}" for c in (1, 2, 4, 8, 16)]
-        names += [f"{prefix}_{name}" for prefix in GEMM_TILES]
+        names += [f"{prefix}_{name}" for prefix in GEMM_TILES if name != "f32" or prefix not in PIPELINED_TILES]
     return names

@@ -1,6 +1,6 @@
 """Prefill GEMM on tensor cores against numpy (cuda/gemm.cu, quant_ops.gemm).
 
-Both tile shapes (gemm_, gemm2_), every weight type, odd row counts, token counts that are not multiples of the 64-token tile,
+Every tile shape (gemm_, gemm2_, and the pipelined gemm3_, gemm4_ that read x's f16 copy), every weight type, odd row counts, token counts that are not multiples of the 64-token tile,
 K not a multiple of the 128-wide K step (32-wide types) and any K (float types); outputs
 poisoned with NaN first. Bound: ||gpu-ref||/||ref|| <= 1e-3 against x @ W.T in float64 with W as
 gguf dequantizes it (both operands are rounded to f16, ~4e-4 expected, f32 accumulation).
@@ -36,13 +36,33 @@ def test_gemm_matches_numpy(gpu, ggml_type, rows, kind, tokens):
     x = rng.standard_normal((tokens, cols)).astype(np.float32)
     xb = pool.alloc("scratch", x.nbytes, "x")
     rt.upload(xb.ptr, x)
+    xh = pool.alloc("scratch", quant_ops.f16_nbytes(cols, tokens), "xh")
+    quant_ops.to_f16(rt, xb.ptr, xh.ptr, cols, tokens)
     y = pool.alloc("scratch", tokens * rows * 4, "y")
     ref = x.astype(np.float64) @ dequantize_weight(ggml_type, data, rows, cols).T.astype(np.float64)
-    for variant in quant_ops.GEMM_TILES:
+    for variant in quant_ops.gemm_tiles(w):
         rt.memset_u32(y.ptr, NAN_BITS, tokens * rows)
-        quant_ops.gemm(rt, w, xb.ptr, y.ptr, tokens, scratch=None, variant=variant)
+        quant_ops.gemm(rt, w, xb.ptr, y.ptr, tokens, xh.ptr, variant=variant)
         got = rt.download(y.ptr, (tokens, rows), np.float32)
         rt.check()
         assert np.isfinite(got).all(), f"{variant}: unwritten (NaN-poisoned) outputs"
         err = np.linalg.norm(got - ref) / np.linalg.norm(ref)
         assert err <= 1e-3, f"{variant}: rel err {err:.2e}"
+
+
+@pytest.mark.parametrize("cols", [77, 1024])
+def test_f16_copy_of_x_rounds_like_numpy_and_zeroes_the_pad(gpu, cols):
+    """The pipelined tiles' input: f16(x) exactly as numpy rounds it, rows of f16_ld(cols), 0 past cols."""
+    rt, pool = gpu.rt, gpu.pool
+    rng = np.random.default_rng(cols)
+    x = (rng.standard_normal((33, cols)) * 3).astype(np.float32)
+    xb = pool.alloc("scratch", x.nbytes, "x")
+    rt.upload(xb.ptr, x)
+    ld = quant_ops.f16_ld(cols)
+    xh = pool.alloc("scratch", quant_ops.f16_nbytes(cols, 33), "xh")
+    rt.memset_u32(xh.ptr, NAN_BITS, quant_ops.f16_nbytes(cols, 33) // 4)
+    quant_ops.to_f16(rt, xb.ptr, xh.ptr, cols, 33)
+    got = rt.download(xh.ptr, (33, ld), np.float16)
+    rt.check()
+    assert np.array_equal(got[:, :cols].view(np.uint16), x.astype(np.float16).view(np.uint16))
+    assert not got[:, cols:].any()

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The prefill GEMM round on the device (issue 16): install and build (scripts/device_run.sh), the GEMM
+# tests, the GEMM microbenchmark (every tile, scripts/bench_kernels.py --gemm-only), then memra-bench
+# on the synthetic shapes in MEMRA_PREFILL_SHAPES (default llama-8b) once per tile in
+# MEMRA_PREFILL_TILES (default "gemm2 auto": the old 128x128 tile against the default choice).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/memra-out}
+mkdir -p "$OUT" /tmp/models
+t0=$(date +%s)
+stamp() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
+MEMRA_TESTS=0 MEMRA_BENCH=0 bash scripts/device_run.sh > "$OUT/setup.log" 2>&1 || { tail -20 "$OUT/setup.log"; exit 1; }
+export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
+pids=()
+for shape in ${MEMRA_PREFILL_SHAPES:-llama-8b}; do
+  [ -f "/tmp/models/$shape.gguf" ] || { python3 -m memra_engine.model.synthetic "/tmp/models/$shape.gguf" --preset "$shape" \
+    --quiet --threads 8 >> "$OUT/misc.log" 2>&1 & pids+=($!); }
+done
+if [ "${MEMRA_TESTS:-1}" != 0 ]; then
+  stamp "pytest -m gpu ${MEMRA_PREFILL_TESTS:-tests/gpu/test_gemm.py}"
+  python3 -m pytest -m gpu -q -p no:cacheprovider -rfE ${MEMRA_PREFILL_TESTS:-tests/gpu/test_gemm.py} > "$OUT/pytest-prefill.log" 2>&1
+  tail -2 "$OUT/pytest-prefill.log"; grep -E "^FAILED|^ERROR" "$OUT/pytest-prefill.log" | head -12
+fi
+if [ "${MEMRA_PREFILL_KERNELS:-1}" != 0 ]; then
+  stamp "bench_kernels --gemm-only"
+  python3 scripts/bench_kernels.py --gemm-only ${MEMRA_PREFILL_QUICK:+--quick} > "$OUT/gemm.txt" 2>&1
+  grep "^gemm" "$OUT/gemm.txt" | sed 's/ T=512//'
+fi
+for p in "${pids[@]}"; do wait "$p"; done
+for shape in ${MEMRA_PREFILL_SHAPES:-llama-8b}; do
+  for tile in ${MEMRA_PREFILL_TILES:-gemm2 auto}; do
+    stamp "memra-bench $shape tile $tile"
+    [ "$tile" = auto ] && g= || g=$tile
+    MEMRA_GEMM=$g python3 -m memra_engine.bench "/tmp/models/$shape.gguf" --backend cuda --runs 3 --json \
+      > "$OUT/bench-$shape-$tile.json" 2>> "$OUT/misc.log"
+    python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(sys.argv[2], sys.argv[3], {k: round(v, 1) for k, v in r.items() if k.endswith('tok_s')})" \
+      "$OUT/bench-$shape-$tile.json" "$shape" "$tile" || tail -3 "$OUT/misc.log"
+  done
+done
+stamp done
