@@ -357,6 +357,21 @@ GEMM_ENTRY(f16)
 GEMM_ENTRY(bf16)
 GEMM_ENTRY(f32)
 
+// moe_gemm4_<type>(table, meta_offset, offsets, order, xh, y, rows, cols, top_k, x_per_slot, ldx): as
+// moe_gemm_<type> on the pipelined 64-slot tile, x as f16 rows of stride ldx (f32_to_f16_rows).
+// grid (ceil(rows/128), ceil(T/64), n_expert), block 128, dynamic shared Pipe4::SMEM.
+#define MOE_GEMM_PIPE_ENTRY(TYPE)                                                                           \
+    extern "C" __global__ __launch_bounds__(128, 2) void moe_gemm4_##TYPE(                                  \
+        const unsigned long long* table, long long meta_offset, const int* offsets, const int* order,       \
+        const half* xh, float* y, int rows, int cols, int top_k, int x_per_slot, int ldx) {                 \
+        pdl_entry();                                                                                        \
+        const int e = blockIdx.z, a = offsets[e], n = offsets[e + 1] - a;                                   \
+        if ((int)blockIdx.y * 64 >= n) return;                                                              \
+        const uint8_t* wq = reinterpret_cast<const uint8_t*>(table[e]);                                     \
+        gemm_pipe<TYPE##_t, Pipe4<TYPE##_t>, 64, 128, 2, true>(wq, wq + meta_offset, xh, ldx, y, rows, cols,  \
+                                                              n, order + a, x_per_slot ? 1 : top_k);       \
+    }
+
 GEMM_PIPE_ENTRY(q4_0)
 GEMM_PIPE_ENTRY(q4_1)
 GEMM_PIPE_ENTRY(q5_0)
@@ -370,6 +385,18 @@ GEMM_PIPE_ENTRY(q3_K)
 GEMM_PIPE_ENTRY(iq4_xs)
 GEMM_PIPE_ENTRY(f16)
 GEMM_PIPE_ENTRY(bf16)
+
+MOE_GEMM_PIPE_ENTRY(q4_0)
+MOE_GEMM_PIPE_ENTRY(q4_1)
+MOE_GEMM_PIPE_ENTRY(q5_0)
+MOE_GEMM_PIPE_ENTRY(q5_1)
+MOE_GEMM_PIPE_ENTRY(q8_0)
+MOE_GEMM_PIPE_ENTRY(q4_K)
+MOE_GEMM_PIPE_ENTRY(q5_K)
+MOE_GEMM_PIPE_ENTRY(q6_K)
+MOE_GEMM_PIPE_ENTRY(q2_K)
+MOE_GEMM_PIPE_ENTRY(q3_K)
+MOE_GEMM_PIPE_ENTRY(iq4_xs)
 
 MOE_GEMM_ENTRY(q4_0)
 MOE_GEMM_ENTRY(q4_1)
@@ -437,6 +464,17 @@ MOE_GEMM_ENTRY(iq4_xs)
 // memra-kernel: gemm4_f16(PPPPiiii)
 // memra-kernel: gemm3_bf16(PPPPiiii)
 // memra-kernel: gemm4_bf16(PPPPiiii)
+// memra-kernel: moe_gemm4_q4_0(PqPPPPiiiii)
+// memra-kernel: moe_gemm4_q4_1(PqPPPPiiiii)
+// memra-kernel: moe_gemm4_q5_0(PqPPPPiiiii)
+// memra-kernel: moe_gemm4_q5_1(PqPPPPiiiii)
+// memra-kernel: moe_gemm4_q8_0(PqPPPPiiiii)
+// memra-kernel: moe_gemm4_q4_K(PqPPPPiiiii)
+// memra-kernel: moe_gemm4_q5_K(PqPPPPiiiii)
+// memra-kernel: moe_gemm4_q6_K(PqPPPPiiiii)
+// memra-kernel: moe_gemm4_q2_K(PqPPPPiiiii)
+// memra-kernel: moe_gemm4_q3_K(PqPPPPiiiii)
+// memra-kernel: moe_gemm4_iq4_xs(PqPPPPiiiii)
 // memra-kernel: moe_gemm_q4_0(PqPPPPiiii)
 // memra-kernel: moe_gemm_q4_1(PqPPPPiiii)
 // memra-kernel: moe_gemm_q5_0(PqPPPPiiii)

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The prefill GEMM round on the device (issue 16): install and build (scripts/device_run.sh), the GEMM
 # tests, the GEMM microbenchmark (every tile, scripts/bench_kernels.py --gemm-only), then memra-bench
-# on the synthetic shapes in MEMRA_PREFILL_SHAPES (default llama-8b) once per tile in
-# MEMRA_PREFILL_TILES (default "gemm2 auto": the old 128x128 tile against the default choice).
+# for each shape:tile of MEMRA_PREFILL_RUNS (default "llama-8b:gemm2 llama-8b:auto": synthetic shapes,
+# the old 128x128 tile against the default choice; MEMRA_GEMM=tile), and with MEMRA_PREFILL_PROFILE=1
+# scripts/profile_decode.py --prefill 512 on each shape.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/memra-out}
@@ -11,8 +12,10 @@ t0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
 MEMRA_TESTS=0 MEMRA_BENCH=0 bash scripts/device_run.sh > "$OUT/setup.log" 2>&1 || { tail -20 "$OUT/setup.log"; exit 1; }
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
+RUNS=${MEMRA_PREFILL_RUNS:-llama-8b:gemm2 llama-8b:auto}
+SHAPES=$(for r in $RUNS; do echo "${r%%:*}"; done | sort -u)
 pids=()
-for shape in ${MEMRA_PREFILL_SHAPES:-llama-8b}; do
+for shape in $SHAPES; do
   [ -f "/tmp/models/$shape.gguf" ] || { python3 -m memra_engine.model.synthetic "/tmp/models/$shape.gguf" --preset "$shape" \
     --quiet --threads 8 >> "$OUT/misc.log" 2>&1 & pids+=($!); }
 done
@@ -27,14 +30,20 @@ if [ "${MEMRA_PREFILL_KERNELS:-1}" != 0 ]; then
   grep "^gemm" "$OUT/gemm.txt" | sed 's/ T=512//'
 fi
 for p in "${pids[@]}"; do wait "$p"; done
-for shape in ${MEMRA_PREFILL_SHAPES:-llama-8b}; do
-  for tile in ${MEMRA_PREFILL_TILES:-gemm2 auto}; do
-    stamp "memra-bench $shape tile $tile"
-    [ "$tile" = auto ] && g= || g=$tile
-    MEMRA_GEMM=$g python3 -m memra_engine.bench "/tmp/models/$shape.gguf" --backend cuda --runs 3 --json \
-      > "$OUT/bench-$shape-$tile.json" 2>> "$OUT/misc.log"
-    python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(sys.argv[2], sys.argv[3], {k: round(v, 1) for k, v in r.items() if k.endswith('tok_s')})" \
-      "$OUT/bench-$shape-$tile.json" "$shape" "$tile" || tail -3 "$OUT/misc.log"
+if [ "${MEMRA_PREFILL_PROFILE:-0}" != 0 ]; then
+  for shape in $SHAPES; do
+    stamp "profile_decode --prefill 512 $shape"
+    python3 scripts/profile_decode.py "/tmp/models/$shape.gguf" --prefill 512 > "$OUT/profile-prefill-$shape.txt" 2>&1
+    grep -A16 "^prefill" "$OUT/profile-prefill-$shape.txt" || tail -5 "$OUT/profile-prefill-$shape.txt"
   done
+fi
+for run in $RUNS; do
+  shape=${run%%:*} tile=${run#*:}
+  stamp "memra-bench $shape tile $tile"
+  [ "$tile" = auto ] && g= || g=$tile
+  MEMRA_GEMM=$g python3 -m memra_engine.bench "/tmp/models/$shape.gguf" --backend cuda --runs 3 --json \
+    > "$OUT/bench-$shape-$tile.json" 2>> "$OUT/misc.log"
+  python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(sys.argv[2], sys.argv[3], {k: round(v, 1) for k, v in r.items() if k.endswith('tok_s')})" \
+    "$OUT/bench-$shape-$tile.json" "$shape" "$tile" || tail -3 "$OUT/misc.log"
 done
 stamp done
