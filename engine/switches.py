@@ -27,6 +27,11 @@ def verify_mma() -> bool:
     return os.environ.get("MEMRA_VERIFY_MMA", "1") != "0"
 
 
+def prefill_attention() -> bool:
+    """MEMRA_PREFILL_ATTN=0: prefill chunks attend on the split kernel (decode's) instead of attn_prefill."""
+    return os.environ.get("MEMRA_PREFILL_ATTN", "1") != "0"
+
+
 def gemm_tile() -> str | None:
     """MEMRA_GEMM=gemm|gemm2|gemm3|gemm4: the prefill GEMM's tile shape; None: chosen per shape."""
     return os.environ.get("MEMRA_GEMM") or None

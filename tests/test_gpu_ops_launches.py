@@ -111,7 +111,7 @@ def run_forward(path, T: int, n_ctx: int = 300, cluster: bool = False, kv_type: 
 def test_every_launch_matches_its_kernel(model_paths, name, T):
     launches = run_forward(model_paths[name], T)
     assert launches[0].startswith("embed_")
-    assert any(n.startswith("attn_hd") for n in launches)
+    assert any(n.startswith("attn_hd") or n.startswith("attn_prefill_hd") for n in launches)
 
 
 def test_decode_is_nine_kernels_per_llama_layer(model_paths):
@@ -134,7 +134,7 @@ def test_qkv_rope_fusion_takes_one_token_decode_without_qk_norm(model_paths, nam
     verify and prefill batches and q/k-normed archs (qwen3, gemma3) keep rope_qk_kv."""
     launches = run_forward(model_paths[name], T)
     fused = T == 1 and name in ("tiny-llama", "tiny-qwen2")
-    n_layer = sum(n.startswith("attn_hd") for n in launches)
+    n_layer = sum(n.startswith("attn_hd") or n.startswith("attn_prefill_hd") for n in launches)
     assert sum(n.endswith("_qkv_rope") for n in launches) == (n_layer if fused else 0), launches
     assert sum(n.startswith("rope_qk_kv_") for n in launches) == (0 if fused else n_layer), launches
     if name == "tiny-qwen2":
@@ -291,25 +291,34 @@ def test_attention_plan_mirrors_attention_cu():
     assert "constexpr bool attn_mma(int hd, bool q8) { return hd == 64 && !q8; }" in src
 
 
-def test_prefill_takes_the_split_path_where_clusters_are_on(model_paths):
+def test_prefill_takes_the_split_path_where_clusters_are_on(model_paths, monkeypatch):
     """Decode and verify rows (up to BATCHED_MATVEC_MAX tokens) attend in clusters; a prefill
-    forward takes the split path (a 16-block cluster per row made prefill 2x slower), with the
-    grid of begin's prefill_splits and attn_merge for rows of several splits."""
+    forward takes attn_prefill (tensor cores, one launch a layer, no merge), and with
+    MEMRA_PREFILL_ATTN=0 or a q8_0 cache the split path (a 16-block cluster per row made prefill
+    2x slower), with the grid of begin's prefill_splits and attn_merge for rows of several splits."""
     for T in (1, 5, 16):
         launches = run_forward(model_paths["tiny-llama"], T, n_ctx=300, cluster=True)
         assert sum(n.startswith("attn_cl_hd64") for n in launches) == 2, T
+        assert not any(n.startswith("attn_prefill") for n in launches)
     launches = run_forward(model_paths["tiny-llama"], 40, n_ctx=300, cluster=True)
-    assert not any(n.startswith("attn_cl") for n in launches)
-    assert sum(n.startswith("attn_hd64") for n in launches) == 2
-    assert sum(n.startswith("attn_merge_hd64") for n in launches) == 2
+    assert launches.count("attn_prefill_hd64") == 2
+    assert not any(n.startswith("attn_cl") or n.startswith("attn_hd") or "merge" in n for n in launches)
+    for kv_type, switch in (("f16", "0"), ("q8_0", "1")):
+        monkeypatch.setenv("MEMRA_PREFILL_ATTN", switch)
+        launches = run_forward(model_paths["tiny-llama"], 40, n_ctx=300, cluster=True, kv_type=kv_type)
+        assert not any(n.startswith("attn_cl") or n.startswith("attn_prefill") for n in launches)
+        assert sum(n.startswith("attn_hd64") for n in launches) == 2
+        assert sum(n.startswith("attn_merge_hd64") for n in launches) == 2
 
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-gemma3"])
-def test_attention_partials_are_one_buffer_per_forward(model_paths, name):
+def test_attention_partials_are_one_buffer_per_forward(model_paths, name, monkeypatch):
     """Every layer's attention writes its partials to the same opart/ml pair (a layer's are merged
     before the next layer's attention starts), so the scratch arena does not grow with the layer
     count: a 30-layer prefill on the split path once took 1.7 GB. Sliding-window layers, with
-    fewer splits, share it too."""
+    fewer splits, share it too. (hd64 prefill takes attn_prefill, which has no partials: the split
+    path is forced here.)"""
+    monkeypatch.setenv("MEMRA_PREFILL_ATTN", "0")
     g = open_gguf(model_paths[name])
     cfg = config_from_gguf(g)
     weights = GpuWeights(g, cfg).upload(None, None, dry=True)

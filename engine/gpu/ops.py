@@ -29,6 +29,7 @@ from typing import Sequence
 
 import numpy as np
 
+from memra_engine import switches
 from memra_engine.errors import DeviceOutOfMemory
 from memra_engine.gpu import moe, quant_ops
 from memra_engine.gpu.quant_ops import GpuWeight
@@ -215,6 +216,26 @@ def attn_slots(n_splits: int, cluster: bool = False, head_dim: int = 64, kv_type
 def attn_group_tile(group: int) -> int:
     """Query heads per block: the kernel instance (1, 2, 4 or 8) that covers a GQA group."""
     return next(g for g in (1, 2, 4, 8) if g >= min(group, 8))
+
+
+PREFILL_ATTN_HEAD_DIMS = (64, 128)  # attn_prefill_hd* (cuda/attn_prefill.cu); f16 caches only
+PREFILL_ATTN_TOKENS = 64  # query tokens a block
+
+
+def prefill_attention_shared(head_dim: int) -> int:
+    """Dynamic shared bytes of attn_prefill: K and V tiles of 64 padded rows, two of each."""
+    return 2 * 2 * 64 * (head_dim + 8) * 2
+
+
+def prefill_attention_launch(rt, q, q_ld, kc, vc, positions, T, n_head, n_kv, head_dim, n_ctx, window, scale,
+                             softcap, out) -> None:
+    """Causal attention of a prefill chunk on tensor cores (cuda/attn_prefill.cu): one block per 64
+    query tokens of a head; out [T, n_head * head_dim] f32, no q8_1 copy (the o GEMM reads f32)."""
+    name, smem = f"attn_prefill_hd{head_dim}", prefill_attention_shared(head_dim)
+    rt.set_max_dynamic_shared(name, smem)
+    rt.launch(name, (-(-T // PREFILL_ATTN_TOKENS), n_head), 128,
+              (q, q_ld, kc, vc, positions, T, n_head, n_kv, n_ctx, int(window), np.float32(scale),
+               np.float32(softcap), out), shared=smem)
 
 
 def attention_launch(rt, q, q_ld, kc, vc, kd, vd, opart, ml, positions, T, n_head, n_kv, head_dim,
@@ -490,6 +511,12 @@ class GpuOps:
         self._write_kv(layer, q, k, v, positions)
         kc, vc = self.kv.layer_ptrs(layer)
         q = self._contiguous(q)
+        if (T > BATCHED_MATVEC_MAX and hd in PREFILL_ATTN_HEAD_DIMS and self.kv.kv_type == "f16"
+                and switches.prefill_attention()):
+            y = self.new((T, n_head * hd))
+            prefill_attention_launch(self.rt, q.ptr, q.ld, kc, vc, positions.ptr, T, n_head, n_kv, hd, self.kv.n_ctx,
+                                     window, scale, softcap, y.ptr)
+            return y
         cluster = self.cluster and T <= BATCHED_MATVEC_MAX  # decode and verify rows; prefill: split path
         S = self.prefill_splits if self.cluster and not cluster else self.n_splits
         if S < 1:

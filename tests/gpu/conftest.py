@@ -35,8 +35,8 @@ def gpu():
     from memra_engine.gpu.memory import VramPool
     from memra_engine.gpu.runtime import GpuRuntime
 
-    rt = GpuRuntime(families=["norm", "rope", "activation", "attention", "embed", "sampling", "matvec", "gemm", "moe",
-                              "kv_cache"])
+    rt = GpuRuntime(families=["norm", "rope", "activation", "attention", "attn_prefill", "embed", "sampling", "matvec",
+                              "gemm", "moe", "kv_cache"])
     pool = VramPool({"weights": 256 << 20, "scratch": 512 << 20})
     yield Gpu(rt, pool)
     pool.close()

@@ -175,3 +175,32 @@ def test_q8_1_output_equals_quantize_q8_1_of_the_output(gpu, cluster, hd, H, n_k
         for t in range(T):  # the whole row: qs[n], the residual's qs2[n], ds[n/32] (every byte written)
             row = slice(t * stride, (t + 1) * stride)
             assert np.array_equal(got[row], ref[row]), (pos, t)
+
+
+# ---- prefill chunks on tensor cores (cuda/attn_prefill.cu) -------------------------------------
+
+@pytest.mark.parametrize("hd,H,n_kv", [(64, 9, 3), (128, 8, 2), (128, 6, 6), (64, 4, 1)])
+@pytest.mark.parametrize("T,p0,window,softcap", [(17, 0, 0, 0.0), (100, 37, 0, 0.0), (150, 300, 0, 30.0),
+                                                 (130, 0, 50, 0.0), (64, 500, 200, 0.0)])
+def test_prefill_attention_matches_numpy(gpu, hd, H, n_kv, T, p0, window, softcap):
+    """attn_prefill: a chunk of T tokens at positions p0 .. p0 + T - 1 over a cache holding p0
+    earlier rows; the cache past the chunk's last position is NaN (never read: rows past the
+    block's keys are zero-filled). float64 reference over the f16 cache; q and p go through the
+    MMAs as f16 hi + lo pairs, so the bound is float32's (<= 1e-4 relative, as the split kernel)."""
+    from memra_engine.gpu.ops import prefill_attention_launch
+
+    rng = np.random.default_rng(hd + H * 7 + T + p0 + window)
+    n_ctx = p0 + T + 40
+    q = rng.standard_normal((T, H, hd)).astype(f32)
+    kc = rng.standard_normal((n_kv, n_ctx, hd)).astype(np.float16)
+    vc = rng.standard_normal((n_kv, n_ctx, hd)).astype(np.float16)
+    kc[:, p0 + T:] = np.nan
+    vc[:, p0 + T:] = np.nan
+    pos = np.arange(p0, p0 + T)
+    out = gpu.empty(T * H * hd)
+    prefill_attention_launch(gpu.rt, gpu.put(q), H * hd, gpu.put(kc), gpu.put(vc), gpu.put(pos.astype(np.int32)), T,
+                             H, n_kv, hd, n_ctx, window, 1 / np.sqrt(hd), softcap, out)
+    got = gpu.get(out, (T, H * hd))
+    gpu.rt.check()
+    ref = attention_ref(q, kc, vc, pos, 1 / np.sqrt(hd), window, softcap)
+    assert rel_err(got, ref) < 1e-4
