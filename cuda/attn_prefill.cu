@@ -46,12 +46,12 @@ __device__ __forceinline__ void pf_ldsm_x4_t(uint32_t (&r)[4], const half* p) {
 
 // grid (ceil(T / 64), n_head), block 128, dynamic shared 2 * 2 * 64 * (HD + 8) * 2 bytes.
 // q [T][q_ld] f32 (heads of HD inside), kc / vc one layer's cache [n_kv][n_ctx][HD] f16, pos [T],
-// out [T][n_head * HD] f32.
+// out [T][n_head * HD] f32; out_h, if not null, the same as f16 (the o GEMM's input).
 template <int HD>
 __device__ __forceinline__ void attn_prefill(const float* __restrict__ q, int q_ld, const half* __restrict__ kc,
                                              const half* __restrict__ vc, const int* __restrict__ pos, int T,
                                              int n_head, int n_kv, int n_ctx, int window, float scale, float softcap,
-                                             float* __restrict__ out) {
+                                             float* __restrict__ out, half* __restrict__ out_h) {
     constexpr int LD = HD + 8;  // padded row: 8 rows of a fragment load land on distinct banks
     constexpr int KS = HD / 16, NS = PF_BK / 8, ND = HD / 8;
     constexpr float LOG2E = 1.4426950408889634f;
@@ -204,20 +204,23 @@ __device__ __forceinline__ void attn_prefill(const float* __restrict__ q, int q_
 #pragma unroll
     for (int n = 0; n < ND; ++n) {
         const int d = h * HD + 8 * n + 2 * tig;
-        if (ta < T) *reinterpret_cast<float2*>(out + ta * ld + d) = make_float2(o[n][0] / sa, o[n][1] / sa);
-        if (tb < T) *reinterpret_cast<float2*>(out + tb * ld + d) = make_float2(o[n][2] / sb, o[n][3] / sb);
+        const float2 ya = make_float2(o[n][0] / sa, o[n][1] / sa), yb = make_float2(o[n][2] / sb, o[n][3] / sb);
+        if (ta < T) *reinterpret_cast<float2*>(out + ta * ld + d) = ya;
+        if (tb < T) *reinterpret_cast<float2*>(out + tb * ld + d) = yb;
+        if (out_h && ta < T) *reinterpret_cast<half2*>(out_h + ta * ld + d) = __float22half2_rn(ya);
+        if (out_h && tb < T) *reinterpret_cast<half2*>(out_h + tb * ld + d) = __float22half2_rn(yb);
     }
 }
 
 #define ATTN_PREFILL_ENTRY(HD)                                                                             \
     extern "C" __global__ __launch_bounds__(PF_THREADS) void attn_prefill_hd##HD(                          \
         const float* q, int q_ld, const half* kc, const half* vc, const int* pos, int T, int n_head,       \
-        int n_kv, int n_ctx, int window, float scale, float softcap, float* out) {                         \
+        int n_kv, int n_ctx, int window, float scale, float softcap, float* out, half* out_h) {            \
         pdl_entry();                                                                                       \
-        attn_prefill<HD>(q, q_ld, kc, vc, pos, T, n_head, n_kv, n_ctx, window, scale, softcap, out);       \
+        attn_prefill<HD>(q, q_ld, kc, vc, pos, T, n_head, n_kv, n_ctx, window, scale, softcap, out, out_h); \
     }
 
 ATTN_PREFILL_ENTRY(64)
 ATTN_PREFILL_ENTRY(128)
-// memra-kernel: attn_prefill_hd64(PiPPPiiiiiffP)
-// memra-kernel: attn_prefill_hd128(PiPPPiiiiiffP)
+// memra-kernel: attn_prefill_hd64(PiPPPiiiiiffPP)
+// memra-kernel: attn_prefill_hd128(PiPPPiiiiiffPP)

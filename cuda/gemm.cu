@@ -277,11 +277,22 @@ __device__ __forceinline__ void gemm_pipe(const uint8_t* __restrict__ wq, const 
 }
 
 // f32_to_f16_rows(x, y, cols, ldy, n): y[t][c] = f16(x[t][c]) for c < cols, 0 for cols <= c < ldy
-// (the pipelined GEMM's input). grid (ceil(ldy / 256), n), block 256.
+// (the pipelined GEMM's input; ldy a multiple of 8). Eight values a thread: one 16-byte store.
+// grid (ceil(ldy / 2048), n), block 256.
 extern "C" __global__ void f32_to_f16_rows(const float* __restrict__ x, half* __restrict__ y, int cols, int ldy, int n) {
     pdl_entry();
-    const int c = blockIdx.x * blockDim.x + threadIdx.x, t = blockIdx.y;
-    if (c < ldy) y[(size_t)t * ldy + c] = __float2half_rn(c < cols ? x[(size_t)t * cols + c] : 0.0f);
+    const int c = 8 * (blockIdx.x * blockDim.x + threadIdx.x), t = blockIdx.y;
+    if (c >= ldy) return;
+    const float* xr = x + (size_t)t * cols + c;
+    float v[8];
+    if (c + 8 <= cols && (cols & 3) == 0) {
+        const float4 a = *reinterpret_cast<const float4*>(xr), b = *reinterpret_cast<const float4*>(xr + 4);
+        v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+    } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[e] = c + e < cols ? xr[e] : 0.0f;
+    }
+    store8(y + (size_t)t * ldy + c, v);
 }
 // memra-kernel: f32_to_f16_rows(PPiii)
 

@@ -9,7 +9,9 @@ step. The full graph is timed the same way, so the table also shows the launch-g
 
 --off turns one of GpuOps' fusion switches off (an A/B in the same device call).
 --prefill N profiles one N-token prefill forward instead (at most PREFILL_CHUNK tokens: one
-forward), the same way: its launches replayed as one graph, then per kernel name.
+forward): its launches replayed as one graph, then replayed in order with a CUDA event pair
+around each launch (a kernel group replayed on its own would read what later launches left in
+the scratch arena: MoE's slot order, for one, and faulted).
 """
 from __future__ import annotations
 
@@ -63,6 +65,33 @@ def report(rt, record: list[tuple], total_us: float, title: str) -> None:
         print(f"  {name:<28} x{n:<4} {us:8.1f} µs  {us / n:6.2f} µs each  {100 * us / parts:5.1f}%")
 
 
+def report_by_events(rt, record: list[tuple], total_us: float, title: str, reps: int = 3) -> None:
+    """The record replayed in order, each launch between two events: per kernel name, the median
+    over reps of its launches' summed times."""
+    cuda = rt.cuda
+    per_rep = []
+    for _ in range(reps + 1):  # the first is a warm-up
+        events = [(cuda.Event(), cuda.Event()) for _ in record]
+        for (a, b), (name, grid, block, args, shared) in zip(events, record):
+            a.record(rt.stream)
+            rt.launch(name, grid, block, args, shared)
+            b.record(rt.stream)
+        rt.synchronize()
+        sums: OrderedDict[str, float] = OrderedDict()
+        for (a, b), item in zip(events, record):
+            sums[item[0]] = sums.get(item[0], 0.0) + a.time_till(b) * 1e3
+        per_rep.append(sums)
+    counts: dict[str, int] = {}
+    for item in record:
+        counts[item[0]] = counts.get(item[0], 0) + 1
+    rows = sorted(((sorted(r[name] for r in per_rep[1:])[reps // 2], name, counts[name]) for name in counts),
+                  reverse=True)
+    parts = sum(r[0] for r in rows)
+    print(f"\n{title}, sum of kernels (timed by events, in order) {parts:.1f} µs")
+    for us, name, n in rows:
+        print(f"  {name:<28} x{n:<4} {us:8.1f} µs  {us / n:6.2f} µs each  {100 * us / parts:5.1f}%")
+
+
 def profile(backend: CudaBackend, ctx: int) -> None:
     rt = backend.rt
     backend.truncate(0)
@@ -91,7 +120,7 @@ def profile_prefill(backend: CudaBackend, n: int) -> None:
     g = graph_of(rt, record)
     total = g.replay_us(rt, replays=3)
     g.destroy()
-    report(rt, record, total, f"prefill {n}: {len(record)} kernels, graph {total:.1f} µs ({n * 1e6 / total:,.0f} tok/s)")
+    report_by_events(rt, record, total, f"prefill {n}: {len(record)} kernels, graph {total:.1f} µs ({n * 1e6 / total:,.0f} tok/s)")
 
 
 def main() -> None:

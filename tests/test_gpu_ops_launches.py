@@ -311,6 +311,29 @@ def test_prefill_takes_the_split_path_where_clusters_are_on(model_paths, monkeyp
         assert sum(n.startswith("attn_merge_hd64") for n in launches) == 2
 
 
+def test_prefill_gemms_read_f16_copies_their_producers_wrote(model_paths):
+    """A prefill forward's pipelined GEMMs read x as f16: the attention output's and the gated
+    activation's copies are written by attn_prefill and silu_mul themselves, so only the two norms'
+    outputs a layer take an f32_to_f16_rows launch (one each, shared by q|k|v and gate, up), and
+    the final norm's for the LM head over every row (this forward keeps all rows' logits)."""
+    rt = RecordingRuntime()
+    run_forward(model_paths["tiny-llama"], 40, rt=rt)
+    written = {}
+    for kernel, args in rt.calls:
+        if kernel == "f32_to_f16_rows":
+            written[args[1]] = kernel
+        elif kernel.startswith("attn_prefill_hd") and args[13]:
+            written[args[13]] = kernel
+        elif kernel == "silu_mul_f32" and args[7]:
+            written[args[7]] = kernel
+    gemms = [(kernel, args) for kernel, args in rt.calls if kernel.startswith(("gemm3_", "gemm4_"))]
+    assert len(gemms) >= 4 * 2, "q|k|v, o, gate|up (or gate, up) and down, two layers"
+    readers = [written.get(args[2]) for _, args in gemms]
+    assert None not in readers, "a GEMM read an f16 copy that nothing wrote"
+    assert {"attn_prefill_hd64", "silu_mul_f32"} <= set(readers)
+    assert [k for k, _ in rt.calls].count("f32_to_f16_rows") == 2 * 2 + 1
+
+
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-gemma3"])
 def test_attention_partials_are_one_buffer_per_forward(model_paths, name, monkeypatch):
     """Every layer's attention writes its partials to the same opart/ml pair (a layer's are merged

@@ -228,14 +228,15 @@ def prefill_attention_shared(head_dim: int) -> int:
 
 
 def prefill_attention_launch(rt, q, q_ld, kc, vc, positions, T, n_head, n_kv, head_dim, n_ctx, window, scale,
-                             softcap, out) -> None:
+                             softcap, out, out_h: int = 0) -> None:
     """Causal attention of a prefill chunk on tensor cores (cuda/attn_prefill.cu): one block per 64
-    query tokens of a head; out [T, n_head * head_dim] f32, no q8_1 copy (the o GEMM reads f32)."""
+    query tokens of a head; out [T, n_head * head_dim] f32 and, if out_h, its f16 copy for the o
+    GEMM (rows of n_head * head_dim: a multiple of 8, no pad)."""
     name, smem = f"attn_prefill_hd{head_dim}", prefill_attention_shared(head_dim)
     rt.set_max_dynamic_shared(name, smem)
     rt.launch(name, (-(-T // PREFILL_ATTN_TOKENS), n_head), 128,
               (q, q_ld, kc, vc, positions, T, n_head, n_kv, n_ctx, int(window), np.float32(scale),
-               np.float32(softcap), out), shared=smem)
+               np.float32(softcap), out, out_h), shared=smem)
 
 
 def attention_launch(rt, q, q_ld, kc, vc, kd, vd, opart, ml, positions, T, n_head, n_kv, head_dim,
@@ -515,7 +516,7 @@ class GpuOps:
                 and switches.prefill_attention()):
             y = self.new((T, n_head * hd))
             prefill_attention_launch(self.rt, q.ptr, q.ld, kc, vc, positions.ptr, T, n_head, n_kv, hd, self.kv.n_ctx,
-                                     window, scale, softcap, y.ptr)
+                                     window, scale, softcap, y.ptr, self._f16_output(y))
             return y
         cluster = self.cluster and T <= BATCHED_MATVEC_MAX  # decode and verify rows; prefill: split path
         S = self.prefill_splits if self.cluster and not cluster else self.n_splits
@@ -664,9 +665,18 @@ class GpuOps:
         n = gate.width
         y = self.new((gate.rows, n))
         xq, stride = self._quantized_output(y)
+        yh = self._f16_output(y)
         self.rt.launch(kernel, (_blocks(-(-n // 32) * 32), gate.rows), EW_BLOCK,
-                       (gate.ptr, up.ptr, y.ptr, n, gate.ld, xq, stride))
+                       (gate.ptr, up.ptr, y.ptr, n, gate.ld, xq, stride, yh, quant_ops.f16_ld(n) if yh else 0))
         return y
+
+    def _f16_output(self, y: DArray) -> int:
+        """An f16 copy of y that its producer writes too, for the prefill GEMM that reads y next
+        (GEMM-sized batches only; 0 elsewhere)."""
+        if y.rows <= BATCHED_MATVEC_MAX:
+            return 0
+        yh = self._xh[(y.ptr, y.rows)] = self.arena.alloc(quant_ops.f16_nbytes(y.width, y.rows))
+        return yh
 
     def _quantized_output(self, y: DArray) -> tuple[int, int]:
         """A q8_1 copy of y that its producer writes too (for the matvec that reads y next):

@@ -350,7 +350,7 @@ def f16_nbytes(cols: int, n_tokens: int) -> int:
 def to_f16(rt, x_ptr: int, xh_ptr: int, cols: int, n_tokens: int) -> None:
     """x f32 [n_tokens, cols] -> f16 rows of stride f16_ld(cols), zero past cols (gemm.cu)."""
     ld = f16_ld(cols)
-    rt.launch("f32_to_f16_rows", (-(-ld // 256), n_tokens), 256, (int(x_ptr), int(xh_ptr), cols, ld, n_tokens))
+    rt.launch("f32_to_f16_rows", (-(-ld // 2048), n_tokens), 256, (int(x_ptr), int(xh_ptr), cols, ld, n_tokens))
 
 
 def gemm(rt, w: GpuWeight, x_ptr: int, y_ptr: int, n_tokens: int, xh_ptr: int = 0, variant: str | None = None) -> None:

@@ -197,10 +197,12 @@ def test_prefill_attention_matches_numpy(gpu, hd, H, n_kv, T, p0, window, softca
     kc[:, p0 + T:] = np.nan
     vc[:, p0 + T:] = np.nan
     pos = np.arange(p0, p0 + T)
-    out = gpu.empty(T * H * hd)
+    out, out_h = gpu.empty(T * H * hd), gpu.empty(T * H * hd // 2)
     prefill_attention_launch(gpu.rt, gpu.put(q), H * hd, gpu.put(kc), gpu.put(vc), gpu.put(pos.astype(np.int32)), T,
-                             H, n_kv, hd, n_ctx, window, 1 / np.sqrt(hd), softcap, out)
+                             H, n_kv, hd, n_ctx, window, 1 / np.sqrt(hd), softcap, out, out_h)
     got = gpu.get(out, (T, H * hd))
     gpu.rt.check()
     ref = attention_ref(q, kc, vc, pos, 1 / np.sqrt(hd), window, softcap)
     assert rel_err(got, ref) < 1e-4
+    # the f16 copy the o GEMM reads: f16(out) exactly
+    assert np.array_equal(gpu.get(out_h, (T, H * hd), np.float16).view(np.uint16), got.astype(np.float16).view(np.uint16))

@@ -180,14 +180,23 @@ def test_gated_activations_read_a_fused_row(gpu, kernel):
     T, n = 3, 1537
     gu = (rng.standard_normal((T, 2 * n)) * 3).astype(f32)
     y = gpu.empty(T * n)
+    ld = -(-n // 8) * 8
+    yh = gpu.empty(T * ld // 2)  # NaN-poisoned: the pad must be written (zeros) too
     p = gpu.put(gu)
-    gpu.rt.launch(kernel, (-(-n // 256), T), 256, (p, p + n * 4, y, n, 2 * n, 0, 0))
+    gpu.rt.launch(kernel, (-(-n // 256), T), 256, (p, p + n * 4, y, n, 2 * n, 0, 0, 0, 0))
     g, u = gu[:, :n].astype(np.float64), gu[:, n:].astype(np.float64)
     if kernel == "silu_mul_f32":
         ref = g / (1 + np.exp(-g)) * u
     else:
         ref = 0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * (g + 0.044715 * g ** 3))) * u
-    assert rel_err(gpu.get(y, (T, n)), ref) < 1e-5
+    got = gpu.get(y, (T, n))
+    assert rel_err(got, ref) < 1e-5
+    # with the f16 copy for the prefill GEMM: the same y, and f16(y) rows of ld, zero past n
+    gpu.rt.launch(kernel, (-(-n // 256), T), 256, (p, p + n * 4, y, n, 2 * n, 0, 0, yh, ld))
+    assert np.array_equal(gpu.get(y, (T, n)), got)
+    half = gpu.get(yh, (T, ld), np.float16)
+    assert np.array_equal(half[:, :n].view(np.uint16), got.astype(np.float16).view(np.uint16))
+    assert not half[:, n:].any()
 
 
 def test_add_bias_scale_softcap_copy(gpu):
@@ -259,7 +268,7 @@ def test_norm_and_activation_emit_the_same_q8_1_bytes_as_quantize_q8_1(gpu, n):
                                              f32(1e-6), gpu.put(w[::-1].copy()), y, n, f32(1e-6), xq, stride))
         else:
             gu = gpu.put(np.concatenate([x, d], axis=1))
-            gpu.rt.launch(kernel, (-(-n // 256), T), 256, (gu, gu + n * 4, y, n, 2 * n, xq, stride))
+            gpu.rt.launch(kernel, (-(-n // 256), T), 256, (gu, gu + n * 4, y, n, 2 * n, xq, stride, 0, 0))
         ref = quantize_q8_1_bytes(gpu, y, T, n)
         got = gpu.get(xq, nbytes, np.uint8)
         assert np.array_equal(got, ref), (kernel, block)  # every byte: qs | qs2 | ds rows fill the stride
