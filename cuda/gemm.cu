@@ -296,6 +296,50 @@ extern "C" __global__ void f32_to_f16_rows(const float* __restrict__ x, half* __
 }
 // memra-kernel: f32_to_f16_rows(PPiii)
 
+// sgemm_f32(w, w_ld, x, y, rows, cols, n_tokens): y[t][r] = sum_k w[r][k] x[t][k] in float32 FMAs,
+// k in order (run to run the same bits). For f32 weights in prefill: the MoE router, whose close
+// calls between experts would flip with f16 operands, and which as 16-column matvecs took half of
+// a Qwen3-MoE prefill (64 rows: 8 blocks a launch, 32 launches a layer). Block tile 16 tokens x 16
+// rows, one output a thread, K steps of 64 staged in shared memory with the next step's loads in
+// registers while this one is summed. grid (ceil(rows/16), ceil(n_tokens/16)), block 256.
+#define SG_T 16
+#define SG_K 64
+extern "C" __global__ __launch_bounds__(256) void sgemm_f32(const float* __restrict__ w, int w_ld,
+                                                            const float* __restrict__ x, float* __restrict__ y,
+                                                            int rows, int cols, int n_tokens) {
+    __shared__ float ws[SG_T][SG_K + 1], xs[SG_T][SG_K + 1];
+    pdl_entry();
+    const int tid = threadIdx.x, r0 = blockIdx.x * SG_T, t0 = blockIdx.y * SG_T;
+    const int tr = tid % SG_T, tt = tid / SG_T;  // this thread's output: row r0 + tr, token t0 + tt
+    // loads: 16 x 64 values of each tile, 4 a thread, along k (coalesced)
+    float wn[4], xn[4];
+    auto load = [&](int k0) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int i = tid + 256 * e, rr = i / SG_K, k = k0 + i % SG_K;
+            wn[e] = r0 + rr < rows && k < cols ? w[(size_t)(r0 + rr) * w_ld + k] : 0.0f;
+            xn[e] = t0 + rr < n_tokens && k < cols ? x[(size_t)(t0 + rr) * cols + k] : 0.0f;
+        }
+    };
+    float acc = 0.0f;
+    load(0);
+    for (int k0 = 0; k0 < cols; k0 += SG_K) {
+        __syncthreads();
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int i = tid + 256 * e;
+            ws[i / SG_K][i % SG_K] = wn[e];
+            xs[i / SG_K][i % SG_K] = xn[e];
+        }
+        __syncthreads();
+        if (k0 + SG_K < cols) load(k0 + SG_K);
+#pragma unroll 16
+        for (int kk = 0; kk < SG_K; ++kk) acc = fmaf(ws[tr][kk], xs[tt][kk], acc);
+    }
+    if (r0 + tr < rows && t0 + tt < n_tokens) y[(size_t)(t0 + tt) * rows + r0 + tr] = acc;
+}
+
+
 // Two tile shapes; bench_kernels.py times both (docs/gpu-log.md has the numbers):
 //   gemm_<type>:  64 tokens x  64 rows, 4 warps of 32x32 (34.8 KB shared)
 //   gemm2_<type>: 128 tokens x 128 rows, 8 warps of 64x32 (69.6 KB shared, needs the opt-in)

@@ -597,8 +597,11 @@ class GpuOps:
         # is tiny, and its logits choose experts, where a close call settled by f16 rounding
         # gives a different function, not a rounding error.
         logits = self.new((T, router.rows))
-        xq = 0 if router.layout.is_float else self._q8_1_of(x, router.cols)
-        quant_ops.matvec(self.rt, router, x.ptr, xq, logits.ptr, T)
+        if T > BATCHED_MATVEC_MAX and router.layout.kernel_type == "f32":
+            quant_ops.sgemm_f32(self.rt, router, x.ptr, logits.ptr, T)
+        else:
+            xq = 0 if router.layout.is_float else self._q8_1_of(x, router.cols)
+            quant_ops.matvec(self.rt, router, x.ptr, xq, logits.ptr, T)
         ids, weights = self.new((S,)), self.new((S,))
         log = self.moe_log_ptr + 4 * k * T * layer if self.moe_log_ptr and T <= self.moe_log_tokens else 0
         moe.topk(self.rt, logits.ptr, ids.ptr, weights.ptr, log, T, router.rows, k, renormalize)

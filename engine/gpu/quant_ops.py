@@ -374,9 +374,18 @@ def gemm(rt, w: GpuWeight, x_ptr: int, y_ptr: int, n_tokens: int, xh_ptr: int = 
         rt.launch(name, grid, threads, (w.q_ptr, meta, int(x_ptr), int(y_ptr), w.rows, w.cols, n_tokens), shared=smem)
 
 
+def sgemm_f32(rt, w: GpuWeight, x_ptr: int, y_ptr: int, n_tokens: int) -> None:
+    """y[t, rows] = W @ x[t] in float32 FMAs, for an f32 weight and many tokens (gemm.cu sgemm_f32):
+    prefill's MoE router, which the f16 tensor-core tiles would round and the 16-column matvecs
+    run slowly (a 64-row weight gives them 8 blocks)."""
+    assert w.layout.kernel_type == "f32", w.layout.kernel_type
+    rt.launch("sgemm_f32", (-(-w.rows // 16), -(-n_tokens // 16)), 256,
+              (w.q_ptr, w.layout.padded_cols, int(x_ptr), int(y_ptr), w.rows, w.cols, n_tokens))
+
+
 def kernel_names() -> list[str]:
     """Every entry point this module may launch (resolve them before graph capture)."""
-    names = ["quantize_q8_1", "f32_to_f16_rows"]
+    names = ["quantize_q8_1", "f32_to_f16_rows", "sgemm_f32"]
     for name, _, _ in QUANT_PLANES.values():
         names += [f"matvec_{name}_r{r}u{u}_c1" for r, u in ONE_COLUMN_VARIANTS]
         names += [f"matvec_{name}_r{r}u{u}_c{c}" for r, u in BATCHED_VARIANTS for c in (2, 4, 8, 16)]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from gguf.constants import GGMLQuantizationType
 
 from memra_engine.gpu import quant_ops
 from memra_engine.gpu.quant_ref import dequantize_weight, random_weight_bytes, supported_types
@@ -66,3 +67,26 @@ def test_f16_copy_of_x_rounds_like_numpy_and_zeroes_the_pad(gpu, cols):
     rt.check()
     assert np.array_equal(got[:, :cols].view(np.uint16), x.astype(np.float16).view(np.uint16))
     assert not got[:, cols:].any()
+
+
+@pytest.mark.parametrize("rows,cols,tokens", [(64, 2048, 512), (67, 77, 33), (160, 512, 17)])
+def test_f32_gemm_is_float32_exact_enough_for_the_router(gpu, rows, cols, tokens):
+    """sgemm_f32 (prefill's f32 weights: the MoE router) against float64: float32 FMAs only, so
+    within 1e-5 relative (f16 operands would be ~4e-4); the same bits on a second run."""
+    rt, pool = gpu.rt, gpu.pool
+    rng = np.random.default_rng(rows + cols + tokens)
+    wf = rng.standard_normal((rows, cols)).astype(np.float32)
+    w = quant_ops.upload_weight(rt, pool, TensorInfo("w", (rows, cols), GGMLQuantizationType.F32, wf.reshape(-1)))
+    x = rng.standard_normal((tokens, cols)).astype(np.float32)
+    xb = pool.alloc("scratch", x.nbytes, "x")
+    rt.upload(xb.ptr, x)
+    y = pool.alloc("scratch", tokens * rows * 4, "y")
+    rt.memset_u32(y.ptr, NAN_BITS, tokens * rows)
+    quant_ops.sgemm_f32(rt, w, xb.ptr, y.ptr, tokens)
+    got = rt.download(y.ptr, (tokens, rows), np.float32)
+    ref = x.astype(np.float64) @ wf.T.astype(np.float64)
+    assert np.isfinite(got).all()
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) <= 1e-5
+    quant_ops.sgemm_f32(rt, w, xb.ptr, y.ptr, tokens)
+    assert np.array_equal(rt.download(y.ptr, (tokens, rows), np.float32), got)
+    rt.check()
