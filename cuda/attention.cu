@@ -28,6 +28,7 @@
 // (up to 64 splits) write one partial per cluster, and attn_cl_merge merges those.
 #include <cooperative_groups.h>
 #include "common.cuh"
+#include "tensor_core.cuh"
 #include "quants.cuh"
 
 #define ATTN_THREADS 128
@@ -461,23 +462,6 @@ __device__ void attn_rows(const float* __restrict__ q, int q_ld, const void* __r
 //   8r .. 8r + 7 of a V row (16 bytes) and picks half jd.
 // Precision: q and p go in as f16 hi + lo halves (|x - hi - lo| <= 2^-22 |x|) in the two row halves
 // of one MMA, so the products keep float32 accuracy at one MMA each; K and V are f16 values already.
-__device__ __forceinline__ void mma_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                          uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-// (x, y) as f16x2 hi and the f16x2 of what hi leaves out.
-__device__ __forceinline__ void split_f16x2(float x, float y, uint32_t& hi, uint32_t& lo) {
-    const half2 h = __floats2half2_rn(x, y);
-    const float2 hf = __half22float2(h);
-    const half2 l = __floats2half2_rn(x - hf.x, y - hf.y);
-    hi = *reinterpret_cast<const uint32_t*>(&h);
-    lo = *reinterpret_cast<const uint32_t*>(&l);
-}
-
 __device__ __forceinline__ uint32_t word_of(const int4& v, int w) {
     return (uint32_t)(w == 0 ? v.x : w == 1 ? v.y : w == 2 ? v.z : v.w);
 }

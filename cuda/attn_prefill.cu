@@ -11,38 +11,11 @@
 // product takes two MMAs, so scores and outputs keep float32 accuracy; K and V are f16 values
 // already (the cache format). Rows see keys max(0, pos + 1 - window) .. pos (window 0: all).
 #include "common.cuh"
+#include "tensor_core.cuh"
 
 #define PF_BQ 64  // query tokens a block: 4 warps of 16
 #define PF_BK 64  // keys a step
 #define PF_THREADS 128
-
-__device__ __forceinline__ void pf_mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// (x, y) as f16x2 hi and the f16x2 of what hi leaves out.
-__device__ __forceinline__ void pf_split(float x, float y, uint32_t& hi, uint32_t& lo) {
-    const half2 h = __floats2half2_rn(x, y);
-    const float2 hf = __half22float2(h);
-    const half2 l = __floats2half2_rn(x - hf.x, y - hf.y);
-    hi = *reinterpret_cast<const uint32_t*>(&h);
-    lo = *reinterpret_cast<const uint32_t*>(&l);
-}
-
-__device__ __forceinline__ void pf_cp16(void* dst, const void* src, int src_bytes) {
-    const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(src_bytes) : "memory");
-}
-
-// Four 8x8 f16 matrices, transposed: the B fragments of two n-tiles from rows of V (keys x dims).
-__device__ __forceinline__ void pf_ldsm_x4_t(uint32_t (&r)[4], const half* p) {
-    const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
-}
 
 // grid (ceil(T / 64), n_head), block 128, dynamic shared 2 * 2 * 64 * (HD + 8) * 2 bytes.
 // q [T][q_ld] f32 (heads of HD inside), kc / vc one layer's cache [n_kv][n_ctx][HD] f16, pos [T],
@@ -89,10 +62,10 @@ __device__ __forceinline__ void attn_prefill(const float* __restrict__ q, int q_
             const int d = 16 * kk + 2 * tig;
             const float2 a0 = *reinterpret_cast<const float2*>(qa + d), a1 = *reinterpret_cast<const float2*>(qb + d);
             const float2 a2 = *reinterpret_cast<const float2*>(qa + d + 8), a3 = *reinterpret_cast<const float2*>(qb + d + 8);
-            pf_split(a0.x * scale, a0.y * scale, qh[kk][0], ql[kk][0]);
-            pf_split(a1.x * scale, a1.y * scale, qh[kk][1], ql[kk][1]);
-            pf_split(a2.x * scale, a2.y * scale, qh[kk][2], ql[kk][2]);
-            pf_split(a3.x * scale, a3.y * scale, qh[kk][3], ql[kk][3]);
+            split_f16x2(a0.x * scale, a0.y * scale, qh[kk][0], ql[kk][0]);
+            split_f16x2(a1.x * scale, a1.y * scale, qh[kk][1], ql[kk][1]);
+            split_f16x2(a2.x * scale, a2.y * scale, qh[kk][2], ql[kk][2]);
+            split_f16x2(a3.x * scale, a3.y * scale, qh[kk][3], ql[kk][3]);
         }
     }
     __syncthreads();
@@ -107,8 +80,8 @@ __device__ __forceinline__ void attn_prefill(const float* __restrict__ q, int q_
             const int r = i / (HD / 8), c = (i % (HD / 8)) * 8, j = j0 + r;
             const bool ok = j < jhi;
             const size_t src = (row0 + (ok ? j : jlo)) * HD + c;
-            pf_cp16(kd + r * LD + c, kc + src, ok ? 16 : 0);
-            pf_cp16(vd + r * LD + c, vc + src, ok ? 16 : 0);
+            cp_async16(kd + r * LD + c, kc + src, ok ? 16 : 0);
+            cp_async16(vd + r * LD + c, vc + src, ok ? 16 : 0);
         }
     };
 
@@ -119,13 +92,13 @@ __device__ __forceinline__ void attn_prefill(const float* __restrict__ q, int q_
 
     const int nsteps = jhi > jlo ? (jhi - jlo + PF_BK - 1) / PF_BK : 0;
     if (nsteps) load(jlo, 0);
-    asm volatile("cp.async.commit_group;" ::: "memory");
+    cp_async_commit();
     for (int st = 0; st < nsteps; ++st) {
         const int j0 = jlo + st * PF_BK, buf = st & 1;
-        asm volatile("cp.async.wait_group 0;" ::: "memory");
+        cp_async_wait_all();
         __syncthreads();  // this step's rows are in; the previous step's reads are done
         if (st + 1 < nsteps) load(j0 + PF_BK, buf ^ 1);
-        asm volatile("cp.async.commit_group;" ::: "memory");
+        cp_async_commit();
         if (j0 >= whi || j0 + PF_BK <= wlo) continue;  // none of this warp's rows sees these keys
         const half* K = ks + buf * PF_BK * LD;
         const half* V = vs + buf * PF_BK * LD;
@@ -139,8 +112,8 @@ __device__ __forceinline__ void attn_prefill(const float* __restrict__ q, int q_
             for (int kk = 0; kk < KS; ++kk) {
                 const uint32_t b0 = *reinterpret_cast<const uint32_t*>(kr + 16 * kk);
                 const uint32_t b1 = *reinterpret_cast<const uint32_t*>(kr + 16 * kk + 8);
-                pf_mma(s[n], qh[kk], b0, b1);
-                pf_mma(s[n], ql[kk], b0, b1);
+                mma_16816(s[n], qh[kk][0], qh[kk][1], qh[kk][2], qh[kk][3], b0, b1);
+                mma_16816(s[n], ql[kk][0], ql[kk][1], ql[kk][2], ql[kk][3], b0, b1);
             }
         }
         float mxa = -INFINITY, mxb = -INFINITY;
@@ -178,23 +151,23 @@ __device__ __forceinline__ void attn_prefill(const float* __restrict__ q, int q_
 #pragma unroll
         for (int kk = 0; kk < PF_BK / 16; ++kk) {
             uint32_t ph[4], pl[4];
-            pf_split(s[2 * kk][0], s[2 * kk][1], ph[0], pl[0]);
-            pf_split(s[2 * kk][2], s[2 * kk][3], ph[1], pl[1]);
-            pf_split(s[2 * kk + 1][0], s[2 * kk + 1][1], ph[2], pl[2]);
-            pf_split(s[2 * kk + 1][2], s[2 * kk + 1][3], ph[3], pl[3]);
+            split_f16x2(s[2 * kk][0], s[2 * kk][1], ph[0], pl[0]);
+            split_f16x2(s[2 * kk][2], s[2 * kk][3], ph[1], pl[1]);
+            split_f16x2(s[2 * kk + 1][0], s[2 * kk + 1][1], ph[2], pl[2]);
+            split_f16x2(s[2 * kk + 1][2], s[2 * kk + 1][3], ph[3], pl[3]);
             const half* vr = V + (16 * kk + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + (lane >> 4) * 8;
 #pragma unroll
             for (int nd = 0; nd < HD / 16; ++nd) {
                 uint32_t b[4];
-                pf_ldsm_x4_t(b, vr + 16 * nd);
-                pf_mma(o[2 * nd], ph, b[0], b[1]);
-                pf_mma(o[2 * nd], pl, b[0], b[1]);
-                pf_mma(o[2 * nd + 1], ph, b[2], b[3]);
-                pf_mma(o[2 * nd + 1], pl, b[2], b[3]);
+                ldsm_x4_trans(b, vr + 16 * nd);
+                mma_16816(o[2 * nd], ph[0], ph[1], ph[2], ph[3], b[0], b[1]);
+                mma_16816(o[2 * nd], pl[0], pl[1], pl[2], pl[3], b[0], b[1]);
+                mma_16816(o[2 * nd + 1], ph[0], ph[1], ph[2], ph[3], b[2], b[3]);
+                mma_16816(o[2 * nd + 1], pl[0], pl[1], pl[2], pl[3], b[2], b[3]);
             }
         }
     }
-    asm volatile("cp.async.wait_group 0;" ::: "memory");
+    cp_async_wait_all();
 #pragma unroll
     for (int o2 = 1; o2 < 4; o2 <<= 1) {
         sa += __shfl_xor_sync(0xffffffffu, sa, o2);

@@ -13,6 +13,7 @@
 #include <mma.h>
 #include "common.cuh"
 #include "quants.cuh"
+#include "tensor_core.cuh"
 
 using namespace nvcuda;
 
@@ -135,16 +136,6 @@ __device__ __forceinline__ void gemm_tile(const uint8_t* __restrict__ wq, const 
 // through generic pointers), so every type gets the pipeline from its one traits struct.
 // x arrives as f16 rows (f32_to_f16_rows below, row stride ldx, zero past cols): half the bytes
 // of f32, and copyable without passing through registers.
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
-    const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(src_bytes) : "memory");
-}
-__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
-    const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(d), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
 
 // Shared memory of one block: two stages of (x tile, raw weight bytes), one dequantized w tile.
 // Raw bytes per row and K step: the blocks the step touches (K-quants: their whole 256-value
@@ -203,7 +194,7 @@ __device__ __forceinline__ void gemm_pipe(const uint8_t* __restrict__ wq, const 
             const uint8_t* src = ok ? wq + ((size_t)r * nb + b0) * T::QB + 16 * c : wq;
             cp_async16(rq + rr * G::QROW + 16 * c, src, ok ? 16 : 0);
         }
-        if (G::MCH) {
+        if constexpr (G::MCH > 0) {
             for (int i = tid; i < BN * G::MCH; i += G::THREADS) {
                 const int rr = i / G::MCH, c = i % G::MCH, r = r0 + rr;
                 if (r >= rows) continue;
