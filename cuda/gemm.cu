@@ -1,10 +1,11 @@
 // Prefill GEMM on tensor cores: y[t][r] = sum_k W[r][k] x[t][k] for many tokens at once.
 //
-// Each block computes a 64-token x 64-row tile of y. Per 128-wide K step it dequantizes the
-// weight tile (64 rows x 128 values) to f16 in shared memory with the per-type dequant of
-// quants.cuh, converts the activation tile (64 tokens x 128 values, f32) to f16, and runs
-// 16x16x16 WMMA products with f32 accumulators: 4 warps, each 32 tokens x 32 rows.
-// One weight tile is dequantized once per 64 tokens, so the dequant cost is spread over them.
+// gemm3_<type> / gemm4_<type> (gemm_pipe below): per 128-wide K step a block dequantizes its
+// weight tile (128 rows x 128 values) to f16 in shared memory with the per-type dequant of
+// quants.cuh and runs 16x16x16 WMMA products with f32 accumulators, while cp.async brings the next
+// step's f16 activation tile and raw weight bytes in. One weight tile is dequantized once per 64 or
+// 128 tokens, so the dequant cost is spread over them. f32 weights (only the MoE router in practice,
+// which prefill runs as sgemm_f32) keep the unpipelined gemm_/gemm2_ tiles over f32 x.
 //
 // 128 is a multiple of every unit (32, 64 values; 8 for float types), and the two Q6_K (Q3_K,
 // Q2_K) units of a half super-block cover it exactly, so every unit lands inside one K step. K tails (float
@@ -32,17 +33,13 @@ struct GemmTile {
     static constexpr int SMEM = SMEM_AB > BM * LDC * 4 ? SMEM_AB : BM * LDC * 4;
 };
 
-// ROUTED (the MoE prefill GEMM): tile token t is slot slots[t] of the routed FFN; its x row is
-// slots[t] / x_div (x_div = top_k: one x row per token; 1: one per slot) and its y row slots[t].
-template <class T, class G, int BM, int BN, int WN, bool ROUTED = false>
+template <class T, class G, int BM, int BN, int WN>
 __device__ __forceinline__ void gemm_tile(const uint8_t* __restrict__ wq, const uint8_t* __restrict__ wm,
                                           const float* __restrict__ x, float* __restrict__ y,
-                                          int rows, int cols, int n_tokens,
-                                          const int* __restrict__ slots = nullptr, int x_div = 1) {
+                                          int rows, int cols, int n_tokens) {
     extern __shared__ int4 gemm_smem[];
     half* xs = reinterpret_cast<half*>(gemm_smem);
     half* ws = xs + BM * GEMM_LDS;
-    __shared__ int slot_of[ROUTED ? BM : 1];
     constexpr int UPT = GEMM_BK / T::UE;  // weight units per row per K step
     const int tid = threadIdx.x, warp = tid >> 5;
     const int t0 = blockIdx.y * BM, r0 = blockIdx.x * BN;
@@ -55,10 +52,6 @@ __device__ __forceinline__ void gemm_tile(const uint8_t* __restrict__ wq, const 
     for (int i = 0; i < G::FM; ++i)
 #pragma unroll
         for (int j = 0; j < G::FN; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
-    if (ROUTED) {
-        for (int i = tid; i < BM; i += G::THREADS) slot_of[i] = t0 + i < n_tokens ? slots[t0 + i] : 0;
-        __syncthreads();
-    }
 
     for (int k0 = 0; k0 < cols; k0 += GEMM_BK) {
         // activation tile, f32 -> f16, 4 values per thread per step
@@ -67,7 +60,7 @@ __device__ __forceinline__ void gemm_tile(const uint8_t* __restrict__ wq, const 
             const int t = t0 + tt, k = k0 + kk;
             float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             if (t < n_tokens) {
-                const float* src = x + (size_t)(ROUTED ? slot_of[tt] / x_div : t) * cols + k;
+                const float* src = x + (size_t)t * cols + k;
                 if (xvec && k + 3 < cols) {
                     v = *reinterpret_cast<const float4*>(src);
                 } else {
@@ -124,7 +117,7 @@ __device__ __forceinline__ void gemm_tile(const uint8_t* __restrict__ wq, const 
     for (int i = tid; i < BM * BN; i += G::THREADS) {
         const int tt = i / BN, rr = i % BN;
         const int t = t0 + tt, r = r0 + rr;
-        if (t < n_tokens && r < rows) y[(size_t)(ROUTED ? slot_of[tt] : t) * rows + r] = cs[tt * G::LDC + rr];
+        if (t < n_tokens && r < rows) y[(size_t)t * rows + r] = cs[tt * G::LDC + rr];
     }
 }
 
@@ -331,9 +324,9 @@ extern "C" __global__ __launch_bounds__(256) void sgemm_f32(const float* __restr
 }
 
 
-// Two tile shapes; bench_kernels.py times both (docs/gpu-log.md has the numbers):
-//   gemm_<type>:  64 tokens x  64 rows, 4 warps of 32x32 (34.8 KB shared)
-//   gemm2_<type>: 128 tokens x 128 rows, 8 warps of 64x32 (69.6 KB shared, needs the opt-in)
+// The tile shapes; bench_kernels.py times them (docs/gpu-log.md has the numbers):
+//   gemm_f32:  64 tokens x  64 rows, 4 warps of 32x32 (34.8 KB shared)
+//   gemm2_f32: 128 tokens x 128 rows, 8 warps of 64x32 (69.6 KB shared, needs the opt-in)
 typedef GemmTile<64, 64, 2, 2> Tile1;
 typedef GemmTile<128, 128, 2, 4> Tile2;
 //   gemm3_<type>: pipelined, 128 tokens x 128 rows, 8 warps of 64x32, one block an SM
@@ -341,9 +334,10 @@ typedef GemmTile<128, 128, 2, 4> Tile2;
 template <class T> using Pipe3 = PipeTile<T, 128, 128, 2, 4>;
 template <class T> using Pipe4 = PipeTile<T, 64, 128, 2, 2>;
 
-// gemm_<type>(wq, wm, x, y, rows, cols, n_tokens): grid (ceil(rows/64), ceil(n_tokens/64)),
+// gemm_f32(wq, wm, x, y, rows, cols, n_tokens): grid (ceil(rows/64), ceil(n_tokens/64)),
 // block 128, dynamic shared Tile1::SMEM; gemm2_<type>: grid (ceil(rows/128), ceil(n_tokens/128)),
-// block 256, dynamic shared Tile2::SMEM. Float types pass wm = wq (no meta plane).
+// block 256, dynamic shared Tile2::SMEM. wm = wq (no meta plane). The session-30 tiles of every type,
+// beaten on every shape by gemm3/gemm4 (docs/gpu-log.md session 31), were dropped: build time.
 #define GEMM_ENTRY(TYPE)                                                                                    \
     extern "C" __global__ __launch_bounds__(128) void gemm_##TYPE(                                          \
         const uint8_t* wq, const uint8_t* wm, const float* x, float* y, int rows, int cols, int n_tokens) { pdl_entry();  \
@@ -356,7 +350,7 @@ template <class T> using Pipe4 = PipeTile<T, 64, 128, 2, 2>;
 
 // gemm3_<type>, gemm4_<type>(wq, wm, xh, y, rows, cols, n_tokens, ldx): the pipelined tiles; xh
 // f16 rows of stride ldx. grid (ceil(rows/128), ceil(n_tokens/BM)), block THREADS, dynamic shared
-// PipeTile::SMEM (quant_ops.GEMM_TILES). Not for f32 weights: their raw step (64 KB) does not fit.
+// PipeTile::SMEM (quant_ops.gemm_shared). Not for f32 weights: their raw step (64 KB) does not fit.
 #define GEMM_PIPE_ENTRY(TYPE)                                                                               \
     extern "C" __global__ __launch_bounds__(256, 1) void gemm3_##TYPE(                                      \
         const uint8_t* wq, const uint8_t* wm, const half* xh, float* y, int rows, int cols, int n_tokens,   \
@@ -369,43 +363,15 @@ template <class T> using Pipe4 = PipeTile<T, 64, 128, 2, 2>;
         gemm_pipe<TYPE##_t, Pipe4<TYPE##_t>, 64, 128, 2>(wq, wm, xh, ldx, y, rows, cols, n_tokens);         \
     }
 
-// moe_gemm_<type>(table, meta_offset, offsets, order, x, y, rows, cols, top_k, x_per_slot): the
-// MoE prefill GEMM over the slots moe_sort grouped per expert (cuda/moe.cu). Block z = expert e
-// takes its slots order[offsets[e] ..] 64 at a time, weights at table[e] (q plane; the meta plane
-// meta_offset bytes on). y[slot] = expert @ x(slot), x(slot) = x[slot / top_k] or x[slot].
-// grid (ceil(rows/64), ceil(T/64), n_expert), block 128, dynamic shared Tile1::SMEM: each token's
-// experts are distinct (moe_topk's are), so no expert has more than T slots; blocks past their
-// expert's slots return at once.
-#define MOE_GEMM_ENTRY(TYPE)                                                                                \
-    extern "C" __global__ __launch_bounds__(128) void moe_gemm_##TYPE(                                      \
-        const unsigned long long* table, long long meta_offset, const int* offsets, const int* order,       \
-        const float* x, float* y, int rows, int cols, int top_k, int x_per_slot) {                          \
-        pdl_entry();                                                                                        \
-        const int e = blockIdx.z, a = offsets[e], n = offsets[e + 1] - a;                                   \
-        if ((int)blockIdx.y * 64 >= n) return;                                                              \
-        const uint8_t* wq = reinterpret_cast<const uint8_t*>(table[e]);                                     \
-        gemm_tile<TYPE##_t, Tile1, 64, 64, 2, true>(wq, wq + meta_offset, x, y, rows, cols, n, order + a,   \
-                                                    x_per_slot ? 1 : top_k);                                \
-    }
-
-GEMM_ENTRY(q4_0)
-GEMM_ENTRY(q4_1)
-GEMM_ENTRY(q5_0)
-GEMM_ENTRY(q5_1)
-GEMM_ENTRY(q8_0)
-GEMM_ENTRY(q4_K)
-GEMM_ENTRY(q5_K)
-GEMM_ENTRY(q6_K)
-GEMM_ENTRY(q2_K)
-GEMM_ENTRY(q3_K)
-GEMM_ENTRY(iq4_xs)
-GEMM_ENTRY(f16)
-GEMM_ENTRY(bf16)
 GEMM_ENTRY(f32)
 
-// moe_gemm4_<type>(table, meta_offset, offsets, order, xh, y, rows, cols, top_k, x_per_slot, ldx): as
-// moe_gemm_<type> on the pipelined 64-slot tile, x as f16 rows of stride ldx (f32_to_f16_rows).
-// grid (ceil(rows/128), ceil(T/64), n_expert), block 128, dynamic shared Pipe4::SMEM.
+// moe_gemm4_<type>(table, meta_offset, offsets, order, xh, y, rows, cols, top_k, x_per_slot, ldx): the
+// MoE prefill GEMM over the slots moe_sort grouped per expert (cuda/moe.cu), on the 64-slot
+// pipelined tile. Block z = expert e takes its slots order[offsets[e] ..] 64 at a time, weights at
+// table[e] (q plane; the meta plane meta_offset bytes on). y[slot] = expert @ x(slot), x(slot) =
+// xh[slot / top_k] or xh[slot], f16 rows of stride ldx. grid (ceil(rows/128), ceil(T/64),
+// n_expert), block 128, dynamic shared Pipe4::SMEM: each token's experts are distinct (moe_topk's
+// are), so no expert has more than T slots; blocks past their expert's slots return at once.
 #define MOE_GEMM_PIPE_ENTRY(TYPE)                                                                           \
     extern "C" __global__ __launch_bounds__(128, 2) void moe_gemm4_##TYPE(                                  \
         const unsigned long long* table, long long meta_offset, const int* offsets, const int* order,       \
@@ -444,44 +410,7 @@ MOE_GEMM_PIPE_ENTRY(q2_K)
 MOE_GEMM_PIPE_ENTRY(q3_K)
 MOE_GEMM_PIPE_ENTRY(iq4_xs)
 
-MOE_GEMM_ENTRY(q4_0)
-MOE_GEMM_ENTRY(q4_1)
-MOE_GEMM_ENTRY(q5_0)
-MOE_GEMM_ENTRY(q5_1)
-MOE_GEMM_ENTRY(q8_0)
-MOE_GEMM_ENTRY(q4_K)
-MOE_GEMM_ENTRY(q5_K)
-MOE_GEMM_ENTRY(q6_K)
-MOE_GEMM_ENTRY(q2_K)
-MOE_GEMM_ENTRY(q3_K)
-MOE_GEMM_ENTRY(iq4_xs)
 
-// memra-kernel: gemm_q4_0(PPPPiii)
-// memra-kernel: gemm2_q4_0(PPPPiii)
-// memra-kernel: gemm_q4_1(PPPPiii)
-// memra-kernel: gemm2_q4_1(PPPPiii)
-// memra-kernel: gemm_q5_0(PPPPiii)
-// memra-kernel: gemm2_q5_0(PPPPiii)
-// memra-kernel: gemm_q5_1(PPPPiii)
-// memra-kernel: gemm2_q5_1(PPPPiii)
-// memra-kernel: gemm_q8_0(PPPPiii)
-// memra-kernel: gemm2_q8_0(PPPPiii)
-// memra-kernel: gemm_q4_K(PPPPiii)
-// memra-kernel: gemm2_q4_K(PPPPiii)
-// memra-kernel: gemm_q5_K(PPPPiii)
-// memra-kernel: gemm2_q5_K(PPPPiii)
-// memra-kernel: gemm_q6_K(PPPPiii)
-// memra-kernel: gemm2_q6_K(PPPPiii)
-// memra-kernel: gemm_q2_K(PPPPiii)
-// memra-kernel: gemm2_q2_K(PPPPiii)
-// memra-kernel: gemm_q3_K(PPPPiii)
-// memra-kernel: gemm2_q3_K(PPPPiii)
-// memra-kernel: gemm_iq4_xs(PPPPiii)
-// memra-kernel: gemm2_iq4_xs(PPPPiii)
-// memra-kernel: gemm_f16(PPPPiii)
-// memra-kernel: gemm2_f16(PPPPiii)
-// memra-kernel: gemm_bf16(PPPPiii)
-// memra-kernel: gemm2_bf16(PPPPiii)
 // memra-kernel: gemm_f32(PPPPiii)
 // memra-kernel: gemm2_f32(PPPPiii)
 // memra-kernel: gemm3_q4_0(PPPPiiii)
@@ -521,14 +450,3 @@ MOE_GEMM_ENTRY(iq4_xs)
 // memra-kernel: moe_gemm4_q2_K(PqPPPPiiiii)
 // memra-kernel: moe_gemm4_q3_K(PqPPPPiiiii)
 // memra-kernel: moe_gemm4_iq4_xs(PqPPPPiiiii)
-// memra-kernel: moe_gemm_q4_0(PqPPPPiiii)
-// memra-kernel: moe_gemm_q4_1(PqPPPPiiii)
-// memra-kernel: moe_gemm_q5_0(PqPPPPiiii)
-// memra-kernel: moe_gemm_q5_1(PqPPPPiiii)
-// memra-kernel: moe_gemm_q8_0(PqPPPPiiii)
-// memra-kernel: moe_gemm_q4_K(PqPPPPiiii)
-// memra-kernel: moe_gemm_q5_K(PqPPPPiiii)
-// memra-kernel: moe_gemm_q6_K(PqPPPPiiii)
-// memra-kernel: moe_gemm_q2_K(PqPPPPiiii)
-// memra-kernel: moe_gemm_q3_K(PqPPPPiiii)
-// memra-kernel: moe_gemm_iq4_xs(PqPPPPiiii)

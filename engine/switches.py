@@ -33,7 +33,7 @@ def prefill_attention() -> bool:
 
 
 def gemm_tile() -> str | None:
-    """MEMRA_GEMM=gemm|gemm2|gemm3|gemm4: the prefill GEMM's tile shape; None: chosen per shape."""
+    """MEMRA_GEMM=gemm3|gemm4 (f32 weights: gemm|gemm2): the prefill GEMM's tile; None: chosen per shape."""
     return os.environ.get("MEMRA_GEMM") or None
 
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The prefill GEMM round on the device (issue 16): install and build (scripts/device_run.sh), the GEMM
 # tests, the GEMM microbenchmark (every tile, scripts/bench_kernels.py --gemm-only), then memra-bench
-# for each shape:tile of MEMRA_PREFILL_RUNS (default "llama-8b:gemm2 llama-8b:auto": synthetic shapes,
-# the old 128x128 tile against the default choice; MEMRA_GEMM=tile), and with MEMRA_PREFILL_PROFILE=1
+# for each shape:tile of MEMRA_PREFILL_RUNS (default "llama-8b:gemm3 llama-8b:auto": synthetic shapes,
+# a forced tile against the default choice; MEMRA_GEMM=tile), MEMRA_PREFILL_QUICK=1 one GEMM shape, and with MEMRA_PREFILL_PROFILE=1
 # scripts/profile_decode.py --prefill 512 on each shape.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -12,7 +12,7 @@ t0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
 MEMRA_TESTS=0 MEMRA_BENCH=0 bash scripts/device_run.sh > "$OUT/setup.log" 2>&1 || { tail -20 "$OUT/setup.log"; exit 1; }
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
-RUNS=${MEMRA_PREFILL_RUNS:-llama-8b:gemm2 llama-8b:auto}
+RUNS=${MEMRA_PREFILL_RUNS:-llama-8b:gemm3 llama-8b:auto}
 SHAPES=$(for r in $RUNS; do echo "${r%%:*}"; done | sort -u)
 pids=()
 for shape in $SHAPES; do

@@ -80,8 +80,7 @@ def topk(rt, logits_ptr: int, ids_ptr: int, weights_ptr: int, log_ptr: int, n_to
 
 MATVEC_VARIANTS = ((1, 1), (2, 1), (4, 1))  # (rows per warp, units per step): moe_matvec_*_r<R>u<U>
 SORT_MAX_SLOTS = 8192  # moe_sort keeps the slots' expert ids in shared memory (cuda/moe.cu)
-GEMM_TOKENS = 64  # tokens (slots) per moe_gemm tile (cuda/gemm.cu, Tile1 and Pipe4)
-GEMM_SMEM = 34816
+GEMM_TOKENS = 64  # tokens (slots) per moe_gemm4 tile (cuda/gemm.cu, Pipe4)
 
 
 def matvec_variant(stack: ExpertStack) -> tuple[int, int]:
@@ -112,28 +111,17 @@ def sort_slots(rt, ids_ptr: int, offsets_ptr: int, order_ptr: int, n_slots: int,
     rt.launch("moe_sort", 1, 1024, (ids_ptr, offsets_ptr, order_ptr, n_slots, n_expert))
 
 
-def gemm_pipelined() -> bool:
-    """The expert GEMM on the pipelined tile (moe_gemm4_*) unless MEMRA_GEMM picks an old tile."""
-    return switches.gemm_tile() not in ("gemm", "gemm2")
-
-
-def expert_gemm(rt, stack: ExpertStack, offsets_ptr: int, order_ptr: int, x_ptr: int, y_ptr: int, n_tokens: int,
-                top_k: int, x_per_slot: bool, xh_ptr: int = 0) -> None:
+def expert_gemm(rt, stack: ExpertStack, offsets_ptr: int, order_ptr: int, xh_ptr: int, y_ptr: int, n_tokens: int,
+                top_k: int, x_per_slot: bool) -> None:
     """Prefill: y[s] = expert(s) @ x(s) on tensor cores, each expert's slots (sort_slots) in tiles of
-    64; x f32 rows per token (x_per_slot False) or per slot (cuda/gemm.cu, moe_gemm_<type>). With
-    xh_ptr, x's f16 copy (quant_ops.to_f16), the pipelined tile moe_gemm4_<type> reads that instead."""
-    args = (stack.table_ptr, np.int64(stack.meta_offset), offsets_ptr, order_ptr)
-    if xh_ptr:
-        name = f"moe_gemm4_{stack.layout.kernel_type}"
-        smem = quant_ops.gemm_shared("gemm4", stack.layout)
-        rt.set_max_dynamic_shared(name, smem)
-        rt.launch(name, (-(-stack.rows // 128), -(-n_tokens // GEMM_TOKENS), stack.n_expert), 128,
-                  (*args, xh_ptr, y_ptr, stack.rows, stack.cols, top_k, int(bool(x_per_slot)),
-                   quant_ops.f16_ld(stack.cols)), shared=smem)
-        return
-    rt.launch(f"moe_gemm_{stack.layout.kernel_type}", (-(-stack.rows // 64), -(-n_tokens // GEMM_TOKENS),
-              stack.n_expert), 128, (*args, x_ptr, y_ptr, stack.rows, stack.cols, top_k, int(bool(x_per_slot))),
-              shared=GEMM_SMEM)
+    64 (cuda/gemm.cu, moe_gemm4_<type>); xh: x's f16 copy (quant_ops.to_f16), rows per token
+    (x_per_slot False) or per slot."""
+    name = f"moe_gemm4_{stack.layout.kernel_type}"
+    smem = quant_ops.gemm_shared("gemm4", stack.layout)
+    rt.set_max_dynamic_shared(name, smem)
+    rt.launch(name, (-(-stack.rows // 128), -(-n_tokens // GEMM_TOKENS), stack.n_expert), 128,
+              (stack.table_ptr, np.int64(stack.meta_offset), offsets_ptr, order_ptr, xh_ptr, y_ptr, stack.rows,
+               stack.cols, top_k, int(bool(x_per_slot)), quant_ops.f16_ld(stack.cols)), shared=smem)
 
 
 def combine(rt, y_ptr: int, weights_ptr: int, out_ptr: int, n_tokens: int, d: int, k: int) -> None:

@@ -617,13 +617,11 @@ class GpuOps:
             assert S <= moe.SORT_MAX_SLOTS, "prefill chunks are bounded so that T * top_k slots fit moe_sort"
             offsets, order = self.new((gate_up.n_expert + 1,)), self.new((S,))
             moe.sort_slots(self.rt, ids.ptr, offsets.ptr, order.ptr, S, gate_up.n_expert)
-            pipe = moe.gemm_pipelined()
-            moe.expert_gemm(self.rt, gate_up, offsets.ptr, order.ptr, x.ptr, gu.ptr, T, k, x_per_slot=False,
-                            xh_ptr=self._f16_of(x, x.width) if pipe else 0)
+            moe.expert_gemm(self.rt, gate_up, offsets.ptr, order.ptr, self._f16_of(x, x.width), gu.ptr, T, k,
+                            x_per_slot=False)
             gate, up = self.split(gu, (ff, ff))
             h = self._gated("silu_mul_f32", gate, up)
-            moe.expert_gemm(self.rt, down, offsets.ptr, order.ptr, h.ptr, y.ptr, T, k, x_per_slot=True,
-                            xh_ptr=self._f16_of(h, ff) if pipe else 0)
+            moe.expert_gemm(self.rt, down, offsets.ptr, order.ptr, self._f16_of(h, ff), y.ptr, T, k, x_per_slot=True)
         out = self.new((T, down.rows))
         moe.combine(self.rt, y.ptr, weights.ptr, out.ptr, T, down.rows, k)
         return out

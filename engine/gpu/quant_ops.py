@@ -305,7 +305,8 @@ def matvec_qkv_rope(rt, w: GpuWeight, xq_ptr: int, bias_ptr: int, q_out: int, kc
 
 # ---- GEMM (prefill) ----------------------------------------------------------------------------
 # kernel prefix -> (tokens per tile, rows per tile, threads); see gemm.cu. gemm3 and gemm4 are the
-# pipelined tiles: they read x as f16 rows (to_f16) and do not exist for f32 weights.
+# pipelined tiles, for every type but f32: they read x as f16 rows (to_f16). f32 weights have the
+# unpipelined gemm and gemm2 over f32 x.
 GEMM_TILES = {"gemm": (64, 64, 128), "gemm2": (128, 128, 256), "gemm3": (128, 128, 256), "gemm4": (64, 128, 128)}
 PIPELINED_TILES = ("gemm3", "gemm4")
 GEMM_LDS = 128 + 8  # the f16 tile row in halves (gemm.cu GEMM_LDS)
@@ -313,7 +314,8 @@ GEMM_LDS = 128 + 8  # the f16 tile row in halves (gemm.cu GEMM_LDS)
 
 def gemm_tiles(w: GpuWeight) -> list[str]:
     """The tile shapes this weight's type has kernels for."""
-    return [p for p in GEMM_TILES if not (p in PIPELINED_TILES and w.layout.kernel_type == "f32")]
+    f32 = w.layout.kernel_type == "f32"
+    return [p for p in GEMM_TILES if (p in PIPELINED_TILES) != f32]
 
 
 def gemm_shared(prefix: str, lay: WeightLayout) -> int:
@@ -393,8 +395,8 @@ def kernel_names() -> list[str]:
         names.append(f"matvec_{name}_qkv_rope")
         if name in MMA_BATCHED_TYPES:
             names += [f"matvec_{name}_mma_c{c}" for c in (8, 16)]
-        names += [f"{prefix}_{name}" for prefix in GEMM_TILES]
+        names += [f"{prefix}_{name}" for prefix in PIPELINED_TILES]
     for name, _ in FLOAT_TYPES.values():
         names += [f"matvec_{name}_c{c}" for c in (1, 2, 4, 8, 16)]
-        names += [f"{prefix}_{name}" for prefix in GEMM_TILES if name != "f32" or prefix not in PIPELINED_TILES]
+        names += [f"{prefix}_{name}" for prefix in GEMM_TILES if (prefix in PIPELINED_TILES) != (name == "f32")]
     return names

@@ -1,6 +1,6 @@
 """Prefill GEMM on tensor cores against numpy (cuda/gemm.cu, quant_ops.gemm).
 
-Every tile shape (gemm_, gemm2_, and the pipelined gemm3_, gemm4_ that read x's f16 copy), every weight type, odd row counts, token counts that are not multiples of the 64-token tile,
+Every tile shape (the pipelined gemm3_, gemm4_ that read x's f16 copy; gemm_, gemm2_ for f32 weights), every weight type, odd row counts, token counts that are not multiples of the 64-token tile,
 K not a multiple of the 128-wide K step (32-wide types) and any K (float types); outputs
 poisoned with NaN first. Bound: ||gpu-ref||/||ref|| <= 1e-3 against x @ W.T in float64 with W as
 gguf dequantizes it (both operands are rounded to f16, ~4e-4 expected, f32 accumulation).

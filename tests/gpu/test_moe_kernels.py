@@ -7,9 +7,9 @@ cuda/matvec.cu, engine/gpu/moe.py), on random inputs with NaN-poisoned outputs.
   matvec (r1u1) of its expert on its activation row: the same kernel body, so the cache and the
   resident path agree exactly;
 - moe_sort: the slots grouped per expert exactly as a stable numpy argsort of the ids;
-- moe_gemm (prefill; the 64-slot tile and the pipelined moe_gemm4 reading x's f16 copy): every
-  slot's rows bit-identical to the dense prefill GEMM of the same tile (gemm, gemm4) of its expert
-  on its activation rows, and within the dense GEMM's bound (1e-3 relative L2) of float64 numpy;
+- moe_gemm4 (prefill, the pipelined 64-slot tile reading x's f16 copy): every slot's rows
+  bit-identical to the dense prefill GEMM of the same tile (gemm4) of its expert on its activation
+  rows, and within the dense GEMM's bound (1e-3 relative L2) of float64 numpy;
 - moe_combine: within 1e-6 relative of the float64 weighted sum (fma order).
 """
 from __future__ import annotations
@@ -123,23 +123,22 @@ def test_expert_gemm_slots_equal_dense_gemms(gpu, ggml_type, x_per_slot):
     xh = gpu.empty(quant_ops.f16_nbytes(cols, n_x) // 4)
     quant_ops.to_f16(gpu.rt, xp, xh, cols, n_x)
     rows_of = np.arange(S) if x_per_slot else np.arange(S) // k
-    for tile, pipelined in (("gemm", False), ("gemm4", True)):
-        y = gpu.empty(S * rows)
-        moe.expert_gemm(gpu.rt, stack, offsets, order, xp, y, T, k, x_per_slot, xh if pipelined else 0)
-        got = gpu.get(y, (S, rows))
-        assert np.isfinite(got).all(), f"{tile}: unwritten (NaN-poisoned) slot rows"
-        for e in range(n_expert):
-            slots = np.flatnonzero(ids == e)
-            xe = np.ascontiguousarray(x[rows_of[slots]])
-            xe_p = gpu.put(xe)
-            xe_h = gpu.empty(quant_ops.f16_nbytes(cols, len(slots)) // 4)
-            quant_ops.to_f16(gpu.rt, xe_p, xe_h, cols, len(slots))
-            out = gpu.empty(len(slots) * rows)
-            quant_ops.gemm(gpu.rt, dense[e], xe_p, out, len(slots), xe_h, variant=tile)
-            np.testing.assert_array_equal(got[slots], gpu.get(out, (len(slots), rows)), err_msg=f"{tile} expert {e}")
-            ref = xe.astype(np.float64) @ dequantize_weight(ggml_type, stack.parts[0].data[e], rows, cols).T.astype(np.float64)
-            err = np.linalg.norm(got[slots] - ref) / np.linalg.norm(ref)
-            assert err <= 1e-3, f"{tile} expert {e}: rel err {err:.2e}"
+    y = gpu.empty(S * rows)
+    moe.expert_gemm(gpu.rt, stack, offsets, order, xh, y, T, k, x_per_slot)
+    got = gpu.get(y, (S, rows))
+    assert np.isfinite(got).all(), "unwritten (NaN-poisoned) slot rows"
+    for e in range(n_expert):
+        slots = np.flatnonzero(ids == e)
+        xe = np.ascontiguousarray(x[rows_of[slots]])
+        xe_p = gpu.put(xe)
+        xe_h = gpu.empty(quant_ops.f16_nbytes(cols, len(slots)) // 4)
+        quant_ops.to_f16(gpu.rt, xe_p, xe_h, cols, len(slots))
+        out = gpu.empty(len(slots) * rows)
+        quant_ops.gemm(gpu.rt, dense[e], xe_p, out, len(slots), xe_h, variant="gemm4")
+        np.testing.assert_array_equal(got[slots], gpu.get(out, (len(slots), rows)), err_msg=f"expert {e}")
+        ref = xe.astype(np.float64) @ dequantize_weight(ggml_type, stack.parts[0].data[e], rows, cols).T.astype(np.float64)
+        err = np.linalg.norm(got[slots] - ref) / np.linalg.norm(ref)
+        assert err <= 1e-3, f"expert {e}: rel err {err:.2e}"
     gpu.rt.check()
 
 
