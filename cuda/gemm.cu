@@ -278,7 +278,6 @@ extern "C" __global__ void f32_to_f16_rows(const float* __restrict__ x, half* __
     }
     store8(y + (size_t)t * ldy + c, v);
 }
-// memra-kernel: f32_to_f16_rows(PPiii)
 
 // sgemm_f32(w, w_ld, x, y, rows, cols, n_tokens): y[t][r] = sum_k w[r][k] x[t][k] in float32 FMAs,
 // k in order (run to run the same bits). For f32 weights in prefill: the MoE router, whose close

@@ -65,7 +65,7 @@ def report(rt, record: list[tuple], total_us: float, title: str) -> None:
         print(f"  {name:<28} x{n:<4} {us:8.1f} µs  {us / n:6.2f} µs each  {100 * us / parts:5.1f}%")
 
 
-def report_by_events(rt, record: list[tuple], total_us: float, title: str, reps: int = 3) -> None:
+def report_by_events(rt, record: list[tuple], title: str, reps: int = 3) -> None:
     """The record replayed in order, each launch between two events: per kernel name, the median
     over reps of its launches' summed times."""
     cuda = rt.cuda
@@ -120,7 +120,7 @@ def profile_prefill(backend: CudaBackend, n: int) -> None:
     g = graph_of(rt, record)
     total = g.replay_us(rt, replays=3)
     g.destroy()
-    report_by_events(rt, record, total, f"prefill {n}: {len(record)} kernels, graph {total:.1f} µs ({n * 1e6 / total:,.0f} tok/s)")
+    report_by_events(rt, record, f"prefill {n}: {len(record)} kernels, graph {total:.1f} µs ({n * 1e6 / total:,.0f} tok/s)")
 
 
 def main() -> None:

@@ -711,21 +711,20 @@ class GpuOps:
         quant_ops.matvec(self.rt, w, x.ptr, xq, y_ptr, T)
 
     def _f16_of(self, x: DArray, cols: int) -> int:
-        """x's f16 copy for the pipelined GEMM tiles: one conversion per activation, however many
-        weights read it (q, k, v; gate, up)."""
-        key = (x.ptr, x.rows)
-        xh = self._xh.get(key, 0)
-        if not xh:
-            xh = self._xh[key] = self.arena.alloc(quant_ops.f16_nbytes(cols, x.rows))
-            quant_ops.to_f16(self.rt, x.ptr, xh, cols, x.rows)
-        return xh
+        """x's f16 copy for the pipelined GEMM tiles: the one its producer wrote, or one conversion
+        per activation, however many weights read it (q, k, v; gate, up)."""
+        return self._copy_of(self._xh, x, quant_ops.f16_nbytes(cols, x.rows), quant_ops.to_f16, cols)
 
     def _q8_1_of(self, x: DArray, cols: int) -> int:
         """x's q8_1 copy: the one its producer wrote, or a quantize launch (once per activation,
         however many weights read it)."""
+        return self._copy_of(self._xq, x, quant_ops.q8_1_nbytes(cols, x.rows), quant_ops.quantize_q8_1, cols)
+
+    def _copy_of(self, copies: dict, x: DArray, nbytes: int, convert, cols: int) -> int:
+        """The copy of x in `copies` (keyed by x's address and rows), made by convert on first use."""
         key = (x.ptr, x.rows)
-        xq = self._xq.get(key, 0)
-        if not xq:
-            xq = self._xq[key] = self.arena.alloc(quant_ops.q8_1_nbytes(cols, x.rows))
-            quant_ops.quantize_q8_1(self.rt, x.ptr, xq, cols, x.rows)
-        return xq
+        ptr = copies.get(key, 0)
+        if not ptr:
+            ptr = copies[key] = self.arena.alloc(nbytes)
+            convert(self.rt, x.ptr, ptr, cols, x.rows)
+        return ptr
