@@ -192,6 +192,68 @@ __device__ __forceinline__ void matvec_dots_db(const uint8_t* __restrict__ wq, c
     }
 }
 
+// ---- persistent one-column matvec (P variants) ------------------------------------------------
+// A warp walks row groups g, g + G, ... (G: the grid's warps; a grid of ceil(groups / MV_WARPS)
+// blocks is the plain kernel) and keeps fetching one step ahead across groups: the next group's
+// first weight bytes are in flight while this group's last step computes and its sums reduce.
+// At the 8B's K = 4096 a lane has only 2 steps a row group, so a warp that exits after one group
+// waits a full DRAM latency with nothing to overlap. Per row: the units per lane, their order and
+// the tree are u0's, so the rows are bit-identical to every other variant.
+template <class T, int R>
+__device__ __forceinline__ void matvec_q_persistent(const uint8_t* __restrict__ wq, const uint8_t* __restrict__ wm,
+                                                    const int8_t* __restrict__ xq, float* __restrict__ y, int rows,
+                                                    int cols) {
+    typedef prefetch_of<T> P;
+    const int lane = threadIdx.x & 31;
+    const int nb = cols / T::QK;
+    const int nu = nb * T::UNITS, steps = (nu + 31) >> 5;
+    const int groups = (rows + R - 1) / R, gstride = gridDim.x * MV_WARPS;
+    int g = blockIdx.x * MV_WARPS + (threadIdx.x >> 5);
+    if (g >= groups) return;
+    const q8_1_row xrow = q8_1_row_at(xq, nb * T::QK);
+    auto fetch = [&](int g, int s, typename P::Raw (&raw)[R]) {
+        const int u = min(lane + 32 * s, nu - 1);  // clamped: loads stay in bounds, dots skipped
+        const int b = u / T::UNITS, j = u % T::UNITS;
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const size_t blk = (size_t)min(g * R + r, rows - 1) * nb + b;
+            P::fetch(raw[r], wq + blk * T::QB, wm + blk * T::MB, j);
+        }
+    };
+    typename P::Raw cur[R], next[R];
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+    fetch(g, 0, cur);
+    for (int s = 0;;) {
+        int gn = g, sn = s + 1;
+        if (sn == steps) gn += gstride, sn = 0;
+        if (gn < groups) fetch(gn, sn, next);
+        const int u = lane + 32 * s;
+        if (u < nu) {
+            typename T::W w[R];
+#pragma unroll
+            for (int r = 0; r < R; ++r) P::unpack(w[r], cur[r], u % T::UNITS);
+            typename T::A a;
+            T::load_a(a, xrow, u / T::UNITS, u % T::UNITS);
+#pragma unroll
+            for (int r = 0; r < R; ++r) acc[r] = fadd(acc[r], T::dot(w[r], a));
+        }
+        if (sn == 0) {
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                const float v = warp_sum(acc[r]);
+                if (lane == 0 && g * R + r < rows) y[g * R + r] = v;
+                acc[r] = 0.0f;
+            }
+            if (gn >= groups) break;
+        }
+#pragma unroll
+        for (int r = 0; r < R; ++r) cur[r] = next[r];
+        g = gn, s = sn;
+    }
+}
+
 // ---- int8 matvec -----------------------------------------------------------------------------
 // FUSED: x is f32 and the block first quantizes it into shared memory (C rows of `stride` bytes,
 // dynamic shared memory), saving the quantize_q8_1 launch; worth it for small K only.
@@ -423,6 +485,21 @@ __device__ __forceinline__ void matvec_qkv_rope(const uint8_t* __restrict__ wq, 
     MATVEC_Q(TYPE, 4, 1, 2) MATVEC_Q(TYPE, 4, 1, 4) MATVEC_Q(TYPE, 4, 1, 8) MATVEC_Q(TYPE, 4, 1, 16)    \
     MATVEC_QF(TYPE, 1, 1) MATVEC_QF(TYPE, 2, 1) MATVEC_QKV_ROPE(TYPE)
 
+// matvec_<type>_r<R>p_c1(wq, wm, xq, y, rows, cols, n_tokens, stride): one column, any grid of
+// 128-thread blocks (quant_ops sizes it to the resident blocks); n_tokens must be 1.
+#define MATVEC_QP(TYPE, R)                                                                                  \
+    extern "C" __global__ __launch_bounds__(MV_WARPS * 32) void matvec_##TYPE##_r##R##p_c1(                  \
+        const uint8_t* wq, const uint8_t* wm, const int8_t* xq, float* y, int rows, int cols, int n_tokens,  \
+        int stride) {                                                                                       \
+        matvec_prefetch_q<TYPE##_t, R>(wq, wm, rows, cols);                                                 \
+        pdl_entry();                                                                                        \
+        matvec_q_persistent<TYPE##_t, R>(wq, wm, xq, y, rows, cols);                                        \
+    }
+MATVEC_QP(q8_0, 1) MATVEC_QP(q8_0, 2)
+MATVEC_QP(q4_K, 2) MATVEC_QP(q4_K, 4)
+MATVEC_QP(q5_K, 2) MATVEC_QP(q5_K, 4)
+MATVEC_QP(q6_K, 2) MATVEC_QP(q6_K, 4)
+
 MATVEC_Q_ALL(q4_0)
 MATVEC_Q_ALL(q4_1)
 MATVEC_Q_ALL(q5_0)
@@ -647,6 +724,14 @@ MATVEC_F_ALL(bf16)
 MATVEC_F_ALL(f32)
 
 // Registry signatures of the macro-made entry points (engine/gpu/build.py reads these lines).
+// memra-kernel: matvec_q8_0_r1p_c1(PPPPiiii)
+// memra-kernel: matvec_q8_0_r2p_c1(PPPPiiii)
+// memra-kernel: matvec_q4_K_r2p_c1(PPPPiiii)
+// memra-kernel: matvec_q4_K_r4p_c1(PPPPiiii)
+// memra-kernel: matvec_q5_K_r2p_c1(PPPPiiii)
+// memra-kernel: matvec_q5_K_r4p_c1(PPPPiiii)
+// memra-kernel: matvec_q6_K_r2p_c1(PPPPiiii)
+// memra-kernel: matvec_q6_K_r4p_c1(PPPPiiii)
 // memra-kernel: matvec_q4_0_r1u1_c1(PPPPiiii)
 // memra-kernel: matvec_q4_0_r1u2_c1(PPPPiiii)
 // memra-kernel: matvec_q4_0_r1u4_c1(PPPPiiii)

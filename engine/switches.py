@@ -27,6 +27,11 @@ def verify_mma() -> bool:
     return os.environ.get("MEMRA_VERIFY_MMA", "1") != "0"
 
 
+def persistent_matvec() -> bool:
+    """MEMRA_MV_PERSISTENT=1: one-column matvecs of the PERSISTENT_ROWS types on the persistent kernel."""
+    return os.environ.get("MEMRA_MV_PERSISTENT", "0") == "1"
+
+
 def prefill_attention() -> bool:
     """MEMRA_PREFILL_ATTN=0: prefill chunks attend on the split kernel (decode's) instead of attn_prefill."""
     return os.environ.get("MEMRA_PREFILL_ATTN", "1") != "0"

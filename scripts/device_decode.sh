@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The decode matvec round on the device (issue 16): install and build (scripts/device_run.sh), the
+# synthetic models of MEMRA_DECODE_SHAPES written in the background (default "llama-8b llama-1b"),
+# the matvec tests, scripts/bench_decode_matvecs.py on the 8B shapes (MEMRA_DECODE_MATVECS overrides
+# the ROWSxCOLS:TYPE list; empty skips it), then memra-bench per shape for each value of
+# MEMRA_DECODE_AB (default "0 1": MEMRA_MV_PERSISTENT off, on). MEMRA_DECODE_LLAMA=1 also starts
+# llama.cpp's build detached (for scripts/device_side_by_side.sh in the next call, the machine warm).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/memra-out}
+mkdir -p "$OUT" /tmp/models
+t0=$(date +%s)
+stamp() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
+if [ "${MEMRA_DECODE_LLAMA:-0}" = 1 ] && [ ! -x /tmp/llama.cpp/build/bin/llama-bench ]; then
+  cp -r .whl/llamacpp /tmp/ && (setsid nohup nice -n 19 bash /tmp/llamacpp/build.sh > /dev/null 2>&1 < /dev/null &)
+fi
+MEMRA_TESTS=0 MEMRA_BENCH=0 bash scripts/device_run.sh > "$OUT/setup.log" 2>&1 || { tail -20 "$OUT/setup.log"; exit 1; }
+export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
+SHAPES=${MEMRA_DECODE_SHAPES-llama-8b llama-1b}
+gen() {  # the 1B shape of issue 16's table (16 layers, d 2048, ffn 8192, hd 64, tied)
+  case $1 in
+    llama-1b) python3 -m memra_engine.model.synthetic /tmp/models/llama-1b.gguf --preset llama-8b --layers 16 \
+      --d-model 2048 --d-ff 8192 --heads 32 --kv-heads 8 --head-dim 64 --tied --quiet --threads 4 ;;
+    *) python3 -m memra_engine.model.synthetic "/tmp/models/$1.gguf" --preset "$1" --quiet --threads 4 ;;
+  esac
+}
+pids=()
+for shape in $SHAPES; do
+  [ -f "/tmp/models/$shape.gguf" ] || { gen "$shape" >> "$OUT/misc.log" 2>&1 & pids+=($!); }
+done
+if [ "${MEMRA_TESTS:-1}" != 0 ]; then
+  tests=${MEMRA_DECODE_TESTS:-tests/gpu/test_matvec.py}
+  stamp "pytest -m gpu $tests"
+  python3 -m pytest -m gpu -q -p no:cacheprovider -rfE $tests > "$OUT/pytest-decode.log" 2>&1
+  tail -2 "$OUT/pytest-decode.log"; grep -E "^FAILED|^ERROR" "$OUT/pytest-decode.log" | head -12
+fi
+MATVECS=${MEMRA_DECODE_MATVECS-28672x4096:Q4_K 4096x14336:Q4_K 4096x4096:Q4_K 6144x4096:Q4_K 4096x14336:Q6_K 49152x4096:Q6_K 1024x4096:Q6_K 28672x4096:Q8_0 16384x2048:Q4_K 2048x8192:Q4_K}
+if [ -n "$MATVECS" ]; then
+  stamp "bench_decode_matvecs"
+  python3 scripts/bench_decode_matvecs.py $MATVECS > "$OUT/matvecs.txt" 2>&1
+  grep "^matvec" "$OUT/matvecs.txt" || tail -5 "$OUT/matvecs.txt"
+fi
+for p in "${pids[@]}"; do wait "$p"; done
+for shape in $SHAPES; do
+  for ab in ${MEMRA_DECODE_AB-0 1}; do
+    stamp "memra-bench $shape MEMRA_MV_PERSISTENT=$ab"
+    MEMRA_MV_PERSISTENT=$ab timeout 150 python3 -m memra_engine.bench "/tmp/models/$shape.gguf" --backend cuda --runs 5 \
+      --json > "$OUT/bench-$shape-p$ab.json" 2>> "$OUT/misc.log"
+    python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(sys.argv[2], 'persistent', sys.argv[3], {k: round(v, 1) for k, v in r.items() if k.endswith('tok_s')})" \
+      "$OUT/bench-$shape-p$ab.json" "$shape" "$ab" || tail -3 "$OUT/misc.log"
+  done
+done
+stamp done
