@@ -42,10 +42,11 @@ def gemm_tile() -> str | None:
     return os.environ.get("MEMRA_GEMM") or None
 
 
-def moe_matvec_variant() -> tuple[int, int] | None:
-    """MEMRA_MOE_RU=R,U: rows per warp and units per step of the MoE expert matvec; None: the default."""
+def moe_matvec_variant() -> tuple[int, int | str] | None:
+    """MEMRA_MOE_RU=R,U: rows per warp and units per step of the MoE expert matvec (U p: the persistent
+    kernel); None: the default."""
     forced = os.environ.get("MEMRA_MOE_RU")
     if not forced:
         return None
-    r, u = (int(v) for v in forced.split(","))
-    return r, u
+    r, u = forced.split(",")
+    return int(r), u if u == "p" else int(u)

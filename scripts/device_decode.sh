@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The decode matvec round on the device (issue 16): install and build (scripts/device_run.sh), the
-# synthetic models of MEMRA_DECODE_SHAPES written in the background (default "llama-8b llama-1b"),
+# The decode matvec round on the device (issues 15, 16): install and build (scripts/device_run.sh), the
+# synthetic models of MEMRA_DECODE_RUNS written in the background (llama-1b: issue 16's 1B shape),
 # the matvec tests, scripts/bench_decode_matvecs.py on the 8B shapes (MEMRA_DECODE_MATVECS overrides
-# the ROWSxCOLS:TYPE list; empty skips it), then memra-bench per shape for each value of
-# MEMRA_DECODE_AB (default "0 1": MEMRA_MV_PERSISTENT off, on). MEMRA_DECODE_LLAMA=1 also starts
+# the ROWSxCOLS:TYPE list; empty skips it), then memra-bench for each shape:switches of
+# MEMRA_DECODE_RUNS (default "llama-8b:base llama-8b:MEMRA_MV_PERSISTENT=1"; switches joined by +). MEMRA_DECODE_LLAMA=1 also starts
 # llama.cpp's build detached (for scripts/device_side_by_side.sh in the next call, the machine warm).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -16,7 +16,8 @@ if [ "${MEMRA_DECODE_LLAMA:-0}" = 1 ] && [ ! -x /tmp/llama.cpp/build/bin/llama-b
 fi
 MEMRA_TESTS=0 MEMRA_BENCH=0 bash scripts/device_run.sh > "$OUT/setup.log" 2>&1 || { tail -20 "$OUT/setup.log"; exit 1; }
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
-SHAPES=${MEMRA_DECODE_SHAPES-llama-8b llama-1b}
+RUNS=${MEMRA_DECODE_RUNS-llama-8b:base llama-8b:MEMRA_MV_PERSISTENT=1}
+SHAPES=$(for r in $RUNS; do echo "${r%%:*}"; done | sort -u)
 gen() {  # the 1B shape of issue 16's table (16 layers, d 2048, ffn 8192, hd 64, tied)
   case $1 in
     llama-1b) python3 -m memra_engine.model.synthetic /tmp/models/llama-1b.gguf --preset llama-8b --layers 16 \
@@ -29,7 +30,7 @@ for shape in $SHAPES; do
   [ -f "/tmp/models/$shape.gguf" ] || { gen "$shape" >> "$OUT/misc.log" 2>&1 & pids+=($!); }
 done
 if [ "${MEMRA_TESTS:-1}" != 0 ]; then
-  tests=${MEMRA_DECODE_TESTS:-tests/gpu/test_matvec.py}
+  tests=${MEMRA_DECODE_TESTS:-tests/gpu/test_matvec.py tests/gpu/test_moe_kernels.py}
   stamp "pytest -m gpu $tests"
   python3 -m pytest -m gpu -q -p no:cacheprovider -rfE $tests > "$OUT/pytest-decode.log" 2>&1
   tail -2 "$OUT/pytest-decode.log"; grep -E "^FAILED|^ERROR" "$OUT/pytest-decode.log" | head -12
@@ -41,13 +42,14 @@ if [ -n "$MATVECS" ]; then
   grep "^matvec" "$OUT/matvecs.txt" || tail -5 "$OUT/matvecs.txt"
 fi
 for p in "${pids[@]}"; do wait "$p"; done
-for shape in $SHAPES; do
-  for ab in ${MEMRA_DECODE_AB-0 1}; do
-    stamp "memra-bench $shape MEMRA_MV_PERSISTENT=$ab"
-    MEMRA_MV_PERSISTENT=$ab timeout 150 python3 -m memra_engine.bench "/tmp/models/$shape.gguf" --backend cuda --runs 5 \
-      --json > "$OUT/bench-$shape-p$ab.json" 2>> "$OUT/misc.log"
-    python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(sys.argv[2], 'persistent', sys.argv[3], {k: round(v, 1) for k, v in r.items() if k.endswith('tok_s')})" \
-      "$OUT/bench-$shape-p$ab.json" "$shape" "$ab" || tail -3 "$OUT/misc.log"
-  done
+n=0
+for run in $RUNS; do  # shape:switches (joined by +) or shape:base
+  n=$((n + 1)) shape=${run%%:*} ab=${run#*:} envs=()
+  [ "$ab" = base ] || IFS=+ read -ra envs <<< "$ab"
+  stamp "memra-bench $shape $ab"
+  env "${envs[@]}" timeout 150 python3 -m memra_engine.bench "/tmp/models/$shape.gguf" --backend cuda --runs 5 \
+    --json > "$OUT/bench-$n.json" 2>> "$OUT/misc.log"
+  python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(sys.argv[2], sys.argv[3], {k: round(v, 1) for k, v in r.items() if k.endswith('tok_s')})" \
+    "$OUT/bench-$n.json" "$shape" "$ab" || tail -3 "$OUT/misc.log"
 done
 stamp done
