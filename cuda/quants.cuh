@@ -429,27 +429,24 @@ QDEV void load_act64(act64& a, const q8_1_row& x, int blk) {
 }
 
 // Scales of sub-blocks 2j, 2j+1, folded with d / dmin.
-// One 16-byte load of the K-quant meta (d, dmin, 12 scale bytes), then get_scale_min_k4 on
-// registers: byte loads of the scales one by one cost more instructions than the dot itself.
+// One 16-byte load of the K-quant meta (d, dmin, 12 scale bytes), then ggml's get_scale_min_k4
+// for both sub-blocks at once on 16-bit pairs (as llama.cpp's vec_dot_q4_K_q8_1), with selects,
+// not branches: j differs across a warp's lanes, and per-byte branches there diverged (both sides
+// ran, for each of R rows). Scale bytes 0..3, 4..7, 8..11 are mv.y, mv.z, mv.w; the pair of unit j
+// sits in half j & 1 of each. The integers are scale_min_k4's (tests/test_quant_host.py checks).
 QDEV void kquant_scales_of(const int4 mv, int j, float& dsc0, float& dsc1, float& dmn0, float& dmn1) {
     const float d = __half2float(__ushort_as_half((unsigned short)(mv.x & 0xFFFF)));
     const float dmin = __half2float(__ushort_as_half((unsigned short)((unsigned)mv.x >> 16)));
-    int sc[2], mn[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int s = 2 * j + h;  // sub-block; scale byte k of the 12 is meta byte 4 + k
-        if (s < 4) {
-            sc[h] = byte_of(mv, 4 + s) & 63;
-            mn[h] = byte_of(mv, 8 + s) & 63;
-        } else {
-            sc[h] = (byte_of(mv, 8 + s) & 0xF) | ((byte_of(mv, s) >> 6) << 4);
-            mn[h] = (byte_of(mv, 8 + s) >> 4) | ((byte_of(mv, 4 + s) >> 6) << 4);
-        }
-    }
-    dsc0 = fmul(d, (float)sc[0]);
-    dmn0 = fmul(dmin, (float)mn[0]);
-    dsc1 = fmul(d, (float)sc[1]);
-    dmn1 = fmul(dmin, (float)mn[1]);
+    const int sh = 16 * (j & 1);
+    const unsigned y = ((unsigned)mv.y >> sh) & 0xFFFF, z = ((unsigned)mv.z >> sh) & 0xFFFF;
+    const unsigned w = ((unsigned)mv.w >> sh) & 0xFFFF;
+    const bool high = j >= 2;  // sub-blocks 4..7: low 4 bits in bytes 8..11, top 2 bits in bytes 0..7
+    const unsigned sc = high ? (w & 0x0F0F) | ((y & 0xC0C0) >> 2) : y & 0x3F3F;
+    const unsigned mn = high ? ((w >> 4) & 0x0F0F) | ((z & 0xC0C0) >> 2) : z & 0x3F3F;
+    dsc0 = fmul(d, (float)(int)(sc & 0xFF));
+    dmn0 = fmul(dmin, (float)(int)(mn & 0xFF));
+    dsc1 = fmul(d, (float)(int)(sc >> 8));
+    dmn1 = fmul(dmin, (float)(int)(mn >> 8));
 }
 
 QDEV void kquant_scales(const uint8_t* meta, int j, float& dsc0, float& dsc1, float& dmn0, float& dmn1) {

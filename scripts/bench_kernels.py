@@ -109,7 +109,7 @@ def bench_matvec(rt, pool, quick: bool) -> list[dict]:
                 result[f"us_{key}"] = t * 1e6
                 result[f"gbs_{key}"] = (wbytes + act_bytes) / t / 1e9
             # persistent kernels: the resident grid (key r<R>p), and 1-4 blocks a SM (r<R>p<k>)
-            for r in quant_ops.PERSISTENT_ROWS.get(ggml_type.name.lower(), ()) if quant else ():
+            for r in quant_ops.PERSISTENT_ROWS.get(weights[0].layout.kernel_type, ()) if quant else ():
                 for per_sm in (None, 1, 2, 3, 4):
                     fns = [(lambda w=weights[i % len(weights)], r=r, k=per_sm:
                             quant_ops.matvec(rt, w, x.ptr, xq.ptr, y.ptr, 1, variant=(r, "p"), blocks_per_sm=k))

@@ -53,7 +53,40 @@ static void run_float(const uint8_t* buf, int rows, int cols, std::vector<half>&
     }
 }
 
+// `quant_host_check kscales`: kquant_scales_of against scale_min_k4 (ggml's get_scale_min_k4) on
+// every unit of 200,000 pseudo-random metas, bit for bit; prints the mismatches, rc 1 if any.
+static int check_kquant_scales() {
+    unsigned long long state = 0x9E3779B97F4A7C15ull;
+    int bad = 0;
+    for (int n = 0; n < 200000; ++n) {
+        uint8_t meta[16];
+        for (int i = 0; i < 16; ++i) {
+            state = state * 6364136223846793005ull + 1442695040888963407ull;
+            meta[i] = (uint8_t)(state >> 56);
+        }
+        meta[1] &= 0x3B, meta[3] &= 0x3B;  // finite f16 d and dmin
+        int4 mv;
+        memcpy(&mv, meta, 16);
+        const float d = __half2float(*reinterpret_cast<const half*>(meta));
+        const float dmin = __half2float(*reinterpret_cast<const half*>(meta + 2));
+        for (int j = 0; j < 4; ++j) {
+            float got[4];
+            kquant_scales_of(mv, j, got[0], got[1], got[2], got[3]);
+            int sc0, m0, sc1, m1;
+            scale_min_k4(2 * j, meta + 4, sc0, m0);
+            scale_min_k4(2 * j + 1, meta + 4, sc1, m1);
+            const float want[4] = {d * (float)sc0, d * (float)sc1, dmin * (float)m0, dmin * (float)m1};
+            if (memcmp(got, want, sizeof got) != 0 && bad++ < 10)
+                fprintf(stderr, "meta %d unit %d: got %g %g %g %g, want %g %g %g %g\n", n, j, got[0], got[1], got[2],
+                        got[3], want[0], want[1], want[2], want[3]);
+        }
+    }
+    printf("kscales: %d mismatches\n", bad);
+    return bad ? 1 : 0;
+}
+
 int main(int argc, char** argv) {
+    if (argc == 2 && std::string(argv[1]) == "kscales") return check_kquant_scales();
     if (argc != 7) {
         fprintf(stderr, "usage: %s TYPE ROWS COLS TOKENS IN OUT\n", argv[0]);
         return 2;

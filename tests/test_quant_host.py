@@ -59,6 +59,14 @@ def test_dot_and_dequant_match_numpy(host_check, tmp_path, ggml_type):
         assert np.linalg.norm(y - ref) / np.linalg.norm(ref) <= 1e-5
 
 
+def test_kquant_scales_are_get_scale_min_k4(host_check):
+    """The branch-free Q4_K/Q5_K scale decode gives ggml's get_scale_min_k4 integers, folded with d
+    and dmin bit for bit, on every unit of 200,000 pseudo-random metas."""
+    out = subprocess.run([str(host_check), "kscales"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "kscales: 0 mismatches"
+
+
 def test_repack_is_a_byte_permutation():
     """Every byte of every block lands exactly once in the planes (meta pad bytes are zeros)."""
     rng = np.random.default_rng(7)

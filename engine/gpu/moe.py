@@ -102,6 +102,8 @@ def expert_matvec(rt, stack: ExpertStack, ids_ptr: int, xq_ptr: int, y_ptr: int,
     (R, "p"): moe_matvec_<type>_r<R>p, one persistent grid over all slots, of blocks_per_sm blocks
     a SM, default as many as are resident)."""
     r, u = variant or matvec_variant(stack)
+    if u == "p" and r not in quant_ops.PERSISTENT_ROWS.get(stack.layout.kernel_type, ()):
+        u = 1  # no persistent kernel of this type and R: the plain one (the same bits)
     if u == "p":
         name = f"moe_matvec_{stack.layout.kernel_type}_r{r}p"
         blocks = -(-(-(-stack.rows // r) * n_slots) // quant_ops.MATVEC_WARPS)

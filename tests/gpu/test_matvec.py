@@ -148,7 +148,8 @@ def test_batched_columns_bit_identical_to_single(gpu, ggml_type):
 
 
 
-@pytest.mark.parametrize("ggml_type", [QT[t.upper()] for t in quant_ops.PERSISTENT_ROWS], ids=lambda t: t.name)
+@pytest.mark.parametrize("ggml_type", [t for t, planes in quant_ops.QUANT_PLANES.items() if planes[0] in quant_ops.PERSISTENT_ROWS],
+                         ids=lambda t: t.name)
 @pytest.mark.parametrize("rows,cols", [(6001, 2048), (4099, 1024), (7, 768), (600, 14336)])
 def test_persistent_matvec_is_decode_bit_for_bit(gpu, ggml_type, rows, cols):
     """The persistent kernels (a warp walks several row groups, fetching across them) against the
@@ -165,7 +166,7 @@ def test_persistent_matvec_is_decode_bit_for_bit(gpu, ggml_type, rows, cols):
         x = (rng.standard_normal((1, cols)) * 3.0).astype(np.float32)
         want = run_matvec(rt, gpu.pool, w, x, variant=(1, 1))
         assert np.isfinite(want).all()
-        for r in quant_ops.PERSISTENT_ROWS[ggml_type.name.lower()]:
+        for r in quant_ops.PERSISTENT_ROWS[w.layout.kernel_type]:
             for per_sm in (1, 2, None, 10_000):
                 got = run_matvec(rt, gpu.pool, w, x, variant=(r, "p"), blocks_per_sm=per_sm)
                 assert np.array_equal(got, want), f"r{r}p, {per_sm} blocks a SM: {np.sum(got != want)} rows differ"

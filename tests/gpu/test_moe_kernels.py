@@ -85,7 +85,7 @@ def test_expert_matvec_slots_equal_dense_matvecs(gpu, ggml_type, x_per_slot):
         want.append(gpu.get(out, (rows,)))
     idp = gpu.put(ids)
     # and the persistent kernel (one grid over all slots), at 1 block a SM and at the resident default
-    persistent = [((r, "p"), per_sm) for r in quant_ops.PERSISTENT_ROWS.get(ggml_type.name.lower(), ())
+    persistent = [((r, "p"), per_sm) for r in quant_ops.PERSISTENT_ROWS.get(stack.layout.kernel_type, ())
                   for per_sm in (1, None)]
     for variant, per_sm in [(v, None) for v in moe.MATVEC_VARIANTS] + persistent:
         y = gpu.empty(S * rows)
