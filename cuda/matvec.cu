@@ -192,86 +192,6 @@ __device__ __forceinline__ void matvec_dots_db(const uint8_t* __restrict__ wq, c
     }
 }
 
-// ---- persistent one-column matvec (P variants) ------------------------------------------------
-// A warp walks jobs j, j + G, ... (G: the grid's warps; a job: R rows of one matrix, see mv_job)
-// and keeps fetching one step ahead across jobs: the next job's first weight bytes are in flight
-// while this job's last step computes and its sums reduce. At the 8B's K = 4096 a lane has only
-// 2 steps a row group, and an expert matvec at K = 2048 one, so a warp that exits after one group
-// waits a full DRAM latency with nothing to overlap. Per row: the units per lane, their order and
-// the tree are u0's (= U = 1's), so the rows are bit-identical to every other variant.
-struct mv_job {
-    const uint8_t* wq;  // the matrix's q plane (its meta plane: wm)
-    const uint8_t* wm;
-    const int8_t* xq;   // its q8_1 input row
-    float* y;           // its output rows
-    int row0;           // the job's first row
-};
-
-// jobs(j) -> mv_job; rows: rows of each matrix (loads clamp to them, stores stop at them)
-template <class T, int R, class Jobs>
-__device__ __forceinline__ void matvec_q_persistent(Jobs jobs, int n_jobs, int rows, int cols) {
-    typedef prefetch_of<T> P;
-    const int lane = threadIdx.x & 31;
-    const int nb = cols / T::QK;
-    const int nu = nb * T::UNITS, steps = (nu + 31) >> 5;
-    const int jstride = gridDim.x * MV_WARPS;
-    int j = blockIdx.x * MV_WARPS + (threadIdx.x >> 5);
-    if (j >= n_jobs) return;
-    auto fetch = [&](const mv_job& jb, int s, typename P::Raw (&raw)[R]) {
-        const int u = min(lane + 32 * s, nu - 1);  // clamped: loads stay in bounds, dots skipped
-        const int b = u / T::UNITS, k = u % T::UNITS;
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-            const size_t blk = (size_t)min(jb.row0 + r, rows - 1) * nb + b;
-            P::fetch(raw[r], jb.wq + blk * T::QB, jb.wm + blk * T::MB, k);
-        }
-    };
-    mv_job cur_job = jobs(j), next_job = cur_job;
-    typename P::Raw cur[R], next[R];
-    float acc[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) acc[r] = 0.0f;
-    fetch(cur_job, 0, cur);
-    for (int s = 0;;) {
-        int jn = j, sn = s + 1;
-        if (sn == steps) {
-            jn += jstride, sn = 0;
-            if (jn < n_jobs) next_job = jobs(jn);
-        }
-        if (jn < n_jobs) fetch(next_job, sn, next);
-        const int u = lane + 32 * s;
-        if (u < nu) {
-            typename T::W w[R];
-#pragma unroll
-            for (int r = 0; r < R; ++r) P::unpack(w[r], cur[r], u % T::UNITS);
-            typename T::A a;
-            T::load_a(a, q8_1_row_at(cur_job.xq, nb * T::QK), u / T::UNITS, u % T::UNITS);
-#pragma unroll
-            for (int r = 0; r < R; ++r) acc[r] = fadd(acc[r], T::dot(w[r], a));
-        }
-        if (sn == 0) {
-#pragma unroll
-            for (int r = 0; r < R; ++r) {
-                const float v = warp_sum(acc[r]);
-                if (lane == 0 && cur_job.row0 + r < rows) cur_job.y[cur_job.row0 + r] = v;
-                acc[r] = 0.0f;
-            }
-            if (jn >= n_jobs) break;
-            cur_job = next_job;
-        }
-#pragma unroll
-        for (int r = 0; r < R; ++r) cur[r] = next[r];
-        j = jn, s = sn;
-    }
-}
-
-// One matrix: job g is rows g R .. g R + R - 1.
-template <class T, int R>
-__device__ __forceinline__ void matvec_q_persistent_dense(const uint8_t* wq, const uint8_t* wm, const int8_t* xq, float* y,
-                                                          int rows, int cols) {
-    matvec_q_persistent<T, R>([=](int g) { return mv_job{wq, wm, xq, y, g * R}; }, (rows + R - 1) / R, rows, cols);
-}
-
 // ---- int8 matvec -----------------------------------------------------------------------------
 // FUSED: x is f32 and the block first quantizes it into shared memory (C rows of `stride` bytes,
 // dynamic shared memory), saving the quantize_q8_1 launch; worth it for small K only.
@@ -503,21 +423,6 @@ __device__ __forceinline__ void matvec_qkv_rope(const uint8_t* __restrict__ wq, 
     MATVEC_Q(TYPE, 4, 1, 2) MATVEC_Q(TYPE, 4, 1, 4) MATVEC_Q(TYPE, 4, 1, 8) MATVEC_Q(TYPE, 4, 1, 16)    \
     MATVEC_QF(TYPE, 1, 1) MATVEC_QF(TYPE, 2, 1) MATVEC_QKV_ROPE(TYPE)
 
-// matvec_<type>_r<R>p_c1(wq, wm, xq, y, rows, cols, n_tokens, stride): one column, any grid of
-// 128-thread blocks (quant_ops sizes it to the resident blocks); n_tokens must be 1.
-#define MATVEC_QP(TYPE, R)                                                                                  \
-    extern "C" __global__ __launch_bounds__(MV_WARPS * 32) void matvec_##TYPE##_r##R##p_c1(                  \
-        const uint8_t* wq, const uint8_t* wm, const int8_t* xq, float* y, int rows, int cols, int n_tokens,  \
-        int stride) {                                                                                       \
-        matvec_prefetch_q<TYPE##_t, R>(wq, wm, rows, cols);                                                 \
-        pdl_entry();                                                                                        \
-        matvec_q_persistent_dense<TYPE##_t, R>(wq, wm, xq, y, rows, cols);                                  \
-    }
-MATVEC_QP(q8_0, 1) MATVEC_QP(q8_0, 2)
-MATVEC_QP(q4_K, 2) MATVEC_QP(q4_K, 4)
-MATVEC_QP(q5_K, 2) MATVEC_QP(q5_K, 4)
-MATVEC_QP(q6_K, 2) MATVEC_QP(q6_K, 4)
-
 MATVEC_Q_ALL(q4_0)
 MATVEC_Q_ALL(q4_1)
 MATVEC_Q_ALL(q5_0)
@@ -709,37 +614,6 @@ __device__ __forceinline__ void moe_matvec(const unsigned long long* __restrict_
     MOE_MATVEC_RU(TYPE, 2, 1)  \
     MOE_MATVEC_RU(TYPE, 4, 1)
 
-// Persistent (matvec_q_persistent): one job list over every slot, job j = rows (j % G) R.. of slot
-// j / G (G: row groups an expert), so the next slot's first weights load while this one reduces.
-template <class T, int R>
-__device__ __forceinline__ void moe_matvec_persistent(const unsigned long long* __restrict__ table, long long meta_offset,
-                                                      const int* __restrict__ ids, const int8_t* __restrict__ xq,
-                                                      float* __restrict__ y, int rows, int cols, int stride, int top_k,
-                                                      int x_per_slot, int n_slots) {
-    pdl_entry();  // ids come from the router kernel just before
-    const int groups = (rows + R - 1) / R;
-    auto jobs = [=](int j) {
-        const int s = j / groups;
-        const uint8_t* wq = reinterpret_cast<const uint8_t*>(table[ids[s]]);
-        return mv_job{wq, wq + meta_offset, xq + (size_t)(x_per_slot ? s : s / top_k) * stride, y + (size_t)s * rows,
-                      (j % groups) * R};
-    };
-    matvec_q_persistent<T, R>(jobs, groups * n_slots, rows, cols);
-}
-
-// moe_matvec_<type>_r<R>p(..., n_slots): any grid of 128-thread blocks (grid.y 1).
-#define MOE_MATVEC_P(TYPE, R)                                                                                  \
-    extern "C" __global__ __launch_bounds__(MV_WARPS * 32) void moe_matvec_##TYPE##_r##R##p(                    \
-        const unsigned long long* table, long long meta_offset, const int* ids, const int8_t* xq, float* y,     \
-        int rows, int cols, int stride, int top_k, int x_per_slot, int n_slots) {                             \
-        moe_matvec_persistent<TYPE##_t, R>(table, meta_offset, ids, xq, y, rows, cols, stride, top_k, x_per_slot, \
-                                           n_slots);                                                           \
-    }
-MOE_MATVEC_P(q4_K, 2) MOE_MATVEC_P(q4_K, 4)
-MOE_MATVEC_P(q6_K, 2) MOE_MATVEC_P(q6_K, 4)
-MOE_MATVEC_P(q8_0, 1) MOE_MATVEC_P(q8_0, 2)
-MOE_MATVEC_P(q5_K, 2) MOE_MATVEC_P(q5_K, 4)
-
 MOE_MATVEC(q4_0)
 MOE_MATVEC(q4_1)
 MOE_MATVEC(q5_0)
@@ -773,14 +647,6 @@ MATVEC_F_ALL(bf16)
 MATVEC_F_ALL(f32)
 
 // Registry signatures of the macro-made entry points (engine/gpu/build.py reads these lines).
-// memra-kernel: matvec_q8_0_r1p_c1(PPPPiiii)
-// memra-kernel: matvec_q8_0_r2p_c1(PPPPiiii)
-// memra-kernel: matvec_q4_K_r2p_c1(PPPPiiii)
-// memra-kernel: matvec_q4_K_r4p_c1(PPPPiiii)
-// memra-kernel: matvec_q5_K_r2p_c1(PPPPiiii)
-// memra-kernel: matvec_q5_K_r4p_c1(PPPPiiii)
-// memra-kernel: matvec_q6_K_r2p_c1(PPPPiiii)
-// memra-kernel: matvec_q6_K_r4p_c1(PPPPiiii)
 // memra-kernel: matvec_q4_0_r1u1_c1(PPPPiiii)
 // memra-kernel: matvec_q4_0_r1u2_c1(PPPPiiii)
 // memra-kernel: matvec_q4_0_r1u4_c1(PPPPiiii)
@@ -1018,14 +884,6 @@ MATVEC_F_ALL(f32)
 // memra-kernel: matvec_f32_c4(PPPiii)
 // memra-kernel: matvec_f32_c8(PPPiii)
 // memra-kernel: matvec_f32_c16(PPPiii)
-// memra-kernel: moe_matvec_q8_0_r1p(PqPPPiiiiii)
-// memra-kernel: moe_matvec_q8_0_r2p(PqPPPiiiiii)
-// memra-kernel: moe_matvec_q4_K_r2p(PqPPPiiiiii)
-// memra-kernel: moe_matvec_q4_K_r4p(PqPPPiiiiii)
-// memra-kernel: moe_matvec_q5_K_r2p(PqPPPiiiiii)
-// memra-kernel: moe_matvec_q5_K_r4p(PqPPPiiiiii)
-// memra-kernel: moe_matvec_q6_K_r2p(PqPPPiiiiii)
-// memra-kernel: moe_matvec_q6_K_r4p(PqPPPiiiiii)
 // memra-kernel: moe_matvec_q4_0_r1u1(PqPPPiiiii)
 // memra-kernel: moe_matvec_q4_0_r2u1(PqPPPiiiii)
 // memra-kernel: moe_matvec_q4_0_r4u1(PqPPPiiiii)

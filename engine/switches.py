@@ -27,11 +27,6 @@ def verify_mma() -> bool:
     return os.environ.get("MEMRA_VERIFY_MMA", "1") != "0"
 
 
-def persistent_matvec() -> bool:
-    """MEMRA_MV_PERSISTENT=1: one-column matvecs of the PERSISTENT_ROWS types on the persistent kernel."""
-    return os.environ.get("MEMRA_MV_PERSISTENT", "0") == "1"
-
-
 def prefill_attention() -> bool:
     """MEMRA_PREFILL_ATTN=0: prefill chunks attend on the split kernel (decode's) instead of attn_prefill."""
     return os.environ.get("MEMRA_PREFILL_ATTN", "1") != "0"
@@ -42,11 +37,10 @@ def gemm_tile() -> str | None:
     return os.environ.get("MEMRA_GEMM") or None
 
 
-def moe_matvec_variant() -> tuple[int, int | str] | None:
-    """MEMRA_MOE_RU=R,U: rows per warp and units per step of the MoE expert matvec (U p: the persistent
-    kernel); None: the default."""
+def moe_matvec_variant() -> tuple[int, int] | None:
+    """MEMRA_MOE_RU=R,U: rows per warp and units per step of the MoE expert matvec; None: the default."""
     forced = os.environ.get("MEMRA_MOE_RU")
     if not forced:
         return None
-    r, u = forced.split(",")
-    return int(r), u if u == "p" else int(u)
+    r, u = (int(v) for v in forced.split(","))
+    return r, u

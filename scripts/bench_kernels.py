@@ -70,11 +70,6 @@ def upload_copies(rt, pool, ggml_type, rows, cols, rng):
     return weights
 
 
-def variant_key(v) -> tuple[int, str]:
-    r, u = v
-    return r, "p" if u == "p" else f"u{u}"
-
-
 def bench_matvec(rt, pool, quick: bool) -> list[dict]:
     rng = np.random.default_rng(0)
     rows_out = []
@@ -108,20 +103,10 @@ def bench_matvec(rt, pool, quick: bool) -> list[dict]:
                 key = f"{kind}r{v[0]}u{v[1]}" if v else "float"
                 result[f"us_{key}"] = t * 1e6
                 result[f"gbs_{key}"] = (wbytes + act_bytes) / t / 1e9
-            # persistent kernels: the resident grid (key r<R>p), and 1-4 blocks a SM (r<R>p<k>)
-            for r in quant_ops.PERSISTENT_ROWS.get(weights[0].layout.kernel_type, ()) if quant else ():
-                for per_sm in (None, 1, 2, 3, 4):
-                    fns = [(lambda w=weights[i % len(weights)], r=r, k=per_sm:
-                            quant_ops.matvec(rt, w, x.ptr, xq.ptr, y.ptr, 1, variant=(r, "p"), blocks_per_sm=k))
-                           for i in range(launches)]
-                    t = time_graph(rt, fns)
-                    key = f"r{r}p{per_sm or ''}"
-                    result[f"us_{key}"] = t * 1e6
-                    result[f"gbs_{key}"] = (wbytes + act_bytes) / t / 1e9
             plain = [k for k in result if k.startswith("us_r") or k == "us_float"]
             best = min(plain, key=lambda k: result[k])
             result["best"] = best[3:]
-            result["default"] = "r%d%s" % variant_key(quant_ops.matvec_variant(weights[0])) if quant else "float"
+            result["default"] = "r%du%d" % quant_ops.matvec_variant(weights[0]) if quant else "float"
             fused_keys = [k for k in result if k.startswith("us_fused")]
             if fused_keys:
                 result["best_fused"] = min(fused_keys, key=lambda k: result[k])[3:]

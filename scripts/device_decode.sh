@@ -3,7 +3,8 @@
 # synthetic models of MEMRA_DECODE_RUNS written in the background (llama-1b: issue 16's 1B shape),
 # the matvec tests, scripts/bench_decode_matvecs.py on the 8B shapes (MEMRA_DECODE_MATVECS overrides
 # the ROWSxCOLS:TYPE list; empty skips it), then memra-bench for each shape:switches of
-# MEMRA_DECODE_RUNS (default "llama-8b:base llama-8b:MEMRA_MV_PERSISTENT=1"; switches joined by +). MEMRA_DECODE_LLAMA=1 also starts
+# MEMRA_DECODE_RUNS (default "llama-8b:base llama-1b:base qwen3-moe:base"; switches joined by +,
+# e.g. qwen3-moe:MEMRA_MOE_RU=4,1). MEMRA_DECODE_LLAMA=1 also starts
 # llama.cpp's build detached (for scripts/device_side_by_side.sh in the next call, the machine warm).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -16,7 +17,7 @@ if [ "${MEMRA_DECODE_LLAMA:-0}" = 1 ] && [ ! -x /tmp/llama.cpp/build/bin/llama-b
 fi
 MEMRA_TESTS=0 MEMRA_BENCH=0 bash scripts/device_run.sh > "$OUT/setup.log" 2>&1 || { tail -20 "$OUT/setup.log"; exit 1; }
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
-RUNS=${MEMRA_DECODE_RUNS-llama-8b:base llama-8b:MEMRA_MV_PERSISTENT=1}
+RUNS=${MEMRA_DECODE_RUNS-llama-8b:base llama-1b:base qwen3-moe:base}
 SHAPES=$(for r in $RUNS; do echo "${r%%:*}"; done | sort -u)
 gen() {  # the 1B shape of issue 16's table (16 layers, d 2048, ffn 8192, hd 64, tied)
   case $1 in

@@ -83,7 +83,7 @@ SORT_MAX_SLOTS = 8192  # moe_sort keeps the slots' expert ids in shared memory (
 GEMM_TOKENS = 64  # tokens (slots) per moe_gemm4 tile (cuda/gemm.cu, Pipe4)
 
 
-def matvec_variant(stack: ExpertStack) -> tuple[int, int | str]:
+def matvec_variant(stack: ExpertStack) -> tuple[int, int]:
     """(rows per warp, units per step) of the expert matvec; MEMRA_MOE_RU=R,U forces one (A/B runs).
     H200, Qwen3-MoE shape decode (2048 x 768 experts, top-8; scripts/profile_decode.py, 24 layers):
     Q4_K gate|up and down r1u1 12.53, r2u1 10.10, r4u1 11.46 µs a launch; Q6_K down 10.83, 9.46,
@@ -96,22 +96,9 @@ def matvec_variant(stack: ExpertStack) -> tuple[int, int | str]:
 
 
 def expert_matvec(rt, stack: ExpertStack, ids_ptr: int, xq_ptr: int, y_ptr: int, n_slots: int, top_k: int,
-                  x_per_slot: bool, variant: tuple[int, int | str] | None = None,
-                  blocks_per_sm: int | None = None) -> None:
-    """y[s] = expert ids[s] @ x(s) for every slot s (cuda/matvec.cu, moe_matvec_<type>_r<R>u<U>;
-    (R, "p"): moe_matvec_<type>_r<R>p, one persistent grid over all slots, of blocks_per_sm blocks
-    a SM, default as many as are resident)."""
+                  x_per_slot: bool, variant: tuple[int, int] | None = None) -> None:
+    """y[s] = expert ids[s] @ x(s) for every slot s (cuda/matvec.cu, moe_matvec_<type>_r<R>u<U>)."""
     r, u = variant or matvec_variant(stack)
-    if u == "p" and r not in quant_ops.PERSISTENT_ROWS.get(stack.layout.kernel_type, ()):
-        u = 1  # no persistent kernel of this type and R: the plain one (the same bits)
-    if u == "p":
-        name = f"moe_matvec_{stack.layout.kernel_type}_r{r}p"
-        blocks = -(-(-(-stack.rows // r) * n_slots) // quant_ops.MATVEC_WARPS)
-        per_sm = blocks_per_sm or rt.resident_blocks(name, 32 * quant_ops.MATVEC_WARPS)
-        rt.launch(name, min(blocks, per_sm * rt.sm_count), 32 * quant_ops.MATVEC_WARPS,
-                  (stack.table_ptr, np.int64(stack.meta_offset), ids_ptr, xq_ptr, y_ptr, stack.rows, stack.cols,
-                   quant_ops.q8_1_stride(stack.cols), top_k, int(bool(x_per_slot)), n_slots))
-        return
     rt.launch(f"moe_matvec_{stack.layout.kernel_type}_r{r}u{u}",
               (-(-stack.rows // (quant_ops.MATVEC_WARPS * r)), n_slots), 32 * quant_ops.MATVEC_WARPS,
               (stack.table_ptr, np.int64(stack.meta_offset), ids_ptr, xq_ptr, y_ptr, stack.rows, stack.cols,

@@ -139,11 +139,6 @@ class Arena:
 class _DryRuntime:
     """Stands in for GpuRuntime in a dry run: every call (launch, set_max_dynamic_shared, ...) is a no-op."""
 
-    sm_count = 1
-
-    def resident_blocks(self, name: str, threads: int) -> int:
-        return 1
-
     def __getattr__(self, name):
         return lambda *args, **kwargs: None
 

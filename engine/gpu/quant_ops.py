@@ -175,9 +175,6 @@ def quantize_q8_1(rt, x_ptr: int, xq_ptr: int, n_cols: int, n_tokens: int = 1) -
 # (rows per warp, units per step); units 0: one unit per step, the next step's weights loaded a step
 # ahead (a register double buffer, cuda/matvec.cu matvec_dots_db)
 ONE_COLUMN_VARIANTS = ((1, 1), (1, 2), (1, 4), (2, 1), (2, 2), (4, 1), (1, 0), (2, 0), (4, 0))
-# persistent one-column kernels (matvec.cu, matvec_q_persistent): rows per warp by type; a grid of
-# the blocks the SMs hold at once, each warp fetching one step ahead across its row groups
-PERSISTENT_ROWS = {"q8_0": (1, 2), "q4_K": (2, 4), "q5_K": (2, 4), "q6_K": (2, 4)}
 FUSED_VARIANTS = ((1, 1), (2, 1))
 BATCHED_VARIANTS = ((2, 1), (4, 1))  # verify: rows per warp share each column's activation loads
 # verify on int8 tensor cores (matvec.cu, matvec_q4_K_mma): 16 rows a block, 8 or 16 columns
@@ -192,16 +189,7 @@ def _columns_variant(n: int) -> int:
     return MATVEC_MAX_COLUMNS
 
 
-def matvec_variant(w: GpuWeight, fused: bool = False) -> tuple[int, int | str]:
-    """(rows per warp, units per lane step) for one-token decode (_matvec_variant), or (rows, "p"):
-    the persistent kernel with the same rows per warp, where MEMRA_MV_PERSISTENT=1 asks for it."""
-    r, u = _matvec_variant(w, fused)
-    if not fused and switches.persistent_matvec() and r in PERSISTENT_ROWS.get(w.layout.kernel_type, ()):
-        return r, "p"
-    return r, u
-
-
-def _matvec_variant(w: GpuWeight, fused: bool = False) -> tuple[int, int]:
+def matvec_variant(w: GpuWeight, fused: bool = False) -> tuple[int, int]:
     """(rows per warp, units per lane step) for one-token decode, picked from bench_kernels.py and
     bench_decode_matvecs.py on the H200 (docs/gpu-log.md). Every warp reads the whole activation
     row, so with the two-term q8_1 (2.5x the bytes of one term) tall matrices want two rows per warp
@@ -219,10 +207,16 @@ def _matvec_variant(w: GpuWeight, fused: bool = False) -> tuple[int, int]:
     # r4u0 10.7; 2048x8192 r2u0 7.2 (r1u1 9.4). Q5_K 4096x14336 r2u0 20.3, r4u0 19.5. Q6_K
     # 4096x14336 r2u2 27.9, r4u0 17.5; 49152x4096 (the LM head) r2u2 63.3, r4u1 48.8; 1024x4096 r2u1
     # 4.1, r2u2 3.1; 2048x8192 r2u1 8.7, r4u0 9.4.
-    if kind in ("q4_K", "q5_K"):
+    # Since the branch-free scale decode (session 32, kquant_scales_of) Q4_K's plain loop with four
+    # rows a warp beats the double buffer on the K = 2048-4096 shapes: 28672x4096 r4u1 21.6, r4u0
+    # 25.2; 6144x4096 6.95, 7.00; 16384x2048 7.40, 9.34; 4096x4096 5.40, r2u0 5.80; K >= 8192 keeps
+    # r2u0 (4096x14336 14.4, r4u1 17.5; 2048x8192 5.97, r4u1 7.67). Q5_K 4096x14336 r4u0 14.1.
+    if kind == "q4_K":
         if w.cols >= 8192:
-            return (2, 0) if kind == "q4_K" else (4, 0)
-        if w.rows >= 6144:
+            return (2, 0)
+        return (4, 1) if w.rows >= 4096 else (1, 1)
+    if kind == "q5_K":
+        if w.cols >= 8192 or w.rows >= 6144:
             return (4, 0)
         return (2, 0) if w.rows >= 4096 else (1, 1)
     if kind in ("q2_K", "q3_K"):
@@ -257,12 +251,10 @@ def batched_variant(w: GpuWeight) -> tuple[int, int]:
 
 
 def matvec(rt, w: GpuWeight, x_ptr: int, xq_ptr: int | None, y_ptr: int, n_tokens: int = 1,
-           variant: tuple[int, int | str] | str | None = None, blocks_per_sm: int | None = None) -> None:
+           variant: tuple[int, int] | str | None = None) -> None:
     """y[t, rows] = W @ x[t] for t < n_tokens (x f32 [n_tokens, cols], y f32 [n_tokens, rows]).
-    variant: (rows per warp, units per step), (rows per warp, "p") for the persistent one-column
-    kernel of a PERSISTENT_ROWS type (a grid of blocks_per_sm blocks a SM, default as many as
-    are resident at once), or "mma" (2-16 columns of a MMA_BATCHED_TYPES weight on tensor cores);
-    None picks per shape.
+    variant: (rows per warp, units per step), or "mma" (2-16 columns of a MMA_BATCHED_TYPES weight
+    on tensor cores); None picks per shape.
 
     Quant weights read xq, written by quantize_q8_1 over the same n_tokens; xq_ptr=None instead
     quantizes x inside the matvec (one launch instead of two, the same bytes, so the same y: worth
@@ -295,14 +287,6 @@ def matvec(rt, w: GpuWeight, x_ptr: int, xq_ptr: int | None, y_ptr: int, n_token
             rt.launch(f"matvec_{lay.kernel_type}_mma_c{8 if n <= 8 else 16}", -(-w.rows // MMA_ROWS), MMA_THREADS, args)
             continue
         r, u = variant or (matvec_variant(w) if c == 1 else batched_variant(w))
-        if u == "p":
-            if n != 1:
-                raise ValueError("persistent matvecs take one column")
-            name = f"matvec_{lay.kernel_type}_r{r}p_c1"
-            blocks = -(-w.rows // (MATVEC_WARPS * r))
-            per_sm = blocks_per_sm or rt.resident_blocks(name, 32 * MATVEC_WARPS)
-            rt.launch(name, min(blocks, per_sm * rt.sm_count), 32 * MATVEC_WARPS, args)
-            continue
         rt.launch(f"matvec_{lay.kernel_type}_r{r}u{u}_c{c}", -(-w.rows // (MATVEC_WARPS * r)), 32 * MATVEC_WARPS, args)
 
 
@@ -415,7 +399,6 @@ def kernel_names() -> list[str]:
         names += [f"matvec_{name}_r{r}u{u}_c{c}" for r, u in BATCHED_VARIANTS for c in (2, 4, 8, 16)]
         names += [f"matvec_{name}_fused_r{r}u{u}" for r, u in FUSED_VARIANTS]
         names.append(f"matvec_{name}_qkv_rope")
-        names += [f"matvec_{name}_r{r}p_c1" for r in PERSISTENT_ROWS.get(name, ())]
         if name in MMA_BATCHED_TYPES:
             names += [f"matvec_{name}_mma_c{c}" for c in (8, 16)]
         names += [f"{prefix}_{name}" for prefix in PIPELINED_TILES]

@@ -42,10 +42,6 @@ class GpuRuntime:
         major, minor = self.device.compute_capability()
         self.arch = build.arch_for_capability(major, minor)  # raises below 8.0
         self.device_name = self.device.name()
-        attr = cuda.device_attribute
-        self.sm_count = self.device.get_attribute(attr.MULTIPROCESSOR_COUNT)
-        self._sm_threads = self.device.get_attribute(attr.MAX_THREADS_PER_MULTIPROCESSOR)
-        self._sm_registers = self.device.get_attribute(attr.MAX_REGISTERS_PER_MULTIPROCESSOR)
         self.context = self.device.make_context()
         try:
             self.stream = cuda.Stream()
@@ -91,13 +87,6 @@ class GpuRuntime:
         """Prepare every declared kernel now (before the first capture)."""
         for name in self._signatures:
             self.kernel(name)
-
-    def resident_blocks(self, name: str, threads: int) -> int:
-        """How many blocks of `threads` threads of a kernel without shared memory one SM holds at
-        once: registers are allocated per warp in 256s, and an SM holds at most 32 blocks."""
-        warps = -(-threads // 32)
-        per_warp = -(-self.kernel(name).num_regs * 32 // 256) * 256
-        return max(1, min(self._sm_registers // (per_warp * warps), self._sm_threads // (32 * warps), 32))
 
     def set_max_dynamic_shared(self, name: str, nbytes: int) -> None:
         fn = self.kernel(name)

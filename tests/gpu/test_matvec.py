@@ -43,7 +43,7 @@ def put(rt, pool, host: np.ndarray):
     return buf
 
 
-def run_matvec(rt, pool, w, x: np.ndarray, variant=None, fused=False, blocks_per_sm=None) -> np.ndarray:
+def run_matvec(rt, pool, w, x: np.ndarray, variant=None, fused=False) -> np.ndarray:
     t, cols = x.shape
     xb = put(rt, pool, x)
     xq = pool.alloc("scratch", quant_ops.q8_1_nbytes(cols, t), "xq")
@@ -51,7 +51,7 @@ def run_matvec(rt, pool, w, x: np.ndarray, variant=None, fused=False, blocks_per
     rt.memset_u32(y.ptr, NAN_BITS, t * w.rows)
     if not w.layout.is_float and not fused:
         quant_ops.quantize_q8_1(rt, xb.ptr, xq.ptr, cols, t)
-    quant_ops.matvec(rt, w, xb.ptr, None if fused else xq.ptr, y.ptr, t, variant=variant, blocks_per_sm=blocks_per_sm)
+    quant_ops.matvec(rt, w, xb.ptr, None if fused else xq.ptr, y.ptr, t, variant=variant)
     out = rt.download(y.ptr, (t, w.rows), np.float32)
     rt.check()
     return out
@@ -146,32 +146,6 @@ def test_batched_columns_bit_identical_to_single(gpu, ggml_type):
         for v in quant_ops.FUSED_VARIANTS:  # quantize inside the matvec: same bytes, same sums
             assert np.array_equal(run_matvec(rt, pool, w, x[:2], variant=v, fused=True), singles[:2]), f"fused {v} differs"
 
-
-
-@pytest.mark.parametrize("ggml_type", [t for t, planes in quant_ops.QUANT_PLANES.items() if planes[0] in quant_ops.PERSISTENT_ROWS],
-                         ids=lambda t: t.name)
-@pytest.mark.parametrize("rows,cols", [(6001, 2048), (4099, 1024), (7, 768), (600, 14336)])
-def test_persistent_matvec_is_decode_bit_for_bit(gpu, ggml_type, rows, cols):
-    """The persistent kernels (a warp walks several row groups, fetching across them) against the
-    plain one-column kernel, bit for bit: grids of 1 and 2 blocks a SM (a warp walks up to 12
-    groups, the last one ragged), the resident default, and a grid that covers every group once;
-    rows from 7 (one warp) to 6001, 1-14 steps a lane."""
-    from memra_engine.gpu.memory import VramPool
-
-    rt = gpu.rt
-    local = VramPool({"weights": 32 << 20})  # the session pool's weights region is never reset
-    try:
-        rng = np.random.default_rng(rows * 7 + cols)
-        w, _ = upload(rt, local, ggml_type, rows, cols, rng)
-        x = (rng.standard_normal((1, cols)) * 3.0).astype(np.float32)
-        want = run_matvec(rt, gpu.pool, w, x, variant=(1, 1))
-        assert np.isfinite(want).all()
-        for r in quant_ops.PERSISTENT_ROWS[w.layout.kernel_type]:
-            for per_sm in (1, 2, None, 10_000):
-                got = run_matvec(rt, gpu.pool, w, x, variant=(r, "p"), blocks_per_sm=per_sm)
-                assert np.array_equal(got, want), f"r{r}p, {per_sm} blocks a SM: {np.sum(got != want)} rows differ"
-    finally:
-        local.close()
 
 
 @pytest.mark.parametrize("ggml_type", [QT[t.upper()] for t in quant_ops.MMA_BATCHED_TYPES], ids=lambda t: t.name)

@@ -84,12 +84,9 @@ def test_expert_matvec_slots_equal_dense_matvecs(gpu, ggml_type, x_per_slot):
         quant_ops.matvec(gpu.rt, dense[ids[s]], 0, xq + row * stride, out, 1, variant=(1, 1))
         want.append(gpu.get(out, (rows,)))
     idp = gpu.put(ids)
-    # and the persistent kernel (one grid over all slots), at 1 block a SM and at the resident default
-    persistent = [((r, "p"), per_sm) for r in quant_ops.PERSISTENT_ROWS.get(stack.layout.kernel_type, ())
-                  for per_sm in (1, None)]
-    for variant, per_sm in [(v, None) for v in moe.MATVEC_VARIANTS] + persistent:
+    for variant in moe.MATVEC_VARIANTS:
         y = gpu.empty(S * rows)
-        moe.expert_matvec(gpu.rt, stack, idp, xq, y, S, k, x_per_slot, variant=variant, blocks_per_sm=per_sm)
+        moe.expert_matvec(gpu.rt, stack, idp, xq, y, S, k, x_per_slot, variant=variant)
         got = gpu.get(y, (S, rows))
         for s in range(S):
             np.testing.assert_array_equal(got[s], want[s], err_msg=f"r{variant[0]}u{variant[1]} slot {s} expert {ids[s]}")
