@@ -10,7 +10,9 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/memra-out}
 mkdir -p "$OUT" /tmp/models
 t0=$(date +%s); el() { echo $(( $(date +%s) - t0 )); }
-cp -r .whl/llamacpp /tmp/ && (setsid nohup nice -n 19 bash /tmp/llamacpp/build.sh > /dev/null 2>&1 < /dev/null &)
+if [ ! -f /tmp/llama.cpp/build.log ]; then  # not built or building already (device_decode.sh MEMRA_DECODE_LLAMA=1)
+  cp -r .whl/llamacpp /tmp/ && (setsid nohup nice -n 19 bash /tmp/llamacpp/build.sh > /dev/null 2>&1 < /dev/null &)
+fi
 MEMRA_TESTS=0 MEMRA_BENCH=0 bash scripts/device_run.sh > "$OUT/devrun.txt" 2>&1; echo "memra installed $(el)s"
 export PYTHONPATH=/tmp/site
 [ -f /tmp/models/llama-8b.gguf ] || python3 -m memra_engine.model.synthetic /tmp/models/llama-8b.gguf --preset llama-8b \
