@@ -87,12 +87,13 @@ def matvec_variant(stack: ExpertStack) -> tuple[int, int]:
     """(rows per warp, units per step) of the expert matvec; MEMRA_MOE_RU=R,U forces one (A/B runs).
     H200, Qwen3-MoE shape decode (2048 x 768 experts, top-8; scripts/profile_decode.py, 24 layers):
     Q4_K gate|up and down r1u1 12.53, r2u1 10.10, r4u1 11.46 µs a launch; Q6_K down 10.83, 9.46,
-    9.05 µs. Two rows per warp keep more loads in flight than one; the other types follow Q4_K by
-    analogy (not timed)."""
+    9.05 µs. Since the branch-free Q4_K scale decode (session 32) four rows a warp win for Q4_K too:
+    memra-bench tg128 graph r2u1 802.8, r4u1 827.6, r1u1 731.8 tok/s (MEMRA_MOE_RU, one call). The
+    other types follow by analogy (not timed)."""
     forced = switches.moe_matvec_variant()
     if forced:
         return forced
-    return (4, 1) if stack.layout.kernel_type == "q6_K" else (2, 1)
+    return (4, 1)
 
 
 def expert_matvec(rt, stack: ExpertStack, ids_ptr: int, xq_ptr: int, y_ptr: int, n_slots: int, top_k: int,
