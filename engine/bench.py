@@ -5,7 +5,7 @@ sampling beyond argmax), so it measures the forward pass:
 - pp512: one prefill of 512 random tokens into an empty cache;
 - tg128: 128 greedy decode steps after a one-token prompt;
 - tg128 at --ctx-depth N (optional): the same after prefilling N tokens;
-- peak_rss_mb: the process's peak resident set (getrusage), weights and caches included.
+- peak_rss_mb: the process's peak resident set (VmHWM), weights and caches included.
 
 A backend may add its own figures (VRAM pool, graph replay share, …) by providing
     bench_extras(runs: int) -> dict[str, float | int | str]
@@ -31,8 +31,16 @@ PREFILL_CHUNK = 512
 
 
 def peak_rss_mb() -> float:
-    # Linux reports ru_maxrss in KiB
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    # VmHWM, not ru_maxrss: ru_maxrss survives execve, so a bench started from a large process
+    # (a test runner holding torch) would report its parent's resident set from before the exec
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
 def random_tokens(vocab_size: int, n: int, seed: int) -> list[int]:
