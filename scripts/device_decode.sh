@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The decode matvec round on the device (issues 15, 16): install and build (scripts/device_run.sh), the
-# synthetic models of MEMRA_DECODE_RUNS written in the background (llama-1b: issue 16's 1B shape),
+# synthetic models (presets) of MEMRA_DECODE_RUNS written in the background,
 # the matvec tests, scripts/bench_decode_matvecs.py on the 8B shapes (MEMRA_DECODE_MATVECS overrides
 # the ROWSxCOLS:TYPE list; empty skips it), then memra-bench for each shape:switches of
 # MEMRA_DECODE_RUNS (default "llama-8b:base llama-1b:base qwen3-moe:base"; switches joined by +,
@@ -19,16 +19,10 @@ MEMRA_TESTS=0 MEMRA_BENCH=0 bash scripts/device_run.sh > "$OUT/setup.log" 2>&1 |
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 RUNS=${MEMRA_DECODE_RUNS-llama-8b:base llama-1b:base qwen3-moe:base}
 SHAPES=$(for r in $RUNS; do echo "${r%%:*}"; done | sort -u)
-gen() {  # the 1B shape of issue 16's table (16 layers, d 2048, ffn 8192, hd 64, tied)
-  case $1 in
-    llama-1b) python3 -m memra_engine.model.synthetic /tmp/models/llama-1b.gguf --preset llama-8b --layers 16 \
-      --d-model 2048 --d-ff 8192 --heads 32 --kv-heads 8 --head-dim 64 --tied --quiet --threads 4 ;;
-    *) python3 -m memra_engine.model.synthetic "/tmp/models/$1.gguf" --preset "$1" --quiet --threads 4 ;;
-  esac
-}
 pids=()
 for shape in $SHAPES; do
-  [ -f "/tmp/models/$shape.gguf" ] || { gen "$shape" >> "$OUT/misc.log" 2>&1 & pids+=($!); }
+  [ -f "/tmp/models/$shape.gguf" ] || { python3 -m memra_engine.model.synthetic "/tmp/models/$shape.gguf" \
+    --preset "$shape" --quiet --threads 4 >> "$OUT/misc.log" 2>&1 & pids+=($!); }
 done
 if [ "${MEMRA_TESTS:-1}" != 0 ]; then
   tests=${MEMRA_DECODE_TESTS:-tests/gpu/test_matvec.py tests/gpu/test_moe_kernels.py}

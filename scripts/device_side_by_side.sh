@@ -17,8 +17,8 @@ MEMRA_TESTS=0 MEMRA_BENCH=0 bash scripts/device_run.sh > "$OUT/devrun.txt" 2>&1;
 export PYTHONPATH=/tmp/site
 [ -f /tmp/models/llama-8b.gguf ] || python3 -m memra_engine.model.synthetic /tmp/models/llama-8b.gguf --preset llama-8b \
   --quiet > "$OUT/gen.log" 2>&1 &
-[ -f /tmp/models/llama-1b.gguf ] || python3 -m memra_engine.model.synthetic /tmp/models/llama-1b.gguf --preset llama-8b \
-  --layers 16 --d-model 2048 --d-ff 8192 --heads 32 --kv-heads 8 --head-dim 64 --tied --quiet >> "$OUT/gen.log" 2>&1
+[ -f /tmp/models/llama-1b.gguf ] || python3 -m memra_engine.model.synthetic /tmp/models/llama-1b.gguf --preset llama-1b \
+  --quiet >> "$OUT/gen.log" 2>&1
 wait; echo "models written $(el)s"
 for m in llama-8b llama-1b; do
   timeout 150 python3 -m memra_engine.bench /tmp/models/$m.gguf --backend cuda --ctx-depth 4096 --runs 5 --json \

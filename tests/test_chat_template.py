@@ -160,7 +160,7 @@ def _expected(path: Path) -> str:
     return m.group(1)
 
 
-def _peak_rss() -> int:
+def _reset_peak_rss() -> int:
     """The process's peak RSS in bytes, after resetting the high-water mark to the current RSS
     (clear_refs 5), so that growth is measured from now: a peak left by an earlier test in the
     same process (torch, the oracle models) would otherwise hide any growth below it."""
@@ -205,7 +205,7 @@ def address_space_cap():
 
 @pytest.mark.parametrize("path", CORPUS, ids=lambda p: p.stem)
 def test_hostile_template_stops_with_one_line_error(path, address_space_cap):
-    trace_before, recursion_before, rss_before = sys.gettrace(), sys.getrecursionlimit(), _peak_rss()
+    trace_before, recursion_before, rss_before = sys.gettrace(), sys.getrecursionlimit(), _reset_peak_rss()
     start = time.monotonic()
     with pytest.raises(TemplateError) as err:
         ChatTemplate(path.read_text()).render(CONVERSATION)

@@ -239,8 +239,9 @@ def test_low_bit_model_generates_on_the_cpu_engine(quant, tmp_path):
 def test_presets_for_benchmarks_plan_the_design_shapes():
     # Planning only (no weights): the §7 shapes and their sizes, within 2% of llama.cpp's files.
     mib = {name: sum(p.n_bytes for p in plan_tensors(PRESETS[name])) / 2**20
-           for name in ("smollm2-135m", "gemma3-270m", "llama-8b", "qwen3-moe")}
+           for name in ("smollm2-135m", "gemma3-270m", "llama-8b", "llama-1b", "qwen3-moe")}
     assert mib["llama-8b"] == pytest.approx(4258, rel=0.02)
+    assert mib["llama-1b"] == pytest.approx(636, rel=0.02)  # issue 16's llama.cpp-quantized file
     assert mib["qwen3-moe"] == pytest.approx(4570, rel=0.02)
     assert mib["gemma3-270m"] == pytest.approx(235, rel=0.03)
     assert mib["smollm2-135m"] == pytest.approx(92, rel=0.03)

@@ -83,23 +83,19 @@ SORT_MAX_SLOTS = 8192  # moe_sort keeps the slots' expert ids in shared memory (
 GEMM_TOKENS = 64  # tokens (slots) per moe_gemm4 tile (cuda/gemm.cu, Pipe4)
 
 
-def matvec_variant(stack: ExpertStack) -> tuple[int, int]:
-    """(rows per warp, units per step) of the expert matvec; MEMRA_MOE_RU=R,U forces one (A/B runs).
-    H200, Qwen3-MoE shape decode (2048 x 768 experts, top-8; scripts/profile_decode.py, 24 layers):
-    Q4_K gate|up and down r1u1 12.53, r2u1 10.10, r4u1 11.46 µs a launch; Q6_K down 10.83, 9.46,
-    9.05 µs. Since the branch-free Q4_K scale decode (session 32) four rows a warp win for Q4_K too:
-    memra-bench tg128 graph r2u1 802.8, r4u1 827.6, r1u1 731.8 tok/s (MEMRA_MOE_RU, one call). The
-    other types follow by analogy (not timed)."""
-    forced = switches.moe_matvec_variant()
-    if forced:
-        return forced
-    return (4, 1)
+# (rows per warp, units per step) of the expert matvec for every type; MEMRA_MOE_RU=R,U forces one
+# (A/B runs). H200, Qwen3-MoE shape decode (2048 x 768 experts, top-8; scripts/profile_decode.py):
+# Q4_K gate|up and down r1u1 12.53, r2u1 10.10, r4u1 11.46 µs a launch; Q6_K down 10.83, 9.46, 9.05
+# µs. Since the branch-free Q4_K scale decode (session 32) four rows a warp win for Q4_K too:
+# memra-bench tg128 graph r1u1 731.8, r2u1 802.8, r4u1 827.6 tok/s (MEMRA_MOE_RU, one call). The
+# other types follow by analogy (not timed).
+MATVEC_DEFAULT = (4, 1)
 
 
 def expert_matvec(rt, stack: ExpertStack, ids_ptr: int, xq_ptr: int, y_ptr: int, n_slots: int, top_k: int,
                   x_per_slot: bool, variant: tuple[int, int] | None = None) -> None:
     """y[s] = expert ids[s] @ x(s) for every slot s (cuda/matvec.cu, moe_matvec_<type>_r<R>u<U>)."""
-    r, u = variant or matvec_variant(stack)
+    r, u = variant or switches.moe_matvec_variant() or MATVEC_DEFAULT
     rt.launch(f"moe_matvec_{stack.layout.kernel_type}_r{r}u{u}",
               (-(-stack.rows // (quant_ops.MATVEC_WARPS * r)), n_slots), 32 * quant_ops.MATVEC_WARPS,
               (stack.table_ptr, np.int64(stack.meta_offset), ids_ptr, xq_ptr, y_ptr, stack.rows, stack.cols,

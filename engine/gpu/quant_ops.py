@@ -196,7 +196,7 @@ def matvec_variant(w: GpuWeight, fused: bool = False) -> tuple[int, int]:
     (Q4_1 3072x576: 1.92 -> 1.51 µs); rows of K <= 1024 one unit per step; long rows more loads in
     flight (u2; Q8_0 u4 only past K = 4096: at 576x1536 u4 took 1.95 µs, u2 1.60); the K-quants,
     heavier per unit, u1 (Q6_K two rows per warp: 576x1536 1.95 -> 1.72 µs), and at the 1B-8B shapes
-    the double-buffered loop (u0, below). Q2_K/Q3_K keep Q4_K's rule from before u0, and IQ4_XS
+    the double-buffered loop (u0, below) where a lane has many steps (Q4_K: K >= 8192). Q2_K/Q3_K keep Q4_K's rule from before u0, and IQ4_XS
     follows the 32-wide types: not timed."""
     kind = w.layout.kernel_type
     if fused:

@@ -138,6 +138,10 @@ PRESETS: dict[str, SyntheticSpec] = {
     "llama-8b": SyntheticSpec(
         "llama", n_layer=32, d_model=4096, n_head=32, n_kv_head=8, head_dim=128, d_ff=14336, vocab=49152,
         ctx=8192, quant="Q4_K_M", rope_base=500000.0, name="llama-8b"),
+    # issue 16's Llama-3.2-1B shape (tied embeddings, head_dim 64) at the 8B's vocabulary
+    "llama-1b": SyntheticSpec(
+        "llama", n_layer=16, d_model=2048, n_head=32, n_kv_head=8, head_dim=64, d_ff=8192, vocab=49152,
+        ctx=8192, quant="Q4_K_M", tied=True, rope_base=500000.0, name="llama-1b"),
     "qwen3-moe": SyntheticSpec(
         "qwen3moe", n_layer=24, d_model=2048, n_head=32, n_kv_head=4, head_dim=128, d_ff=6144, vocab=49152,
         ctx=32768, quant="Q4_K_M", rope_base=1e6, rms_eps=1e-6, n_expert=64, n_expert_used=8,
