@@ -74,8 +74,9 @@ class Backend(Protocol):
     def moe_stats(self) -> MoeStats | None:
         """Expert-cache counters; None for a dense model."""
 
-    def bench_extras(self, runs: int) -> dict:
-        """Backend-specific figures for memra-bench ({} when there are none)."""
+    def bench_extras(self, runs: int, depth: int = 4096) -> dict:
+        """Backend-specific figures for memra-bench ({} when there are none); depth: the context
+        (memra-bench --ctx-depth) that figures "at depth" decode after."""
 
     # ---- device sampling (samples_on_device only) ------------------------------------------
     def set_sampling(self, params: SamplingParams, seed: int | None = None, use_mask: bool = False) -> int:

@@ -8,7 +8,7 @@ sampling beyond argmax), so it measures the forward pass:
 - peak_rss_mb: the process's peak resident set (VmHWM), weights and caches included.
 
 A backend may add its own figures (VRAM pool, graph replay share, …) by providing
-    bench_extras(runs: int) -> dict[str, float | int | str]
+    bench_extras(runs: int, depth: int) -> dict[str, float | int | str]
 which is called after the standard tests; its keys are merged into the JSON and printed.
 """
 from __future__ import annotations
@@ -103,7 +103,7 @@ def run_bench(model: Path, kind: str, runs: int, n_prompt: int, n_gen: int, ctx_
                           moe_resident=f"{moe.resident_experts}/{moe.total_experts}")
         extras = getattr(backend, "bench_extras", None)
         if extras is not None:
-            result.update(extras(runs))
+            result.update(extras(runs, depth=ctx_depth or 4096))
         result["peak_rss_mb"] = peak_rss_mb()
         return result
     finally:

@@ -6,7 +6,7 @@ one-element add_f32 is the floor: what any kernel costs in this graph. Both atte
 (split + merge kernel; clusters, sm_90+). Then, on the SmolLM2 shape, the cluster path taken
 apart: the attention kernel without its merge launch, with one layer's cache (L2-resident after
 the first launch) and with 30 layers' caches in turn (90 MB at 4096 keys: read from HBM, as in
-the decode graph).
+the decode graph); the same for the Llama-8B shape (30 caches of 17 MB at 4096 keys).
 Run on the GPU machine: python scripts/bench_attention.py
 """
 from __future__ import annotations
@@ -16,10 +16,11 @@ import numpy as np
 
 from memra_engine.gpu.graph import CudaGraph
 from memra_engine.gpu.memory import VramPool
-from memra_engine.gpu.ops import attention_launch, attn_slots, attn_splits, kv_bucket
+from memra_engine.gpu.ops import attention_launch, attn_blocks_x, attn_slots, attn_splits, kv_bucket
 from memra_engine.gpu.runtime import GpuRuntime
 
-SHAPES = {"smollm2 hd64 9/3": (9, 3, 64), "gemma3 hd256 4/1": (4, 1, 256), "qwen3 hd128 16/8": (16, 8, 128)}
+SHAPES = {"smollm2 hd64 9/3": (9, 3, 64), "gemma3 hd256 4/1": (4, 1, 256), "qwen3 hd128 16/8": (16, 8, 128),
+          "llama-8b hd128 32/8": (32, 8, 128)}
 KEYS = (1, 33, 129, 513, 1025, 2049, 4097)
 N_LAYERS = 30  # the cold rows: SmolLM2's layer count
 REPS = 50
@@ -47,7 +48,7 @@ def main() -> None:
 
 
 def run(rt) -> None:
-    pool = VramPool({"scratch": 512 << 20})
+    pool = VramPool({"scratch": 2048 << 20})
     rng = np.random.default_rng(0)
 
     def put(a: np.ndarray) -> int:
@@ -69,7 +70,7 @@ def run(rt) -> None:
         for cluster in paths:
             row = []
             for n in KEYS:
-                S = attn_splits(kv_bucket(n), hd, cluster)
+                S = attn_splits(kv_bucket(n), hd, cluster, "f16", attn_blocks_x(H, n_kv))
                 slots = attn_slots(S, cluster, hd)
                 opart = put(np.zeros(slots * H * hd, np.float32))
                 ml = put(np.zeros(slots * H * 2, np.float32))
@@ -80,10 +81,11 @@ def run(rt) -> None:
             label = f"{name} {'cluster' if cluster else 'split'}"
             print(f"{label:28s}" + "".join(f"{x:9.2f}" for x in row) + "   µs")
     if rt.cluster_attention:
-        taken_apart(rt, put, rng, n_ctx, q_shape=SHAPES["smollm2 hd64 9/3"])
+        for name in ("smollm2 hd64 9/3", "llama-8b hd128 32/8"):
+            taken_apart(rt, put, rng, n_ctx, name, SHAPES[name])
 
 
-def taken_apart(rt, put, rng, n_ctx, q_shape) -> None:
+def taken_apart(rt, put, rng, n_ctx, name, q_shape) -> None:
     H, n_kv, hd = q_shape
     caches = [(put(rng.standard_normal((n_kv, n_ctx, hd)).astype(np.float16)),
                put(rng.standard_normal((n_kv, n_ctx, hd)).astype(np.float16))) for _ in range(N_LAYERS)]
@@ -94,7 +96,7 @@ def taken_apart(rt, put, rng, n_ctx, q_shape) -> None:
     for label, (merge, n_caches) in rows.items():
         row = []
         for n in KEYS:
-            S = attn_splits(kv_bucket(n), hd, True)
+            S = attn_splits(kv_bucket(n), hd, True, "f16", attn_blocks_x(H, n_kv))
             opart = put(np.zeros(attn_slots(S, True, hd) * H * hd, np.float32))
             ml = put(np.zeros(attn_slots(S, True, hd) * H * 2, np.float32))
             pos = put(np.array([n - 1], np.int32))
@@ -106,7 +108,7 @@ def taken_apart(rt, put, rng, n_ctx, q_shape) -> None:
                                  out, 0, 0, S, "f16", True, merge=merge)
 
             row.append(time_launches(rt, body))
-        print(f"{'hd64 cl ' + label:28s}" + "".join(f"{x:9.2f}" for x in row) + "   µs")
+        print(f"{name.split()[0] + ' cl ' + label:28s}" + "".join(f"{x:9.2f}" for x in row) + "   µs")
 
 
 if __name__ == "__main__":

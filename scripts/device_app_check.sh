@@ -2,8 +2,9 @@
 # Issue 16's "real app on the GPU": memra-chat itself in tmux on the GPU machine, a long prompt
 # pasted in one go (bracketed paste, as a user pastes a document) and two short turns after it,
 # the screen captured after each reply into $OUT/app-NAME-N.txt; then memra-bench on the same file
-# (pp at the prompt's length, tg128 on the engine path) so the panes' TTFT and decode tok/s can be
-# set beside what the benchmark predicts. Run after scripts/device_run.sh installed memra. When a turn
+# (pp at the prompt's length; tg128 on the engine path at default knobs, after a one-token prompt
+# and after the prompt's length of context, as reply 1 decodes) so the panes' TTFT and decode tok/s
+# can be set beside what the benchmark predicts. Run after scripts/device_run.sh installed memra. When a turn
 # outgrows the context (a random-weight reply of 512 tokens can re-tokenize to 2,000+), the app asks
 # to drop the oldest turn; this answers y, as a user would, and says so.
 # Usage: bash scripts/device_app_check.sh NAME MODEL.gguf [PROMPT_REPEATS]
@@ -69,7 +70,8 @@ cut = replies and replies[0]["status"] == "length"
 print(used - replies[0]["sampling"]["max_tokens"] if cut and used else used or "")
 PY
 )
-$PY -m memra_engine.bench "$model" --backend $backend --runs 3 --n-prompt "${n_prompt:-4000}" --json \
+$PY -m memra_engine.bench "$model" --backend $backend --runs 3 --n-prompt "${n_prompt:-4000}" \
+  --ctx-depth "${n_prompt:-4000}" --json \
   > "$OUT/bench-app-$name.json" 2>> "$OUT/misc.log"
 python3 - "$OUT" "$name" "${n_prompt:-4000}" <<'PY'
 import json, pathlib, re, sys
@@ -82,7 +84,9 @@ def pane(text, label):
 pp = r.get(f"pp{n}_tok_s", float("nan"))
 ttft, predicted = pane(first, "TTFT"), 1000 * n / pp
 engine = r.get("tg128_decode_sample_default_sampling_tok_s", float("nan"))
+deep = r.get(f"tg128_decode_sample_default_sampling_at_{n}_tok_s", float("nan"))
+d1 = pane(first, "decode")
 print(f"{name}: prompt {n} tokens; TTFT {ttft:.0f} ms in the pane, {predicted:.0f} ms from pp{n} {pp:,.0f} tok/s "
-      f"({ttft / predicted:.2f}x); decode {pane(first, 'decode'):.1f} / {pane(last, 'decode'):.1f} tok/s in the pane "
-      f"(replies 1 and 3), memra-bench engine path {engine:.1f}")
+      f"({ttft / predicted:.2f}x); decode {d1:.1f} / {pane(last, 'decode'):.1f} tok/s in the pane (replies 1 and 3); "
+      f"memra-bench engine path after {n} tokens {deep:.1f} (reply 1: {d1 / deep:.0%} of it), after 1 token {engine:.1f}")
 PY

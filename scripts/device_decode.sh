@@ -4,7 +4,8 @@
 # the matvec tests, scripts/bench_decode_matvecs.py on the 8B shapes (MEMRA_DECODE_MATVECS overrides
 # the ROWSxCOLS:TYPE list; empty skips it), then memra-bench for each shape:switches of
 # MEMRA_DECODE_RUNS (default "llama-8b:base llama-1b:base qwen3-moe:base"; switches joined by +,
-# e.g. qwen3-moe:MEMRA_MOE_RU=4,1). MEMRA_DECODE_LLAMA=1 also starts
+# e.g. qwen3-moe:MEMRA_MOE_RU=4,1), with MEMRA_DECODE_BENCH_FLAGS added to each (e.g. "--ctx-depth 4096").
+# MEMRA_DECODE_ATTN=1 also runs scripts/bench_attention.py. MEMRA_DECODE_LLAMA=1 also starts
 # llama.cpp's build detached (for scripts/device_side_by_side.sh in the next call, the machine warm).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -36,6 +37,10 @@ if [ -n "$MATVECS" ]; then
   python3 scripts/bench_decode_matvecs.py $MATVECS > "$OUT/matvecs.txt" 2>&1
   grep "^matvec" "$OUT/matvecs.txt" || tail -5 "$OUT/matvecs.txt"
 fi
+if [ "${MEMRA_DECODE_ATTN:-0}" = 1 ]; then
+  stamp "bench_attention"
+  python3 scripts/bench_attention.py > "$OUT/attention.txt" 2>&1; tail -30 "$OUT/attention.txt"
+fi
 for p in "${pids[@]}"; do wait "$p"; done
 n=0
 for run in $RUNS; do  # shape:switches (joined by +) or shape:base
@@ -43,7 +48,7 @@ for run in $RUNS; do  # shape:switches (joined by +) or shape:base
   [ "$ab" = base ] || IFS=+ read -ra envs <<< "$ab"
   stamp "memra-bench $shape $ab"
   env "${envs[@]}" timeout 150 python3 -m memra_engine.bench "/tmp/models/$shape.gguf" --backend cuda --runs 5 \
-    --json > "$OUT/bench-$n.json" 2>> "$OUT/misc.log"
+    ${MEMRA_DECODE_BENCH_FLAGS:-} --json > "$OUT/bench-$n.json" 2>> "$OUT/misc.log"
   python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(sys.argv[2], sys.argv[3], {k: round(v, 1) for k, v in r.items() if k.endswith('tok_s')})" \
     "$OUT/bench-$n.json" "$shape" "$ab" || tail -3 "$OUT/misc.log"
 done

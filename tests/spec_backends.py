@@ -28,7 +28,7 @@ class _Passthrough:
     def moe_stats(self):
         return None
 
-    def bench_extras(self, runs: int) -> dict:
+    def bench_extras(self, runs: int, depth: int = 4096) -> dict:
         return {}
 
     def close(self) -> None:

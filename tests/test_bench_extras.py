@@ -32,6 +32,7 @@ class FakeCuda:
         self.decode_runs = {}  # (temperature, top_logprobs) -> runs begun
         self.graph_runs = 0
         self.params = None
+        self.prompts = []  # each prefill's length
 
     _decode_sample_s = CudaBackend._decode_sample_s
     _graph_us = CudaBackend._graph_us
@@ -40,7 +41,7 @@ class FakeCuda:
         pass
 
     def prefill(self, tokens):
-        pass
+        self.prompts.append(len(tokens))
 
     def set_sampling(self, params, seed=None, use_mask=False):
         self.params = params
@@ -74,11 +75,13 @@ def test_every_engine_path_figure_is_the_median_of_its_runs(extras):
     out, fake = extras
     # median step 1 ms (the 5 ms run is the outlier): 1,000 tok/s, where a mean would say 555
     for key in ("tg128_decode_sample_tok_s", "tg128_decode_sample_default_sampling_tok_s",
-                "tg128_decode_sample_top_logprobs10_tok_s"):
+                "tg128_decode_sample_default_sampling_at_4096_tok_s", "tg128_decode_sample_top_logprobs10_tok_s"):
         assert out[key] == pytest.approx(1000.0), key
     default = SamplingParams().temperature
-    # greedy; default knobs (their own figure, then the candidates' "off" side); with 10 candidates
-    assert fake.decode_runs == {(0.0, 0): 5, (default, 0): 10, (default, 10): 5}
+    # default knobs at depth 4096; greedy; default knobs (their own figure, then the candidates'
+    # "off" side); with 10 candidates
+    assert fake.decode_runs == {(default, 0): 15, (0.0, 0): 5, (default, 10): 5}
+    assert fake.prompts.count(4096) == 10  # the graph and the engine path at depth, 5 runs each
 
 
 def test_every_graph_figure_is_the_median_of_its_runs(extras):

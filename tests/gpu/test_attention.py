@@ -6,7 +6,7 @@ the cache format is part of the op), so the bound is float32 arithmetic: <= 1e-4
 several head groups) and 7, sliding window, softcap, decode and causal prefill rows, rows long
 enough that a split walks several chunks, that a row's result does not depend on the grid's split
 count (graph buckets) or its batch bit for bit. Every test runs on both paths: splits merged by
-attn_merge, and (sm_90+) splits merged inside clusters (16 blocks for hd64 f16, else 8), with rows
+attn_merge, and (sm_90+) splits merged inside clusters (16 blocks for hd64/hd128 f16, else 8), with rows
 of one split, of one partly filled cluster, of one full cluster whose splits walk several trips,
 and of several clusters (attn_cl_merge).
 """
@@ -86,10 +86,11 @@ def random_case(rng, T, H, n_kv, hd, n_ctx):
 
 @pytest.mark.parametrize("hd,H,n_kv", [(64, 9, 3), (128, 32, 8), (256, 4, 1), (64, 9, 1), (128, 8, 8),
                                       (64, 14, 2)])
-@pytest.mark.parametrize("p", [0, 37, 200, 1000, 3000])
+@pytest.mark.parametrize("p", [0, 37, 200, 1000, 3000, 4300])
 def test_decode_row(gpu, cluster, hd, H, n_kv, p):
+    """4300: past 4,096 keys, where hd128 rows of the 8B shape keep to 16 splits (one wave)."""
     rng = np.random.default_rng(hd * 1000 + H + p)
-    n_ctx = 3100
+    n_ctx = 4400
     q, kc, vc, k_new, v_new = random_case(rng, 1, H, n_kv, hd, n_ctx)
     pos = np.array([p])
     out, kc_dev, vc_dev = run_attention(gpu, q, k_new, v_new, kc, vc, pos, cluster=cluster)
@@ -98,7 +99,7 @@ def test_decode_row(gpu, cluster, hd, H, n_kv, p):
     assert rel_err(out, ref) < 1e-4
 
 
-@pytest.mark.parametrize("hd", [64, 256])
+@pytest.mark.parametrize("hd", [64, 128, 256])
 def test_prefill_rows_are_causal_with_window_and_softcap(gpu, cluster, hd):
     rng = np.random.default_rng(hd)
     T, H, n_kv, n_ctx = 37, 4, 1, 700
@@ -110,7 +111,7 @@ def test_prefill_rows_are_causal_with_window_and_softcap(gpu, cluster, hd):
         assert rel_err(out, ref) < 1e-4, (window, softcap)
 
 
-@pytest.mark.parametrize("hd", [64, 256])
+@pytest.mark.parametrize("hd", [64, 128, 256])
 def test_result_is_independent_of_the_split_grid(gpu, cluster, hd):
     rng = np.random.default_rng(7 + hd)
     q, kc, vc, k_new, v_new = random_case(rng, 6, 9, 3, hd, 8600)
@@ -155,7 +156,7 @@ def test_q8_0_cache_reads_dequantized_values(gpu, cluster):
     assert rel_err(out, ref) < 1e-4
 
 
-@pytest.mark.parametrize("hd,H,n_kv", [(64, 9, 3), (256, 4, 1)])
+@pytest.mark.parametrize("hd,H,n_kv", [(64, 9, 3), (128, 32, 8), (256, 4, 1)])
 def test_q8_1_output_equals_quantize_q8_1_of_the_output(gpu, cluster, hd, H, n_kv):
     """Attention writes the o matvec's q8_1 input itself, from one split (direct) and from the
     merge of several: the same bytes as quantize_q8_1 of its f32 output."""
