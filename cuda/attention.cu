@@ -13,8 +13,8 @@
 // has (graph buckets) and whether it is decoded alone or verified in a batch. Short contexts get
 // several blocks (a 128-key decode row: 2-4), not one SM doing every key.
 //
-// Head dims 64 and 128 with an f16 cache run attn_rows_mma (QK and PV on tensor cores); hd256 and
-// q8_0 caches run attn_rows. Same split rule, same output either way.
+// Head dim 64 with an f16 cache runs attn_rows_mma64 (QK and PV on tensor cores); the other head
+// dims and q8_0 caches run attn_rows. Same split rule, same output either way.
 //
 // Merge: a row with one split writes its output directly. Otherwise each split writes an
 // unnormalized partial (o, m, l) and attn_merge, launched right after (PDL overlaps its launch),
@@ -23,7 +23,7 @@
 // Cluster variant (attn_cl_*, sm_90+): grid.y is a multiple of the cluster size CS and every CS
 // consecutive splits form a thread-block cluster that merges its splits through distributed shared
 // memory, so a row of up to CS splits needs no second launch (that launch cost 2.6 / 5.5 us at
-// hd64 / hd256, more than the attention itself). CS is 16 for attn_rows_mma (a non-portable
+// hd64 / hd256, more than the attention itself). CS is 16 for attn_rows_mma64 (a non-portable
 // size: the runtime opts in) and 8 otherwise (attn_plan below). Rows too long for one cluster
 // (up to 64 splits) write one partial per cluster, and attn_cl_merge merges those.
 #include <cooperative_groups.h>
@@ -38,28 +38,17 @@
 
 // Which kernel a (head dim, cache type) runs, in blocks of how many threads, in clusters of how many
 // blocks, and how many chunks a split of a one-cluster row may walk (ops.attn_plan mirrors this).
-// attn_rows_mma takes 128 keys per loop trip (8 warps of 16): clusters of 16 keep rows of up to
-// 8192 keys (8 chunks of 64 a split at hd64, 16 of 32 at hd128) in one cluster at <= 4 trips a
-// split, which costs less than a second launch. attn_rows takes one chunk per step: clusters of 8, splits of <= 2 chunks, as measured.
-__host__ __device__ constexpr bool attn_mma(int hd, bool q8) { return (hd == 64 || hd == 128) && !q8; }
+// attn_rows_mma64 takes 128 keys per loop trip (8 warps of 16): clusters of 16 keep rows of up to
+// 128 chunks (8192 keys) in one cluster at <= 4 trips a split, which costs less than a second
+// launch. attn_rows takes one chunk per step: clusters of 8, splits of <= 2 chunks, as measured.
+__host__ __device__ constexpr bool attn_mma(int hd, bool q8) { return hd == 64 && !q8; }
 __host__ __device__ constexpr int attn_threads(int hd, bool q8) { return attn_mma(hd, q8) ? 256 : ATTN_THREADS; }
-__host__ __device__ constexpr int attn_cluster(int hd, bool q8) { return attn_mma(hd, q8) && hd == 64 ? 16 : 8; }
+__host__ __device__ constexpr int attn_cluster(int hd, bool q8) { return attn_mma(hd, q8) ? 16 : 8; }
 __host__ __device__ constexpr int attn_cl_chunks(int hd, bool q8) { return attn_mma(hd, q8) ? 8 : 2; }
-// attn_rows_mma<64> at <= 128 registers (8 bytes spill): two blocks an SM, so under PDL its blocks
+// attn_rows_mma64 at <= 128 registers (8 bytes spill): two blocks an SM, so under PDL its blocks
 // (and their L2 prefetch) find room while the previous kernel still runs, and a 16-block cluster
 // needs 8 SMs.
-__host__ __device__ constexpr int attn_min_blocks(int hd, bool q8) { return attn_mma(hd, q8) && hd == 64 ? 2 : 1; }
-// The most splits a long row takes on the cluster path. At one block an SM (hd128 on tensor cores)
-// a row's blocks (grid.x a split) must fit in one wave of ATTN_WAVE_BLOCKS (H100 / H200: 132 SMs):
-// the 8B shape's 8 blocks a split at 4,224 keys took 17 splits, 136 blocks, two waves (15.2 us,
-// against 8.9 at 2,049 keys). Else ATTN_MAX_SPLITS_CL. ops.attn_max_cl_splits mirrors this.
-#define ATTN_WAVE_BLOCKS 128
-__host__ __device__ constexpr int attn_max_cl_splits(int hd, bool q8, int blocks_x) {
-    return attn_min_blocks(hd, q8) == 1 && attn_mma(hd, q8)
-               ? max(attn_cluster(hd, q8),
-                     min(ATTN_MAX_SPLITS_CL, ATTN_WAVE_BLOCKS / blocks_x / attn_cluster(hd, q8) * attn_cluster(hd, q8)))
-               : ATTN_MAX_SPLITS_CL;
-}
+__host__ __device__ constexpr int attn_min_blocks(int hd, bool q8) { return attn_mma(hd, q8) ? 2 : 1; }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
 #define ATTN_DIMS_true(HD, Q8)  // never launched before sm_90 (ops.attention_launch); compiled so every fatbin has it
@@ -138,10 +127,10 @@ __device__ __forceinline__ AttnHeads attn_heads(int n_head, int n_kv) {
 // keys, the smallest that fits. Cluster path (cs blocks a cluster): the row's chunks spread evenly
 // over one cluster while a split walks at most cl_chunks of them (hd256: gemma3's 512-key sliding
 // window in one cluster; hd64: up to 8192 keys); longer rows get splits of cl_chunks (or more, so
-// that at most max_cl) over several clusters. Depends on the row's position and the launch's
-// grid.x only (bit-identical rows across grid.y and batches).
+// that at most ATTN_MAX_SPLITS_CL) over several clusters. Depends on the row's position only
+// (bit-identical rows across grids).
 __device__ __forceinline__ int attn_splits_of_row(int p, int window, int chunk, bool cluster, int cs, int cl_chunks,
-                                                  int max_cl, int& start, int& split_len) {
+                                                  int& start, int& split_len) {
     start = window > 0 ? max(0, p + 1 - window) : 0;
     const int n_keys = p + 1 - start;
     if (!cluster) {
@@ -151,7 +140,7 @@ __device__ __forceinline__ int attn_splits_of_row(int p, int window, int chunk, 
     }
     const int chunks = (n_keys + chunk - 1) / chunk;
     int per = (chunks + cs - 1) / cs;
-    if (per > cl_chunks) per = max(cl_chunks, (chunks + max_cl - 1) / max_cl);
+    if (per > cl_chunks) per = max(cl_chunks, (chunks + ATTN_MAX_SPLITS_CL - 1) / ATTN_MAX_SPLITS_CL);
     split_len = per * chunk;
     return (chunks + per - 1) / per;
 }
@@ -287,8 +276,7 @@ __device__ void attn_rows(const float* __restrict__ q, int q_ld, const void* __r
     const int p = pos[t];
     int start, split_len;
     constexpr int CS = attn_cluster(HD, Q8);
-    const int n_act = attn_splits_of_row(p, window, S::CHUNK, CL, CS, attn_cl_chunks(HD, Q8),
-                                           attn_max_cl_splits(HD, Q8, gridDim.x), start, split_len);
+    const int n_act = attn_splits_of_row(p, window, S::CHUNK, CL, CS, attn_cl_chunks(HD, Q8), start, split_len);
     // split path: blocks past the row's splits have nothing to do. Cluster path: whole clusters
     // past them leave; the rest of the last cluster stays for the cluster barriers (and merges).
     if (CL ? (s / CS) * CS >= n_act || (n_act == 1 && s > 0) : s >= n_act) return;
@@ -309,7 +297,7 @@ __device__ void attn_rows(const float* __restrict__ q, int q_ld, const void* __r
     // K/V rows of a step; rows past the end read the last valid row (weight 0 below). The next
     // step's rows are loaded before this step's math (long splits: one memory wait per split).
     // The first step's load before the PDL wait when all its rows are older than the forward's
-    // first position (as in attn_rows_mma).
+    // first position (as in attn_rows_mma64).
     Kv8<Q8> kr[S::E], vr[S::E], kn[S::E], vn[S::E];
     auto load_first = [&]() {
 #pragma unroll
@@ -454,44 +442,38 @@ __device__ void attn_rows(const float* __restrict__ q, int q_ld, const void* __r
     attn_block_out<HD, G, CL, CS>(o_s[0], m_s, l_s, n_act, g, h0, t, n_head, opart, ml, out, xq, xq_stride);
 }
 
-// ---- hd64 / hd128 with an f16 cache: QK and PV on tensor cores --------------------------------
+// ---- hd64 with an f16 cache: QK and PV on tensor cores ---------------------------------------
 // attn_rows' issue time grows with the keys x heads a block computes in scalar FMAs (a 64-key
 // step ~1 us however its rows are spread over threads, docs/gpu-log.md round 6); mma.sync
 // m16n8k16 (f16 in, f32 accumulate) does QK and PV in a tenth of the instructions. Same chunk,
 // prologue and output as attn_rows; blocks of 8 warps, so a loop trip takes 128 keys (two chunks):
 // each warp takes 16 of them (two 8-key n-tiles) with its own online softmax, and the warps merge
-// once at the end. At hd64 the next trip's loads are issued before this trip's math (hd128 has no
-// registers left for them), and the first trip's before the PDL wait where its rows allow. Measured against this (docs/gpu-log.md rounds 7, 8):
+// once at the end. The next trip's loads are issued before this trip's math, and the first trip's
+// before the PDL wait where its rows allow. Measured against this (docs/gpu-log.md rounds 7, 8):
 // 10 warps, a split staged in shared memory by cp.async, two register sets taking turns, and
 // 32 keys a warp per trip without the next-trip loads were all slower in the decode graph.
 // The MMA's rows 0-7 are the block's heads (G <= 8) with q's (and p's) f16 hi halves, rows 8-15 the
 // same heads with the lo halves (below): lane (r = lane / 4, c = lane % 4) holds head r's scores
 // of keys 2c, 2c + 1 of each n-tile as d0 + d2, d1 + d3, and those are PV's A operand once split
 // again (FlashAttention-2's register reuse). Loads need no shuffles:
-// - QK's k dimension walks the HD dims in a per-lane order: lane c reads dims DPL c .. DPL c +
-//   DPL - 1 of its key (DPL = HD / 4: 32 or 64 bytes) and k-step j takes their words 2j, 2j + 1;
-//   q takes the same order.
-// - PV's output dims are permuted: tile jd of NJ = HD / 8, column n is dim NJ n + jd, so lane r
-//   reads dims NJ r .. NJ r + NJ - 1 of a V row (16 or 32 bytes) and picks half jd.
+// - QK's k dimension walks the 64 dims in a per-lane order: lane c reads dims 16c .. 16c + 15 of
+//   its key (32 bytes) and k-step j takes their words 2j, 2j + 1; q takes the same order.
+// - PV's output dims are permuted: tile jd, column n is dim 8n + jd, so lane r reads dims
+//   8r .. 8r + 7 of a V row (16 bytes) and picks half jd.
 // Precision: q and p go in as f16 hi + lo halves (|x - hi - lo| <= 2^-22 |x|) in the two row halves
 // of one MMA, so the products keep float32 accuracy at one MMA each; K and V are f16 values already.
 __device__ __forceinline__ uint32_t word_of(const int4& v, int w) {
     return (uint32_t)(w == 0 ? v.x : w == 1 ? v.y : w == 2 ? v.z : v.w);
 }
 
-template <int HD, int G, bool CL>
-__device__ void attn_rows_mma(const float* __restrict__ q, int q_ld, const half* __restrict__ kc,
-                              const half* __restrict__ vc, float* __restrict__ opart, float* __restrict__ ml,
-                              const int* __restrict__ pos, int n_head, int n_kv, int n_ctx, int window,
-                              float scale, float softcap, float* __restrict__ out, int8_t* __restrict__ xq,
-                              int xq_stride) {
-    constexpr int CHUNK = AttnShape<HD>::CHUNK, NT = attn_threads(HD, false), NW = NT / 32;
+template <int G, bool CL>
+__device__ void attn_rows_mma64(const float* __restrict__ q, int q_ld, const half* __restrict__ kc,
+                                const half* __restrict__ vc, float* __restrict__ opart, float* __restrict__ ml,
+                                const int* __restrict__ pos, int n_head, int n_kv, int n_ctx, int window,
+                                float scale, float softcap, float* __restrict__ out, int8_t* __restrict__ xq,
+                                int xq_stride) {
+    constexpr int HD = 64, CHUNK = AttnShape<HD>::CHUNK, NT = attn_threads(HD, false), NW = NT / 32;
     constexpr int KW = 16, TRIP = NW * KW, CS = attn_cluster(HD, false);  // keys per warp / per block, a trip
-    constexpr int DPL = HD / 4, KS = HD / 16, NJ = HD / 8;  // QK dims a lane, QK k-steps, PV output tiles
-    constexpr int KI = DPL / 8, VI = NJ / 8;                 // int4 loads a key row of K / of V, a lane
-    // hd128 holds twice the q, o and K/V registers of hd64: the next trip's rows in registers too
-    // would spill, so there the split's L2 prefetch alone runs ahead.
-    constexpr bool AHEAD = HD == 64;
     static_assert(G <= 8 && TRIP % CHUNK == 0, "heads in MMA rows 0-7; a trip takes whole chunks");
     __shared__ __align__(16) float o_s[NW][G][HD];
     __shared__ float mw_s[NW][G], lw_s[NW][G], m_s[G], l_s[G];
@@ -502,78 +484,66 @@ __device__ void attn_rows_mma(const float* __restrict__ q, int q_ld, const half*
 
     const int p = pos[t];  // before the PDL wait, with the L2 prefetch: as in attn_rows
     int start, split_len;
-    const int n_act = attn_splits_of_row(p, window, CHUNK, CL, CS, attn_cl_chunks(HD, false),
-                                           attn_max_cl_splits(HD, false, gridDim.x), start, split_len);
+    const int n_act = attn_splits_of_row(p, window, CHUNK, CL, CS, attn_cl_chunks(HD, false), start, split_len);
     if (CL ? (s / CS) * CS >= n_act || (n_act == 1 && s > 0) : s >= n_act) return;
     const bool active = s < n_act;
     const int j0 = start + s * split_len, j1 = min(p + 1, j0 + split_len);
     const size_t row0 = (size_t)kvh * n_ctx;
-    if (active) {  // the whole split (<= 512 keys on the cluster path), HD / 64 lines a row
-        for (int i = tid; i < (j1 - j0) * (HD / 64); i += NT) {
-            const size_t off = (row0 + j0 + i / (HD / 64)) * HD + 64 * (i % (HD / 64));
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(kc + off));
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(vc + off));
+    if (active) {
+        for (int r = tid; j0 + r < j1; r += NT) {  // the whole split (<= 8 chunks on the cluster path), 128-byte rows
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(kc + (row0 + j0 + r) * HD));
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(vc + (row0 + j0 + r) * HD));
         }
     }
     const int r = lane >> 2, c = lane & 3;  // MMA row (head) / n-tile key / V dims, and column pair
-    // K: n-tile u's key r, dims DPL c .. DPL c + DPL - 1; V: keys 2c, 2c + 1, 2c + 8, 2c + 9, dims
-    // NJ r .. NJ r + NJ - 1. Rows past the end read the last valid row (weight 0).
-    int4 kr[2][KI], vr[4][VI], kn[2][KI], vn[4][VI];
-    auto load = [&](int c0, int4 (&kd)[2][KI], int4 (&vd)[4][VI]) {
+    // K: n-tile u's key r, dims 16c .. 16c + 15; V: keys 2c, 2c + 1, 2c + 8, 2c + 9, dims 8r .. 8r + 7.
+    // Rows past the end read the last valid row (weight 0). The next trip's rows load before this
+    // trip's math.
+    int4 kr[2][2], vr[4], kn[2][2], vn[4];
+    auto load = [&](int c0) {
         const int kb = c0 + KW * warp;
 #pragma unroll
         for (int u = 0; u < 2; ++u) {
-            const int4* src = reinterpret_cast<const int4*>(kc + (row0 + min(kb + 8 * u + r, j1 - 1)) * HD + DPL * c);
-#pragma unroll
-            for (int i = 0; i < KI; ++i) kd[u][i] = src[i];
+            const int4* src = reinterpret_cast<const int4*>(kc + (row0 + min(kb + 8 * u + r, j1 - 1)) * HD + 16 * c);
+            kn[u][0] = src[0];
+            kn[u][1] = src[1];
         }
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             const int key = 2 * c + (i & 1) + 8 * (i >> 1);
-            const int4* src = reinterpret_cast<const int4*>(vc + (row0 + min(kb + key, j1 - 1)) * HD + NJ * r);
-#pragma unroll
-            for (int k = 0; k < VI; ++k) vd[i][k] = src[k];
+            vn[i] = *reinterpret_cast<const int4*>(vc + (row0 + min(kb + key, j1 - 1)) * HD + 8 * r);
         }
     };
     // The first trip's rows load before the PDL wait when all are older than the forward's first
     // position: a step writes only its own rows (pos[0] on, ascending), and those may still be in
     // flight from the previous kernel. Rows before pos[0] were final before this launch.
     const bool early = active && min(j0 + TRIP, j1) <= pos[0];
-    int4 (&k1)[2][KI] = AHEAD ? kn : kr;  // where the first trip's rows go
-    int4 (&v1)[4][VI] = AHEAD ? vn : vr;
-    if (early) load(j0, k1, v1);
+    if (early) load(j0);
     pdl_entry();
-    if (active && !early) load(j0, k1, v1);
+    if (active && !early) load(j0);
 
-    uint32_t qh[DPL / 2], ql[DPL / 2];  // head r's dims DPL c .. DPL c + DPL - 1 (scaled) as hi / lo pairs
+    uint32_t qh[8], ql[8];                  // head r's dims 16c .. 16c + 15 (scaled) as hi / lo pairs
     {
-        const float4* qr = reinterpret_cast<const float4*>(q + (size_t)t * q_ld + (size_t)(h0 + r) * HD + DPL * c);
+        const float4* qr = reinterpret_cast<const float4*>(q + (size_t)t * q_ld + (size_t)(h0 + r) * HD + 16 * c);
 #pragma unroll
-        for (int i = 0; i < DPL / 4; ++i) {
+        for (int i = 0; i < 4; ++i) {
             const float4 v = r < g ? qr[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             split_f16x2(v.x * scale, v.y * scale, qh[2 * i], ql[2 * i]);
             split_f16x2(v.z * scale, v.w * scale, qh[2 * i + 1], ql[2 * i + 1]);
         }
     }
-    float o[NJ][4];  // output tile jd, dims NJ (2c) + jd, NJ (2c + 1) + jd of head r: p hi (0, 1) and p lo (2, 3) parts
+    float o[8][4];  // output tile jd, dims 8 (2c) + jd, 8 (2c + 1) + jd of head r: p hi (0, 1) and p lo (2, 3) parts
 #pragma unroll
-    for (int jd = 0; jd < NJ; ++jd) o[jd][0] = o[jd][1] = o[jd][2] = o[jd][3] = 0.0f;
+    for (int jd = 0; jd < 8; ++jd) o[jd][0] = o[jd][1] = o[jd][2] = o[jd][3] = 0.0f;
     float m = -INFINITY, l = 0.0f;  // head r over this warp's keys (l: this lane's keys)
 
     for (int c0 = j0; active && c0 < j1; c0 += TRIP) {
-        if constexpr (AHEAD) {
 #pragma unroll
-            for (int u = 0; u < 2; ++u)
-#pragma unroll
-                for (int i = 0; i < KI; ++i) kr[u][i] = kn[u][i];
-#pragma unroll
-            for (int i = 0; i < 4; ++i)
-#pragma unroll
-                for (int k = 0; k < VI; ++k) vr[i][k] = vn[i][k];
-            if (c0 + TRIP < j1) load(c0 + TRIP, kn, vn);
-        } else if (c0 > j0) {
-            load(c0, kr, vr);
+        for (int i = 0; i < 4; ++i) {
+            kr[i >> 1][i & 1] = kn[i >> 1][i & 1];
+            vr[i] = vn[i];
         }
+        if (c0 + TRIP < j1) load(c0 + TRIP);
         const int kb = c0 + KW * warp;
         if (kb >= j1) continue;  // warp-uniform: none of this warp's keys are in the split
         float sc[2][4];
@@ -581,7 +551,7 @@ __device__ void attn_rows_mma(const float* __restrict__ q, int q_ld, const half*
         for (int u = 0; u < 2; ++u) {
             sc[u][0] = sc[u][1] = sc[u][2] = sc[u][3] = 0.0f;
 #pragma unroll
-            for (int j = 0; j < KS; ++j) {
+            for (int j = 0; j < 4; ++j) {
                 const uint32_t b0 = word_of(kr[u][j >> 1], 2 * (j & 1)), b1 = word_of(kr[u][j >> 1], 2 * (j & 1) + 1);
                 mma_16816(sc[u], qh[2 * j], ql[2 * j], qh[2 * j + 1], ql[2 * j + 1], b0, b1);
             }
@@ -608,15 +578,14 @@ __device__ void attn_rows_mma(const float* __restrict__ q, int q_ld, const half*
         split_f16x2(pk[0], pk[1], ph0, pl0);
         split_f16x2(pk[2], pk[3], ph2, pl2);
 #pragma unroll
-        for (int jd = 0; jd < NJ; ++jd) {
+        for (int jd = 0; jd < 8; ++jd) {
             o[jd][0] *= corr;  // rows r (hi) and r + 8 (lo) alike
             o[jd][1] *= corr;
             o[jd][2] *= corr;
             o[jd][3] *= corr;
-            const uint32_t sel = (jd & 1) ? 0x7632u : 0x5410u;  // half jd of each key's NJ dims
-            const int w = jd >> 1;
-            const uint32_t b0 = __byte_perm(word_of(vr[0][w >> 2], w & 3), word_of(vr[1][w >> 2], w & 3), sel);
-            const uint32_t b1 = __byte_perm(word_of(vr[2][w >> 2], w & 3), word_of(vr[3][w >> 2], w & 3), sel);
+            const uint32_t sel = (jd & 1) ? 0x7632u : 0x5410u;  // half jd of each key's 8 dims
+            const uint32_t b0 = __byte_perm(word_of(vr[0], jd >> 1), word_of(vr[1], jd >> 1), sel);
+            const uint32_t b1 = __byte_perm(word_of(vr[2], jd >> 1), word_of(vr[3], jd >> 1), sel);
             mma_16816(o[jd], ph0, pl0, ph2, pl2, b0, b1);
         }
     }
@@ -624,9 +593,9 @@ __device__ void attn_rows_mma(const float* __restrict__ q, int q_ld, const half*
     l += __shfl_xor_sync(0xffffffffu, l, 2);
     if (r < G) {
 #pragma unroll
-        for (int jd = 0; jd < NJ; ++jd) {
-            o_s[warp][r][NJ * (2 * c) + jd] = o[jd][0] + o[jd][2];
-            o_s[warp][r][NJ * (2 * c + 1) + jd] = o[jd][1] + o[jd][3];
+        for (int jd = 0; jd < 8; ++jd) {
+            o_s[warp][r][8 * (2 * c) + jd] = o[jd][0] + o[jd][2];
+            o_s[warp][r][8 * (2 * c + 1) + jd] = o[jd][1] + o[jd][3];
         }
         if (c == 0) { mw_s[warp][r] = m; lw_s[warp][r] = l; }
     }
@@ -727,8 +696,8 @@ __device__ void attn_merge_rows(const float* __restrict__ opart, const float* __
     const int t = blockIdx.z;
     int start, split_len;
     constexpr int CS = attn_cluster(HD, Q8);
-    const int n_act = attn_splits_of_row(pos[t], window, AttnShape<HD>::CHUNK, CL, CS, attn_cl_chunks(HD, Q8),
-                                         attn_max_cl_splits(HD, Q8, gridDim.x), start, split_len);  // same grid.x
+    const int n_act = attn_splits_of_row(pos[t], window, AttnShape<HD>::CHUNK, CL, CS, attn_cl_chunks(HD, Q8), start,
+                                         split_len);
     const int n_parts = CL ? (n_act + CS - 1) / CS : n_act;
     // Every block waits, those with nothing to merge too: if all of a launch's blocks left before
     // the wait, the next kernel could start before the attention kernel has finished.
@@ -743,9 +712,9 @@ __device__ void attn_merge_rows(const float* __restrict__ opart, const float* __
         const float* q, int q_ld, const void* kc, const void* vc, const half* kd, const half* vd, float* opart,  \
         float* ml, const int* pos, int n_head, int n_kv, int n_ctx, int window, float scale, float softcap,     \
         float* out, int8_t* xq, int xq_stride) {                                                                 \
-        if constexpr (attn_mma(HD, Q8))                                                                         \
-            attn_rows_mma<HD, G, CL>(q, q_ld, static_cast<const half*>(kc), static_cast<const half*>(vc), opart, \
-                                     ml, pos, n_head, n_kv, n_ctx, window, scale, softcap, out, xq, xq_stride);  \
+        if constexpr (HD == 64 && !Q8)                                                                          \
+            attn_rows_mma64<G, CL>(q, q_ld, static_cast<const half*>(kc), static_cast<const half*>(vc), opart,  \
+                                   ml, pos, n_head, n_kv, n_ctx, window, scale, softcap, out, xq, xq_stride);    \
         else                                                                                                     \
             attn_rows<HD, G, Q8, CL>(q, q_ld, kc, vc, kd, vd, opart, ml, pos, n_head, n_kv, n_ctx, window,       \
                                      scale, softcap, out, xq, xq_stride);                                        \

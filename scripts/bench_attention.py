@@ -16,7 +16,7 @@ import numpy as np
 
 from memra_engine.gpu.graph import CudaGraph
 from memra_engine.gpu.memory import VramPool
-from memra_engine.gpu.ops import attention_launch, attn_blocks_x, attn_slots, attn_splits, kv_bucket
+from memra_engine.gpu.ops import attention_launch, attn_slots, attn_splits, kv_bucket
 from memra_engine.gpu.runtime import GpuRuntime
 
 SHAPES = {"smollm2 hd64 9/3": (9, 3, 64), "gemma3 hd256 4/1": (4, 1, 256), "qwen3 hd128 16/8": (16, 8, 128),
@@ -70,7 +70,7 @@ def run(rt) -> None:
         for cluster in paths:
             row = []
             for n in KEYS:
-                S = attn_splits(kv_bucket(n), hd, cluster, "f16", attn_blocks_x(H, n_kv))
+                S = attn_splits(kv_bucket(n), hd, cluster)
                 slots = attn_slots(S, cluster, hd)
                 opart = put(np.zeros(slots * H * hd, np.float32))
                 ml = put(np.zeros(slots * H * 2, np.float32))
@@ -96,7 +96,7 @@ def taken_apart(rt, put, rng, n_ctx, name, q_shape) -> None:
     for label, (merge, n_caches) in rows.items():
         row = []
         for n in KEYS:
-            S = attn_splits(kv_bucket(n), hd, True, "f16", attn_blocks_x(H, n_kv))
+            S = attn_splits(kv_bucket(n), hd, True)
             opart = put(np.zeros(attn_slots(S, True, hd) * H * hd, np.float32))
             ml = put(np.zeros(attn_slots(S, True, hd) * H * 2, np.float32))
             pos = put(np.array([n - 1], np.int32))

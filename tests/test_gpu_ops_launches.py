@@ -15,9 +15,8 @@ import pytest
 
 from memra_engine.gpu import build
 from memra_engine.gpu.kv_cache import GpuKvCache
-from memra_engine.gpu.ops import (ATTN_MAX_SPLITS, ATTN_MAX_SPLITS_CL, ATTN_WAVE_BLOCKS, Arena, DArray, GpuOps,
-                                  attn_blocks_x, attn_max_cl_splits, attn_plan, attn_row_splits, attn_slots,
-                                  attn_splits, kv_bucket)
+from memra_engine.gpu.ops import (ATTN_MAX_SPLITS, ATTN_MAX_SPLITS_CL, Arena, DArray, GpuOps, attn_plan,
+                                  attn_row_splits, attn_slots, attn_splits, kv_bucket)
 from memra_engine.gpu.sampler import GpuSampler, candidate_passes
 from memra_engine.gpu.weights import GpuWeights
 from memra_engine.model import arch_module
@@ -174,18 +173,9 @@ def test_cluster_split_rule():
     assert attn_row_splits(8192, 64, True) == 16 and attn_row_splits(8193, 64, True) == 17
     assert attn_row_splits(512, 256, True) == 8 and attn_row_splits(700, 256, True) == 11
     assert attn_row_splits(4224, 256, True) == 44  # 132 chunks: splits of 3 (64 at most)
-    assert attn_plan(128).cluster == 8 and attn_plan(128).threads == 256  # tensor cores, 1 block an SM
-    assert attn_row_splits(2048, 128, True) == 8 and attn_row_splits(2049, 128, True) == 9
-    # the 8B shape (32 heads on 8: 8 blocks a split, one an SM) keeps a long row in one wave of 128
-    # blocks: 16 splits at most (two clusters), not 17 splits of 8 chunks over 3 clusters
-    assert attn_blocks_x(32, 8) == 8 and attn_max_cl_splits(128, "f16", 8) == 16
-    assert attn_row_splits(4224, 128, True) == 17 and attn_row_splits(4224, 128, True, blocks_x=8) == 15
-    assert attn_row_splits(10**5, 128, True, blocks_x=8) == 16
-    assert attn_max_cl_splits(128, "f16", 1) == ATTN_MAX_SPLITS_CL == attn_max_cl_splits(64, "f16", 1)
-    assert attn_max_cl_splits(128, "f16", 200) == 8  # never fewer than one cluster
     assert attn_row_splits(10**6, 64, True) <= 64 and attn_row_splits(10**6, 256, True) <= 64
     for n in range(1, 20_000, 7):
-        for hd, kv in ((64, "f16"), (64, "q8_0"), (128, "f16"), (128, "q8_0"), (256, "f16")):
+        for hd, kv in ((64, "f16"), (64, "q8_0"), (256, "f16")):
             plan, chunks = attn_plan(hd, kv), -(-n // (64 if hd == 64 else 32))
             splits = attn_row_splits(n, hd, True, kv)
             if chunks <= plan.cluster * plan.cl_chunks:  # one cluster, splits within one chunk of each other
@@ -193,17 +183,14 @@ def test_cluster_split_rule():
 
 
 @pytest.mark.parametrize("cluster", [False, True])
-@pytest.mark.parametrize("hd,kv_type,blocks_x", [(64, "f16", None), (64, "q8_0", None), (128, "f16", None),
-                                                 (128, "f16", 8), (128, "f16", 4), (256, "f16", None)])
-def test_attention_grid_covers_every_row_of_its_bucket(hd, kv_type, blocks_x, cluster):
+@pytest.mark.parametrize("hd,kv_type", [(64, "f16"), (64, "q8_0"), (128, "f16"), (256, "f16")])
+def test_attention_grid_covers_every_row_of_its_bucket(hd, kv_type, cluster):
     """A graph captured for a KV bucket serves every row up to it: its grid.y must cover each
     row's split count (whole clusters on the cluster path), and the partial slots that many."""
     cs = attn_plan(hd, kv_type).cluster
     for n in list(range(1, 3000)) + list(range(3000, 140_000, 997)):
-        S = attn_splits(kv_bucket(n), hd, cluster, kv_type, blocks_x)
-        need = attn_row_splits(n, hd, cluster, kv_type, blocks_x)
-        if cluster and blocks_x:  # the one-wave rule: grid.y times grid.x fits ATTN_WAVE_BLOCKS
-            assert S * blocks_x <= ATTN_WAVE_BLOCKS, (n, S)
+        S = attn_splits(kv_bucket(n), hd, cluster, kv_type)
+        need = attn_row_splits(n, hd, cluster, kv_type)
         assert need <= S, (n, need, S)
         if cluster:
             assert S % cs == 0 and attn_slots(S, True, hd, kv_type) * cs >= need
@@ -295,16 +282,13 @@ def test_attention_plan_mirrors_attention_cu():
     src = (Path(__file__).parents[1] / "cuda" / "attention.cu").read_text()
     defines = {k: int(v) for k, v in re.findall(r"#define (ATTN_\w+) (\d+)", src)}
     assert defines["ATTN_MAX_SPLITS"] == ATTN_MAX_SPLITS and defines["ATTN_MAX_SPLITS_CL"] == ATTN_MAX_SPLITS_CL
-    assert defines["ATTN_WAVE_BLOCKS"] == ATTN_WAVE_BLOCKS
-    assert defines["ATTN_THREADS"] == attn_plan(128, "q8_0").threads
-    mma, mma128, other = attn_plan(64), attn_plan(128), attn_plan(64, "q8_0")
-    assert attn_plan(256) == other and attn_plan(128, "q8_0") == other
-    assert (mma128.threads, mma128.cl_chunks, mma128.cluster) == (mma.threads, mma.cl_chunks, other.cluster)
-    for fn, a, b in (("attn_threads", mma.threads, "ATTN_THREADS"), ("attn_cl_chunks", mma.cl_chunks, other.cl_chunks)):
+    assert defines["ATTN_THREADS"] == attn_plan(128).threads
+    mma, other = attn_plan(64), attn_plan(64, "q8_0")
+    assert attn_plan(256) == other and attn_plan(128) == other
+    for fn, a, b in (("attn_threads", mma.threads, "ATTN_THREADS"), ("attn_cluster", mma.cluster, other.cluster),
+                     ("attn_cl_chunks", mma.cl_chunks, other.cl_chunks)):
         assert f"constexpr int {fn}(int hd, bool q8) {{ return attn_mma(hd, q8) ? {a} : {b}; }}" in src, fn
-    assert (f"constexpr int attn_cluster(int hd, bool q8) {{ return attn_mma(hd, q8) && hd == 64 ? {mma.cluster} : "
-            f"{other.cluster}; }}") in src
-    assert "constexpr bool attn_mma(int hd, bool q8) { return (hd == 64 || hd == 128) && !q8; }" in src
+    assert "constexpr bool attn_mma(int hd, bool q8) { return hd == 64 && !q8; }" in src
 
 
 def test_prefill_takes_the_split_path_where_clusters_are_on(model_paths, monkeypatch):

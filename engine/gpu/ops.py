@@ -39,7 +39,6 @@ EW_BLOCK = 256  # elementwise kernels
 ATTN_MAX_SPLITS = 32  # attention.cu: a row's keys go to at most this many blocks (split path)
 ATTN_MERGE_DIMS = 64  # attn_*merge*: head dims per block
 ATTN_MAX_SPLITS_CL = 64  # cluster path: so attn_cl_merge merges at most 8 partials
-ATTN_WAVE_BLOCKS = 128  # attention.cu: one wave of one-block-an-SM attention blocks (H100 / H200: 132 SMs)
 NORM_SPLIT_ROWS = 16  # add_rms_norm_split_f32 up to this many rows (decode, verify): each block re-reads its row
 ATTN_MIN_BUCKET = 32  # KV buckets are powers of two from here; a graph is captured per grid they give
 BATCHED_MATVEC_MAX = quant_ops.MATVEC_MAX_COLUMNS  # up to this many tokens: matvec, beyond: GEMM
@@ -164,9 +163,8 @@ def attn_chunk(head_dim: int) -> int:
 @dataclass(frozen=True)
 class AttnPlan:
     """attention.cu's attn_threads / attn_cluster / attn_cl_chunks for one (head dim, cache type):
-    head dims 64 and 128 with an f16 cache run the tensor-core kernel in 8-warp blocks and clusters
-    of 16 (rows of up to 8,192 keys stay in one cluster: 8 chunks of 64 or 16 of 32 a split); the
-    rest, 4-warp blocks and clusters of 8."""
+    head dim 64 with an f16 cache runs the tensor-core kernel in 8-warp blocks and clusters of 16
+    (rows of up to 128 chunks stay in one cluster); the rest, 4-warp blocks and clusters of 8."""
 
     threads: int
     cluster: int  # blocks per cluster (cluster path)
@@ -174,33 +172,15 @@ class AttnPlan:
 
 
 def attn_plan(head_dim: int, kv_type: str = "f16") -> AttnPlan:
-    if head_dim in (64, 128) and kv_type == "f16":
-        return AttnPlan(256, 16 if head_dim == 64 else 8, 8)
+    if head_dim == 64 and kv_type == "f16":
+        return AttnPlan(256, 16, 8)
     return AttnPlan(128, 8, 2)
 
 
-def attn_max_cl_splits(head_dim: int, kv_type: str = "f16", blocks_x: int | None = None) -> int:
-    """attention.cu's attn_max_cl_splits: at one block an SM (hd128 on tensor cores) a long row's
-    splits times the launch's grid.x (blocks_x) fit one wave of ATTN_WAVE_BLOCKS; else, or with
-    blocks_x None (an upper bound for any grid), ATTN_MAX_SPLITS_CL."""
-    plan = attn_plan(head_dim, kv_type)
-    if blocks_x is None or not (head_dim == 128 and kv_type == "f16"):
-        return ATTN_MAX_SPLITS_CL
-    return max(plan.cluster, min(ATTN_MAX_SPLITS_CL, ATTN_WAVE_BLOCKS // blocks_x // plan.cluster * plan.cluster))
-
-
-def attn_blocks_x(n_head: int, n_kv: int) -> int:
-    """An attention launch's grid.x: n_kv heads times their groups' tiles of attn_group_tile heads."""
-    group = n_head // n_kv
-    return n_kv * -(-group // attn_group_tile(group))
-
-
-def attn_row_splits(n_keys: int, head_dim: int, cluster: bool = False, kv_type: str = "f16",
-                    blocks_x: int | None = None) -> int:
+def attn_row_splits(n_keys: int, head_dim: int, cluster: bool = False, kv_type: str = "f16") -> int:
     """A row's split count (attention.cu's attn_splits_of_row). Split path: at most ATTN_MAX_SPLITS
     splits of chunk * 2^k keys. Cluster path: the chunks spread evenly over one cluster while a split
-    walks at most cl_chunks; longer rows take splits of cl_chunks (or more, for <= attn_max_cl_splits).
-    blocks_x: the launch's grid.x (attn_blocks_x); None gives the most any grid takes."""
+    walks at most cl_chunks; longer rows take splits of cl_chunks (or more, for <= ATTN_MAX_SPLITS_CL)."""
     chunk = attn_chunk(head_dim)
     if not cluster:
         split_len = chunk
@@ -211,20 +191,17 @@ def attn_row_splits(n_keys: int, head_dim: int, cluster: bool = False, kv_type: 
     chunks = -(-n_keys // chunk)
     per = -(-chunks // plan.cluster)
     if per > plan.cl_chunks:
-        per = max(plan.cl_chunks, -(-chunks // attn_max_cl_splits(head_dim, kv_type, blocks_x)))
+        per = max(plan.cl_chunks, -(-chunks // ATTN_MAX_SPLITS_CL))
     return -(-chunks // per)
 
 
 @functools.lru_cache(maxsize=None)
-def attn_splits(bucket: int, head_dim: int, cluster: bool = False, kv_type: str = "f16",
-                blocks_x: int | None = None) -> int:
+def attn_splits(bucket: int, head_dim: int, cluster: bool = False, kv_type: str = "f16") -> int:
     """grid.y: the most splits any row of up to `bucket` keys uses (a row's split count is not
     monotonic in its length on either path: take the max), in whole clusters on the cluster path.
-    `bucket` may also be a sliding window: no row of such a layer has more keys. blocks_x: the
-    launch's grid.x (None: enough for any)."""
+    `bucket` may also be a sliding window: no row of such a layer has more keys."""
     chunk = attn_chunk(head_dim)
-    most = max(attn_row_splits(c * chunk, head_dim, cluster, kv_type, blocks_x)
-               for c in range(1, -(-bucket // chunk) + 1))
+    most = max(attn_row_splits(c * chunk, head_dim, cluster, kv_type) for c in range(1, -(-bucket // chunk) + 1))
     if not cluster:
         return most
     cs = attn_plan(head_dim, kv_type).cluster
@@ -270,7 +247,7 @@ def attention_launch(rt, q, q_ld, kc, vc, kd, vd, opart, ml, positions, T, n_hea
     decode, verify and prefill rows alike (see attention.cu). merge=False: the attention kernel
     alone (scripts/bench_attention.py times the two apart)."""
     G = attn_group_tile(n_head // n_kv)
-    grid = (attn_blocks_x(n_head, n_kv), n_splits, T)
+    grid = (n_kv * -(-(n_head // n_kv) // G), n_splits, T)
     kind = "attn_cl" if cluster else "attn"
     rt.launch(f"{kind}_hd{head_dim}_g{G}_{kv_type}", grid, attn_plan(head_dim, kv_type).threads,
               (q, q_ld, kc, vc, kd, vd, opart, ml, positions, n_head, n_kv, n_ctx, int(window),
@@ -547,7 +524,7 @@ class GpuOps:
             raise ValueError("a prefill forward on the cluster path needs begin(..., prefill_splits)")
         slots = attn_slots(S, cluster, hd, self.kv.kv_type)  # sizes the partials every layer shares
         if window > 0:  # a sliding-window layer's rows have at most `window` keys: fewer splits, often no merge
-            S = min(S, attn_splits(window, hd, cluster, self.kv.kv_type, attn_blocks_x(n_head, n_kv)))
+            S = min(S, attn_splits(window, hd, cluster, self.kv.kv_type))
         key = (T, slots, n_head, hd)
         if key not in self._attn_parts:
             self._attn_parts[key] = (self.new((T, slots, n_head, hd), forward_wide=True),

@@ -6,7 +6,7 @@ the cache format is part of the op), so the bound is float32 arithmetic: <= 1e-4
 several head groups) and 7, sliding window, softcap, decode and causal prefill rows, rows long
 enough that a split walks several chunks, that a row's result does not depend on the grid's split
 count (graph buckets) or its batch bit for bit. Every test runs on both paths: splits merged by
-attn_merge, and (sm_90+) splits merged inside clusters (16 blocks for hd64/hd128 f16, else 8), with rows
+attn_merge, and (sm_90+) splits merged inside clusters (16 blocks for hd64 f16, else 8), with rows
 of one split, of one partly filled cluster, of one full cluster whose splits walk several trips,
 and of several clusters (attn_cl_merge).
 """
@@ -88,7 +88,7 @@ def random_case(rng, T, H, n_kv, hd, n_ctx):
                                       (64, 14, 2)])
 @pytest.mark.parametrize("p", [0, 37, 200, 1000, 3000, 4300])
 def test_decode_row(gpu, cluster, hd, H, n_kv, p):
-    """4300: past 4,096 keys, where hd128 rows of the 8B shape keep to 16 splits (one wave)."""
+    """4300: a row past 4,096 keys (the tg128-at-4096 rows), several clusters on the cluster path."""
     rng = np.random.default_rng(hd * 1000 + H + p)
     n_ctx = 4400
     q, kc, vc, k_new, v_new = random_case(rng, 1, H, n_kv, hd, n_ctx)
