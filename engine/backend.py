@@ -74,7 +74,7 @@ class Backend(Protocol):
     def moe_stats(self) -> MoeStats | None:
         """Expert-cache counters; None for a dense model."""
 
-    def bench_extras(self, runs: int, depth: int = 4096) -> dict:
+    def bench_extras(self, runs: int, depth: int) -> dict:
         """Backend-specific figures for memra-bench ({} when there are none); depth: the context
         (memra-bench --ctx-depth) that figures "at depth" decode after."""
 

@@ -28,7 +28,7 @@ class _Passthrough:
     def moe_stats(self):
         return None
 
-    def bench_extras(self, runs: int, depth: int = 4096) -> dict:
+    def bench_extras(self, runs: int, depth: int) -> dict:
         return {}
 
     def close(self) -> None:

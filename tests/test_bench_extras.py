@@ -68,7 +68,7 @@ def extras(monkeypatch):
     clock = Clock()
     monkeypatch.setattr(gpu_backend, "time", clock)
     fake = FakeCuda(clock)
-    return CudaBackend.bench_extras(fake, runs=5), fake
+    return CudaBackend.bench_extras(fake, runs=5, depth=4096), fake
 
 
 def test_every_engine_path_figure_is_the_median_of_its_runs(extras):

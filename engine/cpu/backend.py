@@ -98,7 +98,7 @@ class CpuBackend:
         experts = cfg.n_layer * cfg.n_expert
         return MoeStats(hits=n, total_hits=n, resident_experts=experts, total_experts=experts)
 
-    def bench_extras(self, runs: int, depth: int = 4096) -> dict:
+    def bench_extras(self, runs: int, depth: int) -> dict:
         return {}
 
     def close(self) -> None:

@@ -539,7 +539,7 @@ class CudaBackend:
         self.graphs[key] = graph
         return graph
 
-    # ---- memra-bench extras (engine/bench.py calls bench_extras(runs)) -------------------------
+    # ---- memra-bench extras (engine/bench.py calls bench_extras(runs, depth)) -------------------------
     def graph_step_us(self, n: int = 128, params: SamplingParams | None = None) -> tuple[float, int]:
         """Device time per replayed decode+sample graph (events around n back-to-back replays, no
         host work in between) and the graph's node count. params: greedy unless given."""
@@ -568,7 +568,7 @@ class CudaBackend:
         self.prefill(list(prompt))
         return self.graph_step_us(steps, params)
 
-    def bench_extras(self, runs: int, depth: int = 4096) -> dict:
+    def bench_extras(self, runs: int, depth: int) -> dict:
         """memra-bench's GPU figures, each the median of `runs` runs: graph replays (device time)
         and the engine path (decode_sample wall time) at greedy and default knobs, after `depth`
         tokens of context (graph, and the engine path at default knobs: what the app's pane shows
