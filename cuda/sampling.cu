@@ -70,8 +70,11 @@ __device__ __forceinline__ void set_cut(SampleCuts* cuts, int stage, bool on, co
     cuts->cut_i[stage] = on ? ci[kept - 1] : 0x7fffffff;
 }
 
-#define S1_THREADS 1024
-#define S1_CHUNK 4096
+// Stage 1 blocks hold 4 logits per thread, one RUN per warp: chunk = 4 * blockDim.x, from 1024
+// to S1_CHUNK_MAX (sampler.py stage1_chunk: the smallest that leaves <= 64 blocks, so a 49k
+// vocabulary spreads over 48 SMs, not 12).
+#define S1_THREADS_MAX 1024
+#define S1_CHUNK_MAX 4096
 #define S2_THREADS 1024
 #define S2_MAX_CAND 8192
 
@@ -141,38 +144,101 @@ __device__ __forceinline__ void warp_winners(float& v, int& i, float& g, int& gi
 //    elements that go before it (a binary search); ties go to the even run first, so a pair's
 //    positions are a permutation. Keeping only the best `cap` of each merged run makes it a
 //    top-cap selection. One barrier between all reads and all writes, one after.
+//  - warp_merge64 / merge_tree64: when only the best 64 are wanted (top_k <= 64, the default
+//    knobs), a warp merges two sorted runs of 64 in registers: a ++ reversed(b) is bitonic, so
+//    the last bitonic stage sorts it and the first 64 are the best. A tree of these warp merges
+//    needs one barrier per level and no binary searches.
 // Sorted runs of stage 1 go to stage 2 as they are; stage 2 only merges.
 #define RUN 128
 
-__device__ void warp_sort128(float (&v)[4], int (&ix)[4]) {
+// One stage k of the bitonic network over the warp's 128 pairs (k = 2 .. 128).
+__device__ __forceinline__ void warp_bitonic_stage(float (&v)[4], int (&ix)[4], int k) {
     const int lane = threadIdx.x & 31;
 #pragma unroll
-    for (int k = 2; k <= RUN; k <<= 1) {
+    for (int j = k >> 1; j > 0; j >>= 1) {
 #pragma unroll
-        for (int j = k >> 1; j > 0; j >>= 1) {
-#pragma unroll
-            for (int r = 0; r < 4; ++r) {
-                const int i = lane * 4 + r;
-                const bool up = (i & k) == 0;  // this k-sequence runs best first
-                if (j < 4) {                   // partner: register r ^ j of this lane
-                    const int ro = r ^ j;
-                    if (ro > r) {
-                        const bool swap = up ? before(v[ro], ix[ro], v[r], ix[r]) : before(v[r], ix[r], v[ro], ix[ro]);
-                        if (swap) {
-                            const float tv = v[r]; v[r] = v[ro]; v[ro] = tv;
-                            const int ti = ix[r]; ix[r] = ix[ro]; ix[ro] = ti;
-                        }
+        for (int r = 0; r < 4; ++r) {
+            const int i = lane * 4 + r;
+            const bool up = (i & k) == 0;  // this k-sequence runs best first
+            if (j < 4) {                   // partner: register r ^ j of this lane
+                const int ro = r ^ j;
+                if (ro > r) {
+                    const bool swap = up ? before(v[ro], ix[ro], v[r], ix[r]) : before(v[r], ix[r], v[ro], ix[ro]);
+                    if (swap) {
+                        const float tv = v[r]; v[r] = v[ro]; v[ro] = tv;
+                        const int ti = ix[r]; ix[r] = ix[ro]; ix[ro] = ti;
                     }
-                } else {                       // partner: register r of lane ^ (j / 4)
-                    const float ov = __shfl_xor_sync(0xffffffffu, v[r], j >> 2);
-                    const int oi = __shfl_xor_sync(0xffffffffu, ix[r], j >> 2);
-                    const bool wants_better = ((i & j) == 0) == up;  // the pair's first place when up
-                    const bool take = wants_better ? before(ov, oi, v[r], ix[r]) : before(v[r], ix[r], ov, oi);
-                    if (take) { v[r] = ov; ix[r] = oi; }
                 }
+            } else {                       // partner: register r of lane ^ (j / 4)
+                const float ov = __shfl_xor_sync(0xffffffffu, v[r], j >> 2);
+                const int oi = __shfl_xor_sync(0xffffffffu, ix[r], j >> 2);
+                const bool wants_better = ((i & j) == 0) == up;  // the pair's first place when up
+                const bool take = wants_better ? before(ov, oi, v[r], ix[r]) : before(v[r], ix[r], ov, oi);
+                if (take) { v[r] = ov; ix[r] = oi; }
             }
         }
     }
+}
+
+__device__ void warp_sort128(float (&v)[4], int (&ix)[4]) {
+#pragma unroll
+    for (int k = 2; k <= RUN; k <<= 1) warp_bitonic_stage(v, ix, k);
+}
+
+// The best 64 of two runs of 64 sorted best first (a, b: 16-byte aligned), sorted, into o: one
+// warp, no barrier. a then b reversed is a bitonic sequence, so the network's last stage (k =
+// 128: 7 compare-exchange steps) sorts it. a_real / b_real false: that run is empty (padding).
+// A top-64 under before() is a top-cap for any cap <= 64, so trees of these give the same list
+// as merge_round's.
+#define TOP 64
+__device__ void warp_merge64(const float* av, const int* ai, bool a_real, const float* bv, const int* bi,
+                             bool b_real, float* ov, int* oi) {
+    const int lane = threadIdx.x & 31;
+    float v[4];
+    int ix[4];
+    const bool mine_a = lane < 16, real = mine_a ? a_real : b_real;
+    float4 fv = make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
+    int4 iv = make_int4(0x7fffffff, 0x7fffffff, 0x7fffffff, 0x7fffffff);
+    if (real) {  // lane l < 16: a[4l, 4l + 4); lane l >= 16: b[124 - 4l, 128 - 4l), reversed
+        const int at = mine_a ? 4 * lane : 124 - 4 * lane;
+        fv = *reinterpret_cast<const float4*>((mine_a ? av : bv) + at);
+        iv = *reinterpret_cast<const int4*>((mine_a ? ai : bi) + at);
+    }
+    if (mine_a) { v[0] = fv.x; v[1] = fv.y; v[2] = fv.z; v[3] = fv.w; ix[0] = iv.x; ix[1] = iv.y; ix[2] = iv.z; ix[3] = iv.w; }
+    else        { v[0] = fv.w; v[1] = fv.z; v[2] = fv.y; v[3] = fv.x; ix[0] = iv.w; ix[1] = iv.z; ix[2] = iv.y; ix[3] = iv.x; }
+    warp_bitonic_stage(v, ix, RUN);
+    if (mine_a) {
+        *reinterpret_cast<float4*>(ov + 4 * lane) = make_float4(v[0], v[1], v[2], v[3]);
+        *reinterpret_cast<int4*>(oi + 4 * lane) = make_int4(ix[0], ix[1], ix[2], ix[3]);
+    }
+}
+
+// n_runs (a power of two) runs of TOP at v/ix + r * stride (r >= n_real: empty) -> their best
+// TOP sorted, by a tree of warp_merge64: each level halves the runs, ping-ponging between the
+// two buffers buf_v/buf_i [0, 2048) and [2048, 4096) (shared). Returns the buffer's offset
+// that holds the result. Block-uniform; ends with __syncthreads.
+__device__ int merge_tree64(const float* v, const int* ix, int stride, int n_runs, int n_real, float* buf_v,
+                            int* buf_i) {
+    const int warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    int out = 0;
+    if (n_runs == 1) {  // nothing to merge: the run itself
+        for (int i = threadIdx.x; i < TOP; i += blockDim.x) {
+            buf_v[i] = n_real ? v[i] : -INFINITY;
+            buf_i[i] = n_real ? ix[i] : 0x7fffffff;
+        }
+        __syncthreads();
+        return 0;
+    }
+    for (int runs = n_runs; runs > 1; runs >>= 1) {
+        for (int q = warp; q < runs / 2; q += nw)
+            warp_merge64(v + 2 * q * stride, ix + 2 * q * stride, 2 * q < n_real,
+                         v + (2 * q + 1) * stride, ix + (2 * q + 1) * stride, 2 * q + 1 < n_real,
+                         buf_v + out + q * TOP, buf_i + out + q * TOP);
+        __syncthreads();
+        v = buf_v + out; ix = buf_i + out; stride = TOP; n_real = runs / 2;
+        out ^= 2048;
+    }
+    return out ^ 2048;
 }
 
 // Runs r = 0 .. n_runs-1 (n_runs even) of length L at v/ix + r * L, each sorted best first;
@@ -228,6 +294,16 @@ __device__ void merge_round(float* v, int* ix, int n_runs, int L, int cap) {
     __syncthreads();
 }
 
+// merge_round with the fewest places per thread that hold the round's elements (block-uniform):
+// top_k 40 over 64 runs is 2,560 live pairs, not the buffer's 8,192.
+__device__ void merge_round_fit(float* v, int* ix, int n_runs, int L, int cap) {
+    const int per = (n_runs * L + blockDim.x - 1) / blockDim.x;
+    if (per <= 1) merge_round<1>(v, ix, n_runs, L, cap);
+    else if (per <= 2) merge_round<2>(v, ix, n_runs, L, cap);
+    else if (per <= 4) merge_round<4>(v, ix, n_runs, L, cap);
+    else merge_round<S2_MAX_CAND / S2_THREADS>(v, ix, n_runs, L, cap);
+}
+
 // Exclusive prefix sum over the block's threads (thread order); every thread also gets the
 // total. Fixed order: the same inputs give the same bits. scratch: >= 33 entries.
 template <typename T>
@@ -277,23 +353,24 @@ __device__ int block_min_int(int x, int* scratch) {
     return x;
 }
 
-// Stage 1: grid ceil(vocab / S1_CHUNK), block S1_THREADS. Masks disallowed tokens to -inf in
-// place, then per block: max logit, argmax, sum e^(l - max) at T = 1 and at T, the best Gumbel
-// score, and (filters on) its local_k best logits sorted best first.
+// Stage 1: grid ceil(vocab / chunk), block chunk / 4 threads (chunk <= S1_CHUNK_MAX). Masks
+// disallowed tokens to -inf in place, then per block: max logit, argmax, sum e^(l - max) at T = 1
+// and at T, the best Gumbel score, and (filters on) its local_k best logits sorted best first.
 // part: per block 8 floats: max, argmax, sum1, sumT, gumbel value, gumbel index, -, -.
-extern "C" __global__ void __launch_bounds__(S1_THREADS, 1) sample_stage1(
+extern "C" __global__ void __launch_bounds__(S1_THREADS_MAX, 1) sample_stage1(
     float* logits, const uint32_t* mask, const SampleParams* params, float* part, float* cand_v, int* cand_i,
     int vocab, int local_k) {
     pdl_entry();
-    __shared__ float sv[S1_CHUNK];
-    __shared__ int si[S1_CHUNK];
+    __shared__ __align__(16) float sv[S1_CHUNK_MAX];
+    __shared__ __align__(16) int si[S1_CHUNK_MAX];
     __shared__ float2 red2[32];
     __shared__ float bmax_s;
-    constexpr int PER = S1_CHUNK / S1_THREADS;  // 4: a warp holds one run of RUN = 128
+    constexpr int PER = 4;  // a warp holds one run of RUN = 128
+    const int nt = blockDim.x, nw = nt >> 5;
     const SampleParams p = *params;
     if (p.skip) return;
     const float temp = p.temperature > 0.0f ? p.temperature : 1.0f;
-    const int base = blockIdx.x * S1_CHUNK;
+    const int base = blockIdx.x * PER * nt;
 
     float vmax = -INFINITY;
     int imax = 0x7fffffff;
@@ -304,7 +381,7 @@ extern "C" __global__ void __launch_bounds__(S1_THREADS, 1) sample_stage1(
     const bool want_gumbel = p.temperature > 0.0f && !filters_on(p, vocab);  // Philox only when drawn from
 #pragma unroll
     for (int r = 0; r < PER; ++r) {
-        const int idx = base + threadIdx.x + r * S1_THREADS;
+        const int idx = base + threadIdx.x + r * nt;
         float l = -INFINITY;
         if (idx < vocab) {
             l = logits[idx];
@@ -326,8 +403,9 @@ extern "C" __global__ void __launch_bounds__(S1_THREADS, 1) sample_stage1(
     if (lane == 0) { wv[warp] = vmax; wi[warp] = imax; wg[warp] = gbest; wgi[warp] = gidx; }
     __syncthreads();
     if (warp == 0) {  // the warps' winners, one per lane, through the same tree
-        static_assert(S1_THREADS == 32 * 32, "one warp result per lane");
-        vmax = wv[lane]; imax = wi[lane]; gbest = wg[lane]; gidx = wgi[lane];
+        const bool has = lane < nw;
+        vmax = has ? wv[lane] : -INFINITY; imax = has ? wi[lane] : 0x7fffffff;
+        gbest = has ? wg[lane] : -INFINITY; gidx = has ? wgi[lane] : 0x7fffffff;
         warp_winners(vmax, imax, gbest, gidx);
         if (lane == 0) bmax_s = vmax;
     }
@@ -347,8 +425,9 @@ extern "C" __global__ void __launch_bounds__(S1_THREADS, 1) sample_stage1(
     if (lane == 0) red2[warp] = make_float2(s1, sT);
     __syncthreads();
     if (warp == 0) {
-        s1 = warp_sum(red2[lane].x);
-        sT = warp_sum(red2[lane].y);
+        const float2 w = lane < nw ? red2[lane] : make_float2(0.0f, 0.0f);
+        s1 = warp_sum(w.x);
+        sT = warp_sum(w.y);
         if (lane == 0) {  // lane 0 of warp 0 holds the block's winners from the tree above
             float* o = part + blockIdx.x * 8;
             o[0] = bmax; o[1] = __int_as_float(imax); o[2] = s1; o[3] = sT;
@@ -356,26 +435,36 @@ extern "C" __global__ void __launch_bounds__(S1_THREADS, 1) sample_stage1(
         }
     }
     if (p.temperature > 0.0f && filters_on(p, vocab)) {
-        // the warp's 128 pairs (position lane * 4 + r) sorted in registers, then 5 merge rounds
-        // keep the block's best local_k (<= RUN, sampler.py LOCAL_K_MAX) in sv/si[0, local_k)
-        warp_sort128(lv, li);
-#pragma unroll
-        for (int r = 0; r < PER; ++r) {
-            sv[warp * RUN + lane * 4 + r] = lv[r];
-            si[warp * RUN + lane * 4 + r] = li[r];
-        }
-        __syncthreads();
+        // the warp's 128 pairs (position lane * 4 + r) sorted in registers, then the warps' runs
+        // merged down to the block's best local_k (<= RUN, sampler.py LOCAL_K_MAX) in sv/si.
         // top_k on: only the block's best k can be among the best k overall; the rest of its
         // local_k places are written empty (-inf), which stage 2 sorts last
+        warp_sort128(lv, li);
         const int cap = (p.top_k > 0 && p.top_k < local_k) ? p.top_k : local_k;
-        int L = RUN;
-        for (int runs = S1_CHUNK / RUN; runs > 1; runs >>= 1) {
-            merge_round<PER>(sv, si, runs, L, cap);
-            L = min(2 * L, cap);
+        int at = 0;
+        if (cap <= TOP) {  // each warp's best 64, then a tree of warp merges (1 barrier a level)
+            if (lane < 16) {
+                *reinterpret_cast<float4*>(sv + 2048 + warp * TOP + 4 * lane) = make_float4(lv[0], lv[1], lv[2], lv[3]);
+                *reinterpret_cast<int4*>(si + 2048 + warp * TOP + 4 * lane) = make_int4(li[0], li[1], li[2], li[3]);
+            }
+            __syncthreads();
+            at = merge_tree64(sv + 2048, si + 2048, TOP, nw, nw, sv, si);
+        } else {
+#pragma unroll
+            for (int r = 0; r < PER; ++r) {
+                sv[warp * RUN + lane * 4 + r] = lv[r];
+                si[warp * RUN + lane * 4 + r] = li[r];
+            }
+            __syncthreads();
+            int L = RUN;
+            for (int runs = nw; runs > 1; runs >>= 1) {
+                merge_round<PER>(sv, si, runs, L, cap);
+                L = min(2 * L, cap);
+            }
         }
-        for (int i = threadIdx.x; i < local_k; i += S1_THREADS) {
-            cand_v[blockIdx.x * local_k + i] = i < cap ? sv[i] : -INFINITY;
-            cand_i[blockIdx.x * local_k + i] = i < cap ? si[i] : 0x7fffffff;
+        for (int i = threadIdx.x; i < local_k; i += nt) {
+            cand_v[blockIdx.x * local_k + i] = i < cap ? sv[at + i] : -INFINITY;
+            cand_i[blockIdx.x * local_k + i] = i < cap ? si[at + i] : 0x7fffffff;
         }
     }
 }
@@ -473,7 +562,7 @@ extern "C" __global__ void __launch_bounds__(S2_THREADS) sample_finish(
     const float* logits, SampleParams* params, const float* part, const float* cand_v, const int* cand_i,
     int n_blocks, int local_k, int vocab, int* token_io, int* pos_io, SampleOut* out, SampleCandidates* cand) {
     pdl_entry();
-    extern __shared__ float dyn[];
+    extern __shared__ __align__(16) float dyn[];
     float* cv = dyn;                                  // [S2_MAX_CAND]
     int* ci = reinterpret_cast<int*>(dyn + S2_MAX_CAND);  // [S2_MAX_CAND]
     __shared__ float red[2];
@@ -527,25 +616,38 @@ extern "C" __global__ void __launch_bounds__(S2_THREADS) sample_finish(
         const float Z1 = red[0], M = red[1];
         int n_runs = 1;
         while (n_runs < n_blocks) n_runs <<= 1;
-        const int n_real = n_blocks * local_k, n_all = n_runs * local_k;  // n_all <= S2_MAX_CAND
-        for (int i = threadIdx.x; i < n_all; i += S2_THREADS) {
-            cv[i] = i < n_real ? cand_v[i] : -INFINITY;
-            ci[i] = i < n_real ? cand_i[i] : 0x7fffffff;
-        }
-        __syncthreads();
         const bool k_on = p.top_k > 0 && p.top_k < vocab;
-        const int cap = k_on ? min(p.top_k, n_all) : n_all;
-        int L = local_k;
-        for (int runs = n_runs; runs > 1; runs >>= 1) {
-            merge_round<S2_MAX_CAND / S2_THREADS>(cv, ci, runs, L, cap);
-            L = min(2 * L, cap);
+        int n, at = 0;
+        if (k_on && p.top_k <= TOP && local_k >= TOP && n_runs <= 64) {
+            // the default knobs' path: a tree of warp merges straight from the stage-1 runs
+            at = merge_tree64(cand_v, cand_i, local_k, n_runs, n_blocks, cv, ci);
+            n = p.top_k;
+        } else {
+            // top_k on: a run's places from top_k on are stage 1's padding, so the runs are
+            // copied cut to Lc. The merge is a top-cap selection under before(), a total order
+            // up to equal padding, so the run layout does not change the result, only the work.
+            const int Lc = k_on ? min(local_k, p.top_k) : local_k;
+            const int n_all = n_runs * Lc;  // <= S2_MAX_CAND
+            for (int i = threadIdx.x; i < n_all; i += S2_THREADS) {
+                const int r = i / Lc, src = r * local_k + (i - r * Lc);
+                cv[i] = r < n_blocks ? cand_v[src] : -INFINITY;
+                ci[i] = r < n_blocks ? cand_i[src] : 0x7fffffff;
+            }
+            __syncthreads();
+            const int cap = k_on ? min(p.top_k, n_all) : n_all;
+            int L = Lc;
+            for (int runs = n_runs; runs > 1; runs >>= 1) {
+                merge_round_fit(cv, ci, runs, L, cap);
+                L = min(2 * L, cap);
+            }
+            n = min(L, cap);
         }
-        filtered_draw(cv, ci, min(L, cap), p, k_on, Z1, M, temp, dred, &pick_s, &logprob_s, cuts);
+        filtered_draw(cv + at, ci + at, n, p, k_on, Z1, M, temp, dred, &pick_s, &logprob_s, cuts);
         // the final distribution's best are the sorted list's first (sample_candidates needs no
         // pass of its own over the penalised logits here)
-        if (cand && threadIdx.x < min(min(p.top_logprobs, CAND_MAX), min(L, cap))) {
-            cand->final_id[threadIdx.x] = ci[threadIdx.x];
-            cand->final_logit[threadIdx.x] = cv[threadIdx.x];
+        if (cand && threadIdx.x < min(min(p.top_logprobs, CAND_MAX), n)) {
+            cand->final_id[threadIdx.x] = ci[at + threadIdx.x];
+            cand->final_logit[threadIdx.x] = cv[at + threadIdx.x];
         }
     }
     if (threadIdx.x == 0) {
@@ -597,7 +699,7 @@ extern "C" __global__ void __launch_bounds__(1024) sample_candidates(
             ix[i] = real ? ci[i] : 0x7fffffff;
         }
         __syncthreads();
-        for (int runs = n_runs; runs > 1; runs >>= 1) merge_round<MAXP / 1024>(v, ix, runs, CAND_RUN, CAND_RUN);
+        for (int runs = n_runs; runs > 1; runs >>= 1) merge_round_fit(v, ix, runs, CAND_RUN, CAND_RUN);
         const int t = threadIdx.x;
         if (t < n) {
             const int id = ix[t];

@@ -2,8 +2,9 @@
 
 The model follows the kernels step by step: stage 1's per-warp register bitonic sort
 (`warp_sort128`, lanes as numpy columns) and merge rounds (`merge_round`: stable rank merge with
-a keep-the-best-`cap` cut) leave each 4096-token block's best local_k sorted; stage 2 pads the
-runs to a power of two and merges them (fully with top_k off, the best top_k with it on);
+a keep-the-best-`cap` cut) leave each block's (stage1_chunk: 1024 to 4096 tokens) best local_k
+sorted; stage 2 pads the runs to a power of two, cuts them to top_k when it is on, and merges
+them (fully with top_k off, the best top_k with it on);
 `filtered_draw` cuts prefixes by top_k, a running sum for top_p and a count for min_p. These tests
 prove the algorithm (the sorts are exact, the kept set is the CPU reference's) before any device
 run; tests/gpu/test_sampling_gpu.py checks the kernels themselves against the CPU reference.
@@ -13,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from memra_engine.gpu.sampler import STAGE1_CHUNK, STAGE2_MAX_CANDIDATES, local_k_for
+from memra_engine.gpu.sampler import STAGE2_MAX_CANDIDATES, local_k_for, stage1_blocks, stage1_chunk
 from memra_engine.sampling import SamplingParams, filtered_candidates, final_distribution
 
 RUN = 128
@@ -25,31 +26,60 @@ def before(va, ia, vb, ib):
     return (va > vb) | ((va == vb) & (ia < ib))
 
 
-def warp_sort128(v, ix):
-    """v, ix: [4, 32 * n_warps] (register r of lane l of warp w = position l * 4 + r of warp w's
-    run), each warp's 128 sorted best first in place."""
+def bitonic_stage(v, ix, k):
+    """warp_bitonic_stage: stage k of the network over [4, 32 * n_warps] (register r of lane l
+    of warp w = position l * 4 + r of warp w's 128), in place."""
     col = np.arange(v.shape[1])
     lane = col & 31
+    j = k >> 1
+    while j > 0:
+        for r in range(4):
+            i = lane * 4 + r
+            up = (i & k) == 0
+            if j < 4:
+                ro = r ^ j
+                if ro > r:
+                    swap = np.where(up, before(v[ro], ix[ro], v[r], ix[r]), before(v[r], ix[r], v[ro], ix[ro]))
+                    v[r], v[ro] = np.where(swap, v[ro], v[r]), np.where(swap, v[r], v[ro])
+                    ix[r], ix[ro] = np.where(swap, ix[ro], ix[r]), np.where(swap, ix[r], ix[ro])
+            else:
+                ov, oi = v[r][col ^ (j >> 2)], ix[r][col ^ (j >> 2)]  # __shfl_xor_sync in the warp
+                wants_better = ((i & j) == 0) == up
+                take = np.where(wants_better, before(ov, oi, v[r], ix[r]), before(v[r], ix[r], ov, oi))
+                v[r], ix[r] = np.where(take, ov, v[r]), np.where(take, oi, ix[r])
+        j >>= 1
+
+
+def warp_sort128(v, ix):
+    """v, ix: [4, 32 * n_warps], each warp's 128 sorted best first in place."""
     k = 2
     while k <= RUN:
-        j = k >> 1
-        while j > 0:
-            for r in range(4):
-                i = lane * 4 + r
-                up = (i & k) == 0
-                if j < 4:
-                    ro = r ^ j
-                    if ro > r:
-                        swap = np.where(up, before(v[ro], ix[ro], v[r], ix[r]), before(v[r], ix[r], v[ro], ix[ro]))
-                        v[r], v[ro] = np.where(swap, v[ro], v[r]), np.where(swap, v[r], v[ro])
-                        ix[r], ix[ro] = np.where(swap, ix[ro], ix[r]), np.where(swap, ix[r], ix[ro])
-                else:
-                    ov, oi = v[r][col ^ (j >> 2)], ix[r][col ^ (j >> 2)]  # __shfl_xor_sync in the warp
-                    wants_better = ((i & j) == 0) == up
-                    take = np.where(wants_better, before(ov, oi, v[r], ix[r]), before(v[r], ix[r], ov, oi))
-                    v[r], ix[r] = np.where(take, ov, v[r]), np.where(take, oi, ix[r])
-            j >>= 1
+        bitonic_stage(v, ix, k)
         k <<= 1
+
+
+TOP = 64
+
+
+def merge_tree64(v, ix, stride, n_runs, n_real):
+    """merge_tree64: runs r < n_real of TOP at r * stride (the rest empty) -> their best TOP,
+    sorted, by levels of warp_merge64 (run a in lanes 0-15, run b reversed in lanes 16-31, the
+    network's last stage)."""
+    if n_runs == 1:
+        return (v[:TOP].copy(), ix[:TOP].copy()) if n_real else (np.full(TOP, -np.inf, np.float32), np.full(TOP, PAD))
+    runs_v = [v[r * stride: r * stride + TOP] if r < n_real else np.full(TOP, -np.inf, np.float32) for r in range(n_runs)]
+    runs_i = [ix[r * stride: r * stride + TOP] if r < n_real else np.full(TOP, PAD) for r in range(n_runs)]
+    while len(runs_v) > 1:
+        q = len(runs_v) // 2
+        seq_v = np.stack([np.concatenate([runs_v[2 * w], runs_v[2 * w + 1][::-1]]) for w in range(q)])  # [q, 128]
+        seq_i = np.stack([np.concatenate([runs_i[2 * w], runs_i[2 * w + 1][::-1]]) for w in range(q)])
+        wv = seq_v.reshape(q, 32, 4).transpose(2, 0, 1).reshape(4, q * 32).copy()  # position lane * 4 + r
+        wi = seq_i.reshape(q, 32, 4).transpose(2, 0, 1).reshape(4, q * 32).copy()
+        bitonic_stage(wv, wi, RUN)
+        out_v = wv.reshape(4, q, 32).transpose(1, 2, 0).reshape(q, 128)
+        out_i = wi.reshape(4, q, 32).transpose(1, 2, 0).reshape(q, 128)
+        runs_v, runs_i = [out_v[w, :TOP] for w in range(q)], [out_i[w, :TOP] for w in range(q)]
+    return runs_v[0], runs_i[0]
 
 
 def warp_run(v, ix, w):
@@ -86,40 +116,54 @@ def stage1(logits, local_k, top_k=0):
     """Per block: its best local_k (value, index) pairs sorted best first, as the kernel leaves
     them; top_k on (< local_k): the best top_k, then empty places."""
     vocab = logits.shape[0]
-    n_blocks = -(-vocab // STAGE1_CHUNK)
-    # thread t of block b holds token b * 4096 + t + r * 1024 in register r; warp w = threads 32w..
-    tok = (np.arange(n_blocks)[:, None] * STAGE1_CHUNK + np.arange(1024)[None, :]).ravel()
-    tok = tok[None, :] + 1024 * np.arange(4)[:, None]  # [4, n_blocks * 1024]
+    chunk, n_blocks = stage1_chunk(vocab), stage1_blocks(vocab)
+    nt = chunk // 4
+    # thread t of block b holds token b * chunk + t + r * nt in register r; warp w = threads 32w..
+    tok = (np.arange(n_blocks)[:, None] * chunk + np.arange(nt)[None, :]).ravel()
+    tok = tok[None, :] + nt * np.arange(4)[:, None]  # [4, n_blocks * nt]
     lv = np.where(tok < vocab, logits[np.minimum(tok, vocab - 1)], -np.inf).astype(np.float32)
     li = np.where(tok < vocab, tok, PAD)
     warp_sort128(lv, li)
     cand_v = np.empty(n_blocks * local_k, np.float32)
     cand_i = np.empty(n_blocks * local_k, np.int64)
+    nw = nt // 32
     for blk in range(n_blocks):
-        cols = slice(blk * 1024, (blk + 1) * 1024)
+        cols = slice(blk * nt, (blk + 1) * nt)
         # sv[warp * RUN + lane * 4 + r] = register r of that lane
-        sv = lv[:, cols].reshape(4, 32, 32).transpose(1, 2, 0).ravel().copy()
-        si = li[:, cols].reshape(4, 32, 32).transpose(1, 2, 0).ravel().copy()
+        sv = lv[:, cols].reshape(4, nw, 32).transpose(1, 2, 0).ravel().copy()
+        si = li[:, cols].reshape(4, nw, 32).transpose(1, 2, 0).ravel().copy()
         cap = top_k if 0 < top_k < local_k else local_k
-        L, runs = RUN, STAGE1_CHUNK // RUN
-        while runs > 1:
-            merge_round(sv, si, runs, L, cap)
-            L, runs = min(2 * L, cap), runs >> 1
+        if cap <= TOP:  # each warp's best 64, then the warp-merge tree
+            best_v, best_i = sv.reshape(nw, RUN)[:, :TOP].ravel(), si.reshape(nw, RUN)[:, :TOP].ravel()
+            sv, si = (np.concatenate([x, np.zeros(local_k, x.dtype)]) for x in merge_tree64(best_v, best_i, TOP, nw, nw))
+        else:
+            L, runs = RUN, nw
+            while runs > 1:
+                merge_round(sv, si, runs, L, cap)
+                L, runs = min(2 * L, cap), runs >> 1
         sv[cap:local_k], si[cap:local_k] = -np.inf, PAD
         cand_v[blk * local_k: (blk + 1) * local_k] = sv[:local_k]
         cand_i[blk * local_k: (blk + 1) * local_k] = si[:local_k]
     return cand_v, cand_i
 
 
-def stage2_sorted(cand_v, cand_i, n_blocks, local_k, cap_top_k):
+def stage2_sorted(cand_v, cand_i, n_blocks, local_k, cap_top_k, cut_runs=True, tree=True):
+    """sample_finish's merge; cut_runs=False: the runs copied whole, as before they were cut to
+    top_k; tree=False: merge_round's path where the warp-merge tree would run (the same result,
+    more work)."""
     n_runs = 1 << (n_blocks - 1).bit_length()
-    n_all = n_runs * local_k
+    if tree and cap_top_k and cap_top_k <= TOP and local_k >= TOP and n_runs <= 64:
+        v, i = merge_tree64(cand_v, cand_i, local_k, n_runs, n_blocks)
+        return v[:cap_top_k], i[:cap_top_k]
+    Lc = min(local_k, cap_top_k) if cap_top_k and cut_runs else local_k
+    n_all = n_runs * Lc
     assert n_all <= STAGE2_MAX_CANDIDATES
     cv = np.full(n_all, -np.inf, np.float32)
     ci = np.full(n_all, PAD, np.int64)
-    cv[: cand_v.size], ci[: cand_i.size] = cand_v, cand_i
+    runs_v, runs_i = cand_v.reshape(n_blocks, local_k)[:, :Lc], cand_i.reshape(n_blocks, local_k)[:, :Lc]
+    cv[: n_blocks * Lc], ci[: n_blocks * Lc] = runs_v.ravel(), runs_i.ravel()
     cap = min(cap_top_k, n_all) if cap_top_k else n_all
-    L, runs = local_k, n_runs
+    L, runs = Lc, n_runs
     while runs > 1:
         merge_round(cv, ci, runs, L, cap)
         L, runs = min(2 * L, cap), runs >> 1
@@ -168,7 +212,7 @@ _STAGE1_CACHE: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}
 def model(logits, p: SamplingParams):
     vocab = logits.shape[0]
     local_k = local_k_for(vocab)
-    n_blocks = -(-vocab // STAGE1_CHUNK)
+    n_blocks = stage1_blocks(vocab)
     top_k = p.top_k if 0 < p.top_k < vocab else 0
     key = logits.tobytes() + bytes(str(min(top_k, local_k)), "ascii")  # once per logits case and cap
     if key not in _STAGE1_CACHE:
@@ -222,19 +266,45 @@ def test_merge_rounds_give_the_best_cap_sorted(L, n_runs, cap):
     assert np.array_equal(v[:k], want_v[:k]) and np.array_equal(ix[:k], want_i[:k])
 
 
-def test_stage1_keeps_each_blocks_best_sorted():
+@pytest.mark.parametrize("vocab", [2 * 1024 + 700, 49152 + 1000, 151936])  # ragged last blocks
+def test_stage1_keeps_each_blocks_best_sorted(vocab):
     rng = np.random.default_rng(7)
-    vocab = 2 * STAGE1_CHUNK + 1000  # ragged last block
     logits = (rng.standard_normal(vocab) * 3).astype(np.float32)
-    local_k = local_k_for(vocab)
+    local_k, chunk, n_blocks = local_k_for(vocab), stage1_chunk(vocab), stage1_blocks(vocab)
     cand_v, cand_i = stage1(logits, local_k)
     cut_v, cut_i = stage1(logits, local_k, top_k=40)
-    for blk in range(3):
-        ids = np.arange(blk * STAGE1_CHUNK, min(vocab, (blk + 1) * STAGE1_CHUNK))
+    for blk in range(n_blocks):
+        ids = np.arange(blk * chunk, min(vocab, (blk + 1) * chunk))
         want_v, want_i = exact_order(logits[ids], ids)
         assert np.array_equal(cand_i[blk * local_k:(blk + 1) * local_k], want_i[:local_k])
         run_v, run_i = cut_v[blk * local_k:(blk + 1) * local_k], cut_i[blk * local_k:(blk + 1) * local_k]
         assert np.array_equal(run_i[:40], want_i[:40]) and np.all(run_i[40:] == PAD) and np.all(run_v[40:] == -np.inf)
+
+
+@pytest.mark.parametrize("vocab", [3000, 49152 + 1000, 262144])
+@pytest.mark.parametrize("top_k", [1, 40, 64, 65, 127, 300])
+def test_stage2_paths_merge_to_the_same_list(top_k, vocab):
+    """sample_finish copies the runs cut to top_k, or (top_k <= 64) merges them by the tree of
+    warp merges: the same sorted list, bit for bit, as merging them whole (ties and masked
+    tokens included), and the CPU's best top_k."""
+    rng = np.random.default_rng(top_k)
+    logits = np.round(rng.standard_normal(vocab) * 2, 1).astype(np.float32)  # many ties
+    logits[rng.random(vocab) < 0.3] = -np.inf
+    local_k, n_blocks = local_k_for(vocab), stage1_blocks(vocab)
+    cand_v, cand_i = stage1(logits, local_k, top_k)
+    cut = stage2_sorted(cand_v, cand_i, n_blocks, local_k, top_k, tree=False)
+    whole = stage2_sorted(cand_v, cand_i, n_blocks, local_k, top_k, cut_runs=False, tree=False)
+    tree = stage2_sorted(cand_v, cand_i, n_blocks, local_k, top_k)
+    assert np.array_equal(cut[0], whole[0]) and np.array_equal(cut[1], whole[1])
+    assert np.array_equal(tree[0], whole[0]) and np.array_equal(tree[1], whole[1])
+    want_v, want_i = exact_order(logits, np.arange(vocab))
+    assert np.array_equal(cut[1], want_i[:top_k])
+
+
+@pytest.mark.parametrize("vocab,chunk", [(384, 1024), (32000, 1024), (49152, 1024), (65537, 2048),
+                                         (151936, 4096), (262144, 4096), (1_000_000, 4096)])
+def test_stage1_chunk_is_the_smallest_that_fits(vocab, chunk):
+    assert stage1_chunk(vocab) == chunk
 
 
 def logits_case(kind, vocab, seed):
@@ -253,6 +323,7 @@ CASES = {
     "top_p+min_p": SamplingParams(temperature=0.7, top_k=0, top_p=0.95, min_p=0.01),
     "default": SamplingParams(),
     "top_k 300": SamplingParams(temperature=1.0, top_k=300, top_p=0.9, min_p=0.0),
+    "top_k 64": SamplingParams(temperature=1.0, top_k=64, top_p=1.0, min_p=0.0),  # the warp-merge trees' widest
 }
 
 
@@ -297,7 +368,7 @@ def test_a_nucleus_wider_than_the_candidates_keeps_them_all():
 def test_padded_runs_fit_stage2(vocab):
     """sample_finish pads the stage-1 runs to a power-of-two count: they must fit its buffer."""
     k = local_k_for(vocab)
-    n_blocks = -(-vocab // STAGE1_CHUNK)
+    n_blocks = stage1_blocks(vocab)
     assert (1 << (n_blocks - 1).bit_length()) * k <= STAGE2_MAX_CANDIDATES
     assert k == 128 or n_blocks * 2 * k > STAGE2_MAX_CANDIDATES  # as many as fit
 

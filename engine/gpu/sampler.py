@@ -11,8 +11,8 @@ best, a stage-1 pass over the penalised logits runs for plain temperature draws,
 sample_candidates fills a CAND_DTYPE record next to the token: the host reads it with the token
 (candidates_from_record). A pass a knob set does not need returns at once (candidate_passes).
 
-Filtered draws (any of top_k / top_p / min_p on): stage 1 leaves each 4096-token block's best
-local_k logits sorted; sample_finish merges those runs (all of them with top_k off, the best
+Filtered draws (any of top_k / top_p / min_p on): stage 1 leaves each block's (1024 to 4096
+tokens, stage1_chunk) best local_k logits sorted; sample_finish merges those runs (all of them with top_k off, the best
 top_k with it on) and cuts top_p / min_p / the draw with block-wide scans. Exact against
 engine/sampling.py as long as no block holds more than local_k of the kept tokens; a wider
 nucleus is cut to the candidates (docs/gpu-engine.md, "The sampler").
@@ -43,18 +43,33 @@ CAND_DTYPE = np.dtype([  # struct SampleCandidates
 SORT_BEST = SamplingParams(temperature=1.0, top_k=CAND_RUN)  # a stage-1 pass that keeps each block's best
 RESULT_DTYPE = np.dtype([("token", "<i4"), ("logprob", "<f4"), ("cand", CAND_DTYPE)])  # one step's readback
 MODE_GREEDY, MODE_PLAIN, MODE_FILTERED, MODE_NONE = range(4)
-STAGE1_CHUNK = 4096      # S1_CHUNK in sampling.cu
+STAGE1_CHUNKS = (1024, 2048, 4096)  # sample_stage1's block: chunk / 4 threads, <= S1_CHUNK_MAX
 STAGE2_MAX_CANDIDATES = 8192
 LOCAL_K_MAX = 128
 
 
+def stage1_chunk(vocab: int) -> int:
+    """Logits per stage-1 block: the smallest chunk that leaves at most 64 blocks, the most whose
+    padded runs of LOCAL_K_MAX fit sample_finish (64 * 128 = 8192). Small blocks spread the pass
+    over more SMs (49,152 tokens: 48 blocks of 256 threads, not 12 of 1024) and keep more
+    candidates per token, so a block is never less exact than a larger one."""
+    for chunk in STAGE1_CHUNKS:
+        if -(-vocab // chunk) * LOCAL_K_MAX <= STAGE2_MAX_CANDIDATES:
+            return chunk
+    return STAGE1_CHUNKS[-1]
+
+
+def stage1_blocks(vocab: int) -> int:
+    return -(-vocab // stage1_chunk(vocab))
+
+
 def local_k_for(vocab: int) -> int:
-    """Candidates kept per stage-1 block: 128, fewer when the vocabulary has > 64 blocks.
+    """Candidates kept per stage-1 block: 128, fewer when the vocabulary has > 64 blocks of 4096.
 
     A power of two with n_blocks * k <= STAGE2_MAX_CANDIDATES, so the runs padded to a power-of-
     two count (what sample_finish merges) fit too: next_pow2(n_blocks) * k <= STAGE2_MAX_CANDIDATES.
     """
-    n_blocks = -(-vocab // STAGE1_CHUNK)
+    n_blocks = stage1_blocks(vocab)
     k = LOCAL_K_MAX
     while k * n_blocks > STAGE2_MAX_CANDIDATES:
         k //= 2
@@ -129,7 +144,7 @@ class GpuSampler:
 
     @staticmethod
     def nbytes(vocab: int) -> int:
-        n_blocks = -(-vocab // STAGE1_CHUNK)
+        n_blocks = stage1_blocks(vocab)
         k = local_k_for(vocab)
         # the raw copy, its partials, four runs buffers, two parameter blocks: 7 allocations
         candidates = 4 * vocab + n_blocks * 8 * 4 + 4 * n_blocks * CAND_RUN * 4 + 2 * PARAMS_DTYPE.itemsize
@@ -138,7 +153,7 @@ class GpuSampler:
 
     def __init__(self, rt, pool, vocab: int):
         self.rt, self.vocab = rt, vocab
-        self.n_blocks = -(-vocab // STAGE1_CHUNK)
+        self.n_blocks, self.stage1_threads = stage1_blocks(vocab), stage1_chunk(vocab) // 4
         self.local_k = local_k_for(vocab)
         alloc = lambda n, name: pool.alloc("graph", n, name).ptr  # noqa: E731
         self.params_ptr = alloc(PARAMS_DTYPE.itemsize, "sample_params")
@@ -241,6 +256,6 @@ class GpuSampler:
 
     def _stage1(self, logits_ptr: int, params_ptr: int, part_ptr: int, v_ptr: int, i_ptr: int, k: int,
                 mask_ptr: int | None = None) -> None:
-        self.rt.launch("sample_stage1", self.n_blocks, 1024,
+        self.rt.launch("sample_stage1", self.n_blocks, self.stage1_threads,
                        (logits_ptr, self.mask_ptr if mask_ptr is None else mask_ptr, params_ptr, part_ptr,
                         v_ptr, i_ptr, self.vocab, k))

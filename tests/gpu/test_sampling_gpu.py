@@ -6,10 +6,11 @@
   under df + 6 * sqrt(2 df) (a ~6 sigma bound: a wrong distribution fails by far), no token
   outside the support;
 - same seed, same tokens; another seed, other tokens; the bitmask restricts the support;
-- at the real vocabularies (49152, 262144), with top_k off (the path that sorts every candidate)
-  and on, peaked and flat logits: chi-square over probability-ranked groups, the support, and
-  each draw's logprob within 2e-5 of the CPU's (one token more or less in a wide nucleus moves
-  the normaliser by ~1e-4: this sees the cut itself, not just the shape);
+- at the real vocabularies (49152, 128256, 262144: stage-1 chunks of 1024, 2048, 4096), with
+  top_k off (the path that sorts every candidate) and on, peaked and flat logits: chi-square
+  over probability-ranked groups, the support, and each draw's logprob within 2e-5 of the CPU's
+  (one token more or less in a wide nucleus moves the normaliser by ~1e-4: this sees the cut
+  itself, not just the shape);
 - a nucleus wider than the candidates (the documented bound) keeps exactly the candidates.
 """
 from __future__ import annotations
@@ -21,7 +22,7 @@ from memra_engine.gpu.sampler import OUT_DTYPE, GpuSampler
 from memra_engine.sampling import SamplingParams, apply_penalties, final_distribution, sample
 
 pytestmark = pytest.mark.gpu
-VOCAB = 5000  # two stage-1 blocks with a ragged tail
+VOCAB = 5000  # five stage-1 blocks of 1024 with a ragged tail
 
 
 @pytest.fixture
@@ -154,10 +155,11 @@ BIG_CASES = {
     "top_p+min_p": SamplingParams(temperature=0.7, top_k=0, top_p=0.95, min_p=0.01),
     "default": SamplingParams(),
     "top_k 300": SamplingParams(temperature=1.0, top_k=300, top_p=0.9, min_p=0.0),
+    "top_k 64": SamplingParams(temperature=1.0, top_k=64, top_p=1.0, min_p=0.0),  # the warp-merge trees' widest
 }
 
 
-@pytest.fixture(params=[49152, 262144], ids=lambda v: f"vocab{v}")
+@pytest.fixture(params=[49152, 128256, 262144], ids=lambda v: f"vocab{v}")  # chunks 1024, 2048, 4096
 def big_sampler(gpu, request):
     return GpuSampler(gpu.rt, _GraphPoolView(gpu.pool), request.param)
 
