@@ -553,6 +553,74 @@ __device__ void filtered_draw(const float* cv, const int* ci, int n, const Sampl
     __syncthreads();
 }
 
+// filtered_draw for n <= 64 candidates, on warp 0 alone (the other warps return at once): the
+// same cuts in the same order, with warp scans and ballots instead of block barriers. Lane l owns
+// places 2l and 2l + 1. Warp-uniform control flow.
+__device__ void filtered_draw_warp(const float* cv, const int* ci, int n, const SampleParams& p, bool k_on,
+                                   float Z1, float M, float temp, int* pick_s, float* logprob_s, SampleCuts* cuts) {
+    if (threadIdx.x >= 32) return;
+    constexpr unsigned ALL = 0xffffffffu;
+    const int lane = threadIdx.x, i0 = 2 * lane, i1 = i0 + 1;
+    const float v0 = i0 < n ? cv[i0] : -INFINITY, v1 = i1 < n ? cv[i1] : -INFINITY;
+    int kept = __popc(__ballot_sync(ALL, v0 > -INFINITY)) + __popc(__ballot_sync(ALL, v1 > -INFINITY));
+    if (k_on) kept = min(kept, p.top_k);
+    const float c0 = __shfl_sync(ALL, v0, 0);
+    if (kept == 0) {
+        if (lane == 0) {
+            *pick_s = ci[0]; *logprob_s = -INFINITY;
+            if (cuts) cuts->mode = 3;
+        }
+        return;
+    }
+    if (cuts && lane == 0) set_cut(cuts, 0, k_on, cv, ci, kept);
+    // inclusive warp scan of the lane sums (double, as filtered_draw) and the first place whose
+    // running sum passes `target` (strictly when `strict`), among the first `kept`
+    auto first_crossing = [&](float w0, float w1, double target, bool from_total, bool strict, double* total) {
+        const double s = (double)w0 + (double)w1;
+        double incl = s;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const double y = __shfl_up_sync(ALL, incl, o);
+            if (lane >= o) incl += y;
+        }
+        double cum = __shfl_up_sync(ALL, incl, 1);
+        if (lane == 0) cum = 0.0;
+        *total = __shfl_sync(ALL, incl, 31);
+        if (from_total) target *= *total;
+        int at = 0x7fffffff;
+        cum += w0;
+        if (i0 < kept && (strict ? cum > target : cum >= target)) at = i0;
+        cum += w1;
+        if (at == 0x7fffffff && i1 < kept && (strict ? cum > target : cum >= target)) at = i1;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) at = min(at, __shfl_xor_sync(ALL, at, o));
+        return at;
+    };
+    double total;
+    if (p.top_p < 1.0f && kept > 1) {
+        const float w0 = i0 < kept ? expf(v0 - c0) : 0.0f, w1 = i1 < kept ? expf(v1 - c0) : 0.0f;
+        const double target = k_on ? (double)p.top_p : (double)p.top_p * ((double)Z1 * exp((double)M - (double)c0));
+        const int cross = first_crossing(w0, w1, target, k_on, false, &total);
+        if (cross != 0x7fffffff) kept = cross + 1;
+    }
+    if (cuts && lane == 0) set_cut(cuts, 1, p.top_p < 1.0f, cv, ci, kept);
+    if (p.min_p > 0.0f) {
+        const float floor_l = c0 + logf(p.min_p);
+        const int k2 = __popc(__ballot_sync(ALL, i0 < kept && v0 >= floor_l)) +
+                       __popc(__ballot_sync(ALL, i1 < kept && v1 >= floor_l));
+        kept = max(k2, 1);
+    }
+    if (cuts && lane == 0) set_cut(cuts, 2, p.min_p > 0.0f, cv, ci, kept);
+    const float w0 = i0 < kept ? expf((v0 - c0) / temp) : 0.0f, w1 = i1 < kept ? expf((v1 - c0) / temp) : 0.0f;
+    const philox_out r = philox4x32(p.counter, 0u, 0u, 0u, p.seed_lo, p.seed_hi);
+    const int pick = min(first_crossing(w0, w1, (double)u32_to_unit(r.x[0]), true, true, &total), kept - 1);
+    if (lane == 0) {
+        *pick_s = ci[pick];
+        *logprob_s = (cv[pick] - c0) / temp - (float)log(total);
+        if (cuts) { cuts->mode = 2; cuts->c0 = c0; cuts->log_z = (float)log(total); cuts->kept = kept; }
+    }
+}
+
 // Stage 2: one block. Merges the stage-1 partials, picks the token, writes the outputs and
 // advances the device state: token (the next step's input), position, Philox counter.
 // Filters on: the stage-1 runs (padded with empty runs to a power of two, <= S2_MAX_CAND pairs,
@@ -567,7 +635,7 @@ extern "C" __global__ void __launch_bounds__(S2_THREADS) sample_finish(
     int* ci = reinterpret_cast<int*>(dyn + S2_MAX_CAND);  // [S2_MAX_CAND]
     __shared__ float red[2];
     __shared__ double dred[33];
-    __shared__ int pick_s;
+    __shared__ int pick_s, over_max_s, over_sum_s;
     __shared__ float logprob_s;
     const SampleParams p = *params;
     const float temp = p.temperature > 0.0f ? p.temperature : 1.0f;
@@ -617,16 +685,37 @@ extern "C" __global__ void __launch_bounds__(S2_THREADS) sample_finish(
         int n_runs = 1;
         while (n_runs < n_blocks) n_runs <<= 1;
         const bool k_on = p.top_k > 0 && p.top_k < vocab;
+        // Lc: the places of each run that can be kept; live: a bound on the kept tokens. top_k on:
+        // a run's places from top_k on are stage 1's padding. min_p keeps p >= min_p * p_max, a
+        // prefix of the sorted list, so places under its floor can go before the merge: each run
+        // is cut to its longest prefix over the floor. Not with top_k and top_p both on (top_p's
+        // mass is then the top k's, past the floor too), nor with a cuts record to write (the
+        // inspector must see the real top_p cut, which may lie past the floor).
+        int Lc = k_on ? min(local_k, p.top_k) : local_k;
+        int live = k_on ? p.top_k : S2_MAX_CAND;
+        if (p.min_p > 0.0f && !(k_on && p.top_p < 1.0f) && !cand && M > -INFINITY && live > TOP) {
+            const float floor_l = M + logf(p.min_p);  // M is cv[0]: filtered_draw's floor, bit for bit
+            if (threadIdx.x == 0) { over_max_s = 0; over_sum_s = 0; }
+            __syncthreads();
+            const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+            for (int r = warp; r < n_blocks; r += S2_THREADS / 32) {
+                int c = 0;
+                for (int j0 = 0; j0 < Lc; j0 += 32)
+                    c += __popc(__ballot_sync(0xffffffffu, j0 + lane < Lc && cand_v[r * local_k + j0 + lane] >= floor_l));
+                if (lane == 0) { atomicMax(&over_max_s, c); atomicAdd(&over_sum_s, c); }
+            }
+            __syncthreads();
+            Lc = max(over_max_s, 1);
+            live = min(live, over_sum_s);
+        }
         int n, at = 0;
-        if (k_on && p.top_k <= TOP && local_k >= TOP && n_runs <= 64) {
+        if (live <= TOP && local_k >= TOP && n_runs <= 64) {
             // the default knobs' path: a tree of warp merges straight from the stage-1 runs
             at = merge_tree64(cand_v, cand_i, local_k, n_runs, n_blocks, cv, ci);
-            n = p.top_k;
+            n = live;
         } else {
-            // top_k on: a run's places from top_k on are stage 1's padding, so the runs are
-            // copied cut to Lc. The merge is a top-cap selection under before(), a total order
-            // up to equal padding, so the run layout does not change the result, only the work.
-            const int Lc = k_on ? min(local_k, p.top_k) : local_k;
+            // the runs copied cut to Lc. The merge is a top-cap selection under before(), a total
+            // order up to equal padding, so the run layout does not change the result, only the work.
             const int n_all = n_runs * Lc;  // <= S2_MAX_CAND
             for (int i = threadIdx.x; i < n_all; i += S2_THREADS) {
                 const int r = i / Lc, src = r * local_k + (i - r * Lc);
@@ -642,7 +731,12 @@ extern "C" __global__ void __launch_bounds__(S2_THREADS) sample_finish(
             }
             n = min(L, cap);
         }
-        filtered_draw(cv + at, ci + at, n, p, k_on, Z1, M, temp, dred, &pick_s, &logprob_s, cuts);
+        if (n <= TOP) {
+            filtered_draw_warp(cv + at, ci + at, n, p, k_on, Z1, M, temp, &pick_s, &logprob_s, cuts);
+            __syncthreads();
+        } else {
+            filtered_draw(cv + at, ci + at, n, p, k_on, Z1, M, temp, dred, &pick_s, &logprob_s, cuts);
+        }
         // the final distribution's best are the sorted list's first (sample_candidates needs no
         // pass of its own over the penalised logits here)
         if (cand && threadIdx.x < min(min(p.top_logprobs, CAND_MAX), n)) {

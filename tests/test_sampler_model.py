@@ -147,15 +147,22 @@ def stage1(logits, local_k, top_k=0):
     return cand_v, cand_i
 
 
-def stage2_sorted(cand_v, cand_i, n_blocks, local_k, cap_top_k, cut_runs=True, tree=True):
+def stage2_sorted(cand_v, cand_i, n_blocks, local_k, cap_top_k, cut_runs=True, tree=True, floor=None):
     """sample_finish's merge; cut_runs=False: the runs copied whole, as before they were cut to
     top_k; tree=False: merge_round's path where the warp-merge tree would run (the same result,
-    more work)."""
+    more work); floor: min_p's floor (M + log min_p), under which places are cut from each run
+    before the merge (the kernel does it when it writes no cuts record)."""
     n_runs = 1 << (n_blocks - 1).bit_length()
-    if tree and cap_top_k and cap_top_k <= TOP and local_k >= TOP and n_runs <= 64:
+    Lc = min(local_k, cap_top_k) if cap_top_k else local_k
+    live = cap_top_k if cap_top_k else STAGE2_MAX_CANDIDATES
+    if floor is not None and live > TOP:
+        over = (cand_v.reshape(n_blocks, local_k)[:, :Lc] >= floor).sum(axis=1)
+        Lc, live = max(int(over.max()), 1), min(live, int(over.sum()))
+    if tree and live <= TOP and local_k >= TOP and n_runs <= 64:
         v, i = merge_tree64(cand_v, cand_i, local_k, n_runs, n_blocks)
-        return v[:cap_top_k], i[:cap_top_k]
-    Lc = min(local_k, cap_top_k) if cap_top_k and cut_runs else local_k
+        return v[:live], i[:live]
+    if not cut_runs:
+        Lc = local_k
     n_all = n_runs * Lc
     assert n_all <= STAGE2_MAX_CANDIDATES
     cv = np.full(n_all, -np.inf, np.float32)
@@ -174,12 +181,13 @@ def stage2_sorted(cand_v, cand_i, n_blocks, local_k, cap_top_k, cut_runs=True, t
 NONE = 0x7FFFFFFF  # the kernel's "no place found" for a block min
 
 
-def filtered_kept(cv, ci, p: SamplingParams, vocab, Z1, M, threads=1024):
+def filtered_kept(cv, ci, p: SamplingParams, vocab, Z1, M):
     """filtered_draw's cuts on the sorted candidates, written as the kernel does them (thread t
     owns places [t * per, (t + 1) * per), exclusive scan of the per-thread sums in double, block
-    min of the first crossing): (kept ids, kept logits)."""
+    min of the first crossing; up to 64 candidates, filtered_draw_warp: 32 lanes of 2 places):
+    (kept ids, kept logits)."""
     n = cv.size
-    per = -(-n // threads)
+    threads, per = (32, 2) if n <= TOP else (1024, -(-n // 1024))
     k_on = 0 < p.top_k < vocab
     kept = int(np.sum(cv > -np.inf))  # __syncthreads_count
     if k_on:
@@ -209,7 +217,9 @@ def filtered_kept(cv, ci, p: SamplingParams, vocab, Z1, M, threads=1024):
 _STAGE1_CACHE: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}
 
 
-def model(logits, p: SamplingParams):
+def model(logits, p: SamplingParams, prefilter=True):
+    """The kernels' kept set; prefilter=False: min_p's floor not applied before the merge (the
+    path that writes a cuts record)."""
     vocab = logits.shape[0]
     local_k = local_k_for(vocab)
     n_blocks = stage1_blocks(vocab)
@@ -220,8 +230,10 @@ def model(logits, p: SamplingParams):
             _STAGE1_CACHE.clear()
         _STAGE1_CACHE[key] = stage1(logits, local_k, top_k)
     cand_v, cand_i = _STAGE1_CACHE[key]
-    cv, ci = stage2_sorted(cand_v, cand_i, n_blocks, local_k, p.top_k if 0 < p.top_k < vocab else 0)
     M = float(logits.max())
+    floor = np.float32(M) + np.float32(np.log(np.float32(p.min_p))) if p.min_p > 0 else None
+    prefilter = prefilter and not (top_k and p.top_p < 1.0)  # top_p's mass is then the top k's
+    cv, ci = stage2_sorted(cand_v, cand_i, n_blocks, local_k, top_k, floor=floor if prefilter else None)
     Z1 = float(np.exp(logits.astype(np.float64) - M).sum())
     return filtered_kept(cv, ci, p, vocab, Z1, M)
 
@@ -324,7 +336,34 @@ CASES = {
     "default": SamplingParams(),
     "top_k 300": SamplingParams(temperature=1.0, top_k=300, top_p=0.9, min_p=0.0),
     "top_k 64": SamplingParams(temperature=1.0, top_k=64, top_p=1.0, min_p=0.0),  # the warp-merge trees' widest
+    "creative": SamplingParams(temperature=1.0, top_k=100, top_p=0.98, min_p=0.02),  # the app's preset
+    "top_k off, min_p": SamplingParams(temperature=0.7, top_k=0, top_p=0.95, min_p=0.05),
 }
+
+
+@pytest.mark.parametrize("vocab", [3000, 49152 + 1000, 262144])
+@pytest.mark.parametrize("kind", ["peaked", "flat", "ties"])
+@pytest.mark.parametrize("name", ["min_p", "top_p+min_p", "creative", "top_k off, min_p", "top_k 300"])
+def test_min_p_floor_before_the_merge_keeps_the_same_tokens(vocab, kind, name):
+    """sample_finish cuts each run at min_p's floor before merging (no cuts record to write, and
+    not top_k with top_p: "creative" fails here without that rule): the same kept tokens, in the
+    same order, as merging the runs whole; and a shorter list to merge."""
+    p = CASES[name]
+    if kind == "ties":  # many equal logits, a third of the vocabulary masked
+        rng = np.random.default_rng(vocab)
+        logits = np.round(rng.standard_normal(vocab) * 2, 1).astype(np.float32)
+        logits[rng.random(vocab) < 0.3] = -np.inf
+    else:
+        logits = logits_case(kind, vocab, seed=vocab % 89)
+    ids, kept = model(logits, p)
+    ids_whole, kept_whole = model(logits, p, prefilter=False)
+    assert np.array_equal(ids, ids_whole) and np.array_equal(kept, kept_whole)
+    if p.min_p > 0 and kind == "peaked" and not (p.top_k and p.top_p < 1):  # a dozen likely tokens: the tree
+        local_k, n_blocks = local_k_for(vocab), stage1_blocks(vocab)
+        top_k = p.top_k if 0 < p.top_k < vocab else 0
+        cand_v, cand_i = stage1(logits, local_k, top_k)
+        floor = np.float32(logits.max()) + np.float32(np.log(np.float32(p.min_p)))
+        assert stage2_sorted(cand_v, cand_i, n_blocks, local_k, top_k, floor=floor)[0].size <= TOP
 
 
 @pytest.mark.parametrize("name", list(CASES))

@@ -156,6 +156,8 @@ BIG_CASES = {
     "default": SamplingParams(),
     "top_k 300": SamplingParams(temperature=1.0, top_k=300, top_p=0.9, min_p=0.0),
     "top_k 64": SamplingParams(temperature=1.0, top_k=64, top_p=1.0, min_p=0.0),  # the warp-merge trees' widest
+    "creative": SamplingParams(temperature=1.0, top_k=100, top_p=0.98, min_p=0.02),  # the app's preset
+    "top_k off, min_p": SamplingParams(temperature=0.7, top_k=0, top_p=0.95, min_p=0.05),  # runs cut at the floor
 }
 
 
@@ -230,7 +232,7 @@ def test_real_vocab_same_seed_same_tokens(gpu, big_sampler):
 
 
 def test_a_nucleus_wider_than_the_candidates_keeps_the_candidates(gpu):
-    """The bound in docs/gpu-engine.md, "The sampler": each 4096-token block gives its best
+    """The bound in docs/gpu-engine.md, "The sampler": each stage-1 block gives its best
     local_k candidates; a nucleus with more than that in one block (N(0, 3^2) logits, top_p 0.95:
     ~23k tokens of 262k) is cut to the candidates, drawn from by their softmax."""
     vocab = 262144
