@@ -144,23 +144,25 @@ __device__ __forceinline__ void warp_winners(float& v, int& i, float& g, int& gi
 //    elements that go before it (a binary search); ties go to the even run first, so a pair's
 //    positions are a permutation. Keeping only the best `cap` of each merged run makes it a
 //    top-cap selection. One barrier between all reads and all writes, one after.
-//  - warp_merge64 / merge_tree64: when only the best 64 are wanted (top_k <= 64, the default
-//    knobs), a warp merges two sorted runs of 64 in registers: a ++ reversed(b) is bitonic, so
-//    the last bitonic stage sorts it and the first 64 are the best. A tree of these warp merges
-//    needs one barrier per level and no binary searches.
+//  - warp_merge<T> / merge_tree<T> (T = 64, 128): when only the best T are wanted (top_k <= 64,
+//    the default knobs, or <= 128), a warp merges two sorted runs of T in registers: a ++
+//    reversed(b) is bitonic, so the last bitonic stage sorts it and the first T are the best. A
+//    tree of these warp merges needs one barrier per level and no binary searches.
 // Sorted runs of stage 1 go to stage 2 as they are; stage 2 only merges.
 #define RUN 128
 
-// One stage k of the bitonic network over the warp's 128 pairs (k = 2 .. 128).
-__device__ __forceinline__ void warp_bitonic_stage(float (&v)[4], int (&ix)[4], int k) {
+// One stage k of the bitonic network over the warp's 32 * P pairs, P a lane (position lane * P + r
+// in register r; k = 2 .. 32 * P).
+template <int P>
+__device__ __forceinline__ void warp_bitonic_stage(float (&v)[P], int (&ix)[P], int k) {
     const int lane = threadIdx.x & 31;
 #pragma unroll
     for (int j = k >> 1; j > 0; j >>= 1) {
 #pragma unroll
-        for (int r = 0; r < 4; ++r) {
-            const int i = lane * 4 + r;
+        for (int r = 0; r < P; ++r) {
+            const int i = lane * P + r;
             const bool up = (i & k) == 0;  // this k-sequence runs best first
-            if (j < 4) {                   // partner: register r ^ j of this lane
+            if (j < P) {                   // partner: register r ^ j of this lane
                 const int ro = r ^ j;
                 if (ro > r) {
                     const bool swap = up ? before(v[ro], ix[ro], v[r], ix[r]) : before(v[r], ix[r], v[ro], ix[ro]);
@@ -169,9 +171,9 @@ __device__ __forceinline__ void warp_bitonic_stage(float (&v)[4], int (&ix)[4], 
                         const int ti = ix[r]; ix[r] = ix[ro]; ix[ro] = ti;
                     }
                 }
-            } else {                       // partner: register r of lane ^ (j / 4)
-                const float ov = __shfl_xor_sync(0xffffffffu, v[r], j >> 2);
-                const int oi = __shfl_xor_sync(0xffffffffu, ix[r], j >> 2);
+            } else {                       // partner: register r of lane ^ (j / P)
+                const float ov = __shfl_xor_sync(0xffffffffu, v[r], j / P);
+                const int oi = __shfl_xor_sync(0xffffffffu, ix[r], j / P);
                 const bool wants_better = ((i & j) == 0) == up;  // the pair's first place when up
                 const bool take = wants_better ? before(ov, oi, v[r], ix[r]) : before(v[r], ix[r], ov, oi);
                 if (take) { v[r] = ov; ix[r] = oi; }
@@ -182,47 +184,66 @@ __device__ __forceinline__ void warp_bitonic_stage(float (&v)[4], int (&ix)[4], 
 
 __device__ void warp_sort128(float (&v)[4], int (&ix)[4]) {
 #pragma unroll
-    for (int k = 2; k <= RUN; k <<= 1) warp_bitonic_stage(v, ix, k);
+    for (int k = 2; k <= RUN; k <<= 1) warp_bitonic_stage<4>(v, ix, k);
 }
 
-// The best 64 of two runs of 64 sorted best first (a, b: 16-byte aligned), sorted, into o: one
-// warp, no barrier. a then b reversed is a bitonic sequence, so the network's last stage (k =
-// 128: 7 compare-exchange steps) sorts it. a_real / b_real false: that run is empty (padding).
-// A top-64 under before() is a top-cap for any cap <= 64, so trees of these give the same list
-// as merge_round's.
-#define TOP 64
-__device__ void warp_merge64(const float* av, const int* ai, bool a_real, const float* bv, const int* bi,
-                             bool b_real, float* ov, int* oi) {
+// The best T of two runs of T sorted best first (a, b: 16-byte aligned), sorted, into o: one
+// warp, no barrier, P = T / 16 pairs a lane. a then b reversed is a bitonic sequence, so the
+// network's last stage (k = 2T) sorts it. a_real / b_real false: that run is empty (padding).
+// A top-T under before() is a top-cap for any cap <= T, so trees of these give the same list as
+// merge_round's.
+#define TOP 64       // stage 1's tree (top_k <= 64) and sample_finish's first
+#define TOP_MAX 128  // sample_finish's widest tree
+template <int T>
+__device__ void warp_merge(const float* av, const int* ai, bool a_real, const float* bv, const int* bi,
+                           bool b_real, float* ov, int* oi) {
+    constexpr int P = T / 16;
     const int lane = threadIdx.x & 31;
-    float v[4];
-    int ix[4];
+    float v[P];
+    int ix[P];
     const bool mine_a = lane < 16, real = mine_a ? a_real : b_real;
-    float4 fv = make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
-    int4 iv = make_int4(0x7fffffff, 0x7fffffff, 0x7fffffff, 0x7fffffff);
-    if (real) {  // lane l < 16: a[4l, 4l + 4); lane l >= 16: b[124 - 4l, 128 - 4l), reversed
-        const int at = mine_a ? 4 * lane : 124 - 4 * lane;
-        fv = *reinterpret_cast<const float4*>((mine_a ? av : bv) + at);
-        iv = *reinterpret_cast<const int4*>((mine_a ? ai : bi) + at);
+    // lane l < 16: a[P l, P l + P); lane l >= 16: b[2T - P - P l, 2T - P l), reversed
+    const int at = mine_a ? P * lane : 2 * T - P - P * lane;
+#pragma unroll
+    for (int c = 0; c < P; c += 4) {
+        float4 fv = make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
+        int4 iv = make_int4(0x7fffffff, 0x7fffffff, 0x7fffffff, 0x7fffffff);
+        if (real) {
+            fv = *reinterpret_cast<const float4*>((mine_a ? av : bv) + at + c);
+            iv = *reinterpret_cast<const int4*>((mine_a ? ai : bi) + at + c);
+        }
+        const float f[4] = {fv.x, fv.y, fv.z, fv.w};
+        const int g[4] = {iv.x, iv.y, iv.z, iv.w};
+        if (mine_a) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) { v[c + e] = f[e]; ix[c + e] = g[e]; }
+        } else {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) { v[P - 1 - c - e] = f[e]; ix[P - 1 - c - e] = g[e]; }
+        }
     }
-    if (mine_a) { v[0] = fv.x; v[1] = fv.y; v[2] = fv.z; v[3] = fv.w; ix[0] = iv.x; ix[1] = iv.y; ix[2] = iv.z; ix[3] = iv.w; }
-    else        { v[0] = fv.w; v[1] = fv.z; v[2] = fv.y; v[3] = fv.x; ix[0] = iv.w; ix[1] = iv.z; ix[2] = iv.y; ix[3] = iv.x; }
-    warp_bitonic_stage(v, ix, RUN);
+    warp_bitonic_stage<P>(v, ix, 2 * T);
     if (mine_a) {
-        *reinterpret_cast<float4*>(ov + 4 * lane) = make_float4(v[0], v[1], v[2], v[3]);
-        *reinterpret_cast<int4*>(oi + 4 * lane) = make_int4(ix[0], ix[1], ix[2], ix[3]);
+#pragma unroll
+        for (int c = 0; c < P; c += 4) {
+            *reinterpret_cast<float4*>(ov + P * lane + c) = make_float4(v[c], v[c + 1], v[c + 2], v[c + 3]);
+            *reinterpret_cast<int4*>(oi + P * lane + c) = make_int4(ix[c], ix[c + 1], ix[c + 2], ix[c + 3]);
+        }
     }
 }
 
-// n_runs (a power of two) runs of TOP at v/ix + r * stride (r >= n_real: empty) -> their best
-// TOP sorted, by a tree of warp_merge64: each level halves the runs, ping-ponging between the
-// two buffers buf_v/buf_i [0, 2048) and [2048, 4096) (shared). Returns the buffer's offset
+// n_runs (a power of two, <= 64) runs of T at v/ix + r * stride (r >= n_real: empty) -> their
+// best T sorted, by a tree of warp_merge<T>: each level halves the runs, ping-ponging between
+// the two halves [0, 32T) and [32T, 64T) of buf_v/buf_i (shared). Returns the offset of the half
 // that holds the result. Block-uniform; ends with __syncthreads.
-__device__ int merge_tree64(const float* v, const int* ix, int stride, int n_runs, int n_real, float* buf_v,
-                            int* buf_i) {
+template <int T>
+__device__ int merge_tree(const float* v, const int* ix, int stride, int n_runs, int n_real, float* buf_v,
+                          int* buf_i) {
+    constexpr int HALF = 32 * T;
     const int warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     int out = 0;
     if (n_runs == 1) {  // nothing to merge: the run itself
-        for (int i = threadIdx.x; i < TOP; i += blockDim.x) {
+        for (int i = threadIdx.x; i < T; i += blockDim.x) {
             buf_v[i] = n_real ? v[i] : -INFINITY;
             buf_i[i] = n_real ? ix[i] : 0x7fffffff;
         }
@@ -231,14 +252,14 @@ __device__ int merge_tree64(const float* v, const int* ix, int stride, int n_run
     }
     for (int runs = n_runs; runs > 1; runs >>= 1) {
         for (int q = warp; q < runs / 2; q += nw)
-            warp_merge64(v + 2 * q * stride, ix + 2 * q * stride, 2 * q < n_real,
-                         v + (2 * q + 1) * stride, ix + (2 * q + 1) * stride, 2 * q + 1 < n_real,
-                         buf_v + out + q * TOP, buf_i + out + q * TOP);
+            warp_merge<T>(v + 2 * q * stride, ix + 2 * q * stride, 2 * q < n_real,
+                          v + (2 * q + 1) * stride, ix + (2 * q + 1) * stride, 2 * q + 1 < n_real,
+                          buf_v + out + q * T, buf_i + out + q * T);
         __syncthreads();
-        v = buf_v + out; ix = buf_i + out; stride = TOP; n_real = runs / 2;
-        out ^= 2048;
+        v = buf_v + out; ix = buf_i + out; stride = T; n_real = runs / 2;
+        out ^= HALF;
     }
-    return out ^ 2048;
+    return out ^ HALF;
 }
 
 // Runs r = 0 .. n_runs-1 (n_runs even) of length L at v/ix + r * L, each sorted best first;
@@ -448,7 +469,7 @@ extern "C" __global__ void __launch_bounds__(S1_THREADS_MAX, 1) sample_stage1(
                 *reinterpret_cast<int4*>(si + 2048 + warp * TOP + 4 * lane) = make_int4(li[0], li[1], li[2], li[3]);
             }
             __syncthreads();
-            at = merge_tree64(sv + 2048, si + 2048, TOP, nw, nw, sv, si);
+            at = merge_tree<TOP>(sv + 2048, si + 2048, TOP, nw, nw, sv, si);
         } else {
 #pragma unroll
             for (int r = 0; r < PER; ++r) {
@@ -709,9 +730,12 @@ extern "C" __global__ void __launch_bounds__(S2_THREADS) sample_finish(
             live = min(live, over_sum_s);
         }
         int n, at = 0;
-        if (live <= TOP && local_k >= TOP && n_runs <= 64) {
-            // the default knobs' path: a tree of warp merges straight from the stage-1 runs
-            at = merge_tree64(cand_v, cand_i, local_k, n_runs, n_blocks, cv, ci);
+        const bool tree64 = live <= TOP && local_k >= TOP, tree128 = live <= TOP_MAX && local_k >= TOP_MAX;
+        if ((tree64 || tree128) && n_runs <= 64) {
+            // the default knobs' path (and top_k up to 128): a tree of warp merges straight from
+            // the stage-1 runs
+            at = tree64 ? merge_tree<TOP>(cand_v, cand_i, local_k, n_runs, n_blocks, cv, ci)
+                        : merge_tree<TOP_MAX>(cand_v, cand_i, local_k, n_runs, n_blocks, cv, ci);
             n = live;
         } else {
             // the runs copied cut to Lc. The merge is a top-cap selection under before(), a total
@@ -775,6 +799,7 @@ extern "C" __global__ void __launch_bounds__(1024) sample_candidates(
     int n_runs = 1;
     while (n_runs < n_blocks) n_runs <<= 1;
     if (threadIdx.x == 0) rank_s = -1;
+    __syncthreads();
     // the penalised list: sample_finish wrote it for greedy and filtered draws; plain
     // temperature sampling sorts nothing there, so the stage-1 pass over logits did (final_*)
     const int lists = cand->cuts.mode == 1 ? 2 : 1;
@@ -813,15 +838,21 @@ extern "C" __global__ void __launch_bounds__(1024) sample_candidates(
         const int id = cand->final_id[threadIdx.x];
         cand->final_raw[threadIdx.x] = id >= 0 && id < vocab ? raw[id] : -INFINITY;
     }
-    if (rank_s < 0) {  // block-uniform: not among the n best
+    __syncthreads();  // rank_s is set (the reuse branch alone may have written it)
+    if (rank_s < 0) {  // block-uniform: not among the n best. Count per thread, one sum at the end
+        // (a block count per 1024 tokens was 256 barriers at a 262k vocabulary: ~55 us)
         const float lt = raw[token];
         int c = 0;
-        for (int b = 0; b < vocab; b += blockDim.x) {
-            const int i = b + threadIdx.x;
-            c += __syncthreads_count(i < vocab && before(raw[i], i, lt, token));
-        }
-        if (threadIdx.x == 0) rank_s = c;
+#pragma unroll 4
+        for (int i = threadIdx.x; i < vocab; i += blockDim.x) c += before(raw[i], i, lt, token);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) c += __shfl_xor_sync(0xffffffffu, c, o);
+        __syncthreads();  // every thread has read rank_s
+        if (threadIdx.x == 0) rank_s = 0;
+        __syncthreads();
+        if ((threadIdx.x & 31) == 0) atomicAdd(&rank_s, c);
     }
+    __syncthreads();
     if (threadIdx.x < 32) {  // the raw softmax's normalizer from the model pass's block partials
         const int lane = threadIdx.x;
         float M = -INFINITY;

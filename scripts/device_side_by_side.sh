@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 16's side-by-side figures in one device call: llama.cpp built (detached, niced) while memra
 # installs and the synthetic Llama-8B and Llama-3.2-1B shapes are written, then memra-bench and
-# llama-bench on the same files, one after the other, and a short table last.
+# llama-bench on the same files, one after the other, each one's peak VRAM sampled the same way, and a
+# short table last.
 # Needs .whl (../shared/device/prepare.sh) with ../shared/device/llamacpp copied into it:
 #   cp -r ../shared/device/llamacpp .whl/   then carry ".whl" and run: bash scripts/device_side_by_side.sh
 # About 7 minutes on a fresh H200 (llama.cpp's build is most of it).
@@ -20,14 +21,29 @@ export PYTHONPATH=/tmp/site
 [ -f /tmp/models/llama-1b.gguf ] || python3 -m memra_engine.model.synthetic /tmp/models/llama-1b.gguf --preset llama-1b \
   --quiet >> "$OUT/gen.log" 2>&1
 wait; echo "models written $(el)s"
+# VRAM the same way for both engines: the device's memory.used, sampled every 0.1 s while the
+# command runs, peak minus the idle figure before it (CUDA context, weights, KV, buffers: all of it)
+peak_mib() {  # peak_mib NAME CMD...: runs CMD, appends "NAME PEAK" to $OUT/vram-peak.txt
+  local name=$1; shift
+  local base; base=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1)
+  (while :; do nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1; sleep 0.1; done) \
+    > "$OUT/vram-$name.txt" 2> /dev/null &
+  local sampler=$!
+  "$@"; local rc=$?
+  kill $sampler 2> /dev/null; wait $sampler 2> /dev/null
+  echo "$name $(( $(sort -n "$OUT/vram-$name.txt" | tail -1) - base ))" >> "$OUT/vram-peak.txt"
+  return $rc
+}
 for m in llama-8b llama-1b; do
-  timeout 150 python3 -m memra_engine.bench /tmp/models/$m.gguf --backend cuda --ctx-depth 4096 --runs 5 --json \
-    > "$OUT/bench-$m.json" 2>> "$OUT/bench.err"; echo "memra-bench $m $(el)s"
+  peak_mib "memra-$m" timeout 150 python3 -m memra_engine.bench /tmp/models/$m.gguf --backend cuda --ctx-depth 4096 \
+    --runs 5 --json > "$OUT/bench-$m.json" 2>> "$OUT/bench.err"; echo "memra-bench $m $(el)s"
 done
 while ! grep -q "llama.cpp build rc" /tmp/llama.cpp/build.log 2>/dev/null && [ "$(el)" -lt 520 ]; do sleep 5; done
 grep "llama.cpp build rc" /tmp/llama.cpp/build.log || echo "llama.cpp not built by $(el)s"
-timeout $(( 585 - $(el) )) bash /tmp/llamacpp/bench.sh /tmp/models/llama-8b.gguf /tmp/models/llama-1b.gguf \
-  > "$OUT/llama.json" 2> "$OUT/llama.err"
+for m in llama-8b llama-1b; do
+  peak_mib "llama.cpp-$m" timeout $(( 585 - $(el) )) bash /tmp/llamacpp/bench.sh /tmp/models/$m.gguf \
+    >> "$OUT/llama.json" 2>> "$OUT/llama.err"
+done
 python3 - "$OUT" <<'PY'
 import json, sys
 out = sys.argv[1]
@@ -51,3 +67,4 @@ for m in ("llama-8b", "llama-1b"):
             "tg128_at_4096_tok_s", "vram_used_mib"]
     print(f"memra {m:<9}", "  ".join(f"{k.replace('_tok_s', '')}={r[k]:,.1f}" for k in keys if k in r))
 PY
+echo "peak VRAM while running (MiB, nvidia-smi memory.used above idle):"; cat "$OUT/vram-peak.txt"

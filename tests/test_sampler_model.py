@@ -27,23 +27,24 @@ def before(va, ia, vb, ib):
 
 
 def bitonic_stage(v, ix, k):
-    """warp_bitonic_stage: stage k of the network over [4, 32 * n_warps] (register r of lane l
-    of warp w = position l * 4 + r of warp w's 128), in place."""
+    """warp_bitonic_stage<P>: stage k of the network over [P, 32 * n_warps] (register r of lane l
+    of warp w = position l * P + r of warp w's 32 * P), in place."""
+    P = v.shape[0]
     col = np.arange(v.shape[1])
     lane = col & 31
     j = k >> 1
     while j > 0:
-        for r in range(4):
-            i = lane * 4 + r
+        for r in range(P):
+            i = lane * P + r
             up = (i & k) == 0
-            if j < 4:
+            if j < P:
                 ro = r ^ j
                 if ro > r:
                     swap = np.where(up, before(v[ro], ix[ro], v[r], ix[r]), before(v[r], ix[r], v[ro], ix[ro]))
                     v[r], v[ro] = np.where(swap, v[ro], v[r]), np.where(swap, v[r], v[ro])
                     ix[r], ix[ro] = np.where(swap, ix[ro], ix[r]), np.where(swap, ix[r], ix[ro])
             else:
-                ov, oi = v[r][col ^ (j >> 2)], ix[r][col ^ (j >> 2)]  # __shfl_xor_sync in the warp
+                ov, oi = v[r][col ^ (j // P)], ix[r][col ^ (j // P)]  # __shfl_xor_sync in the warp
                 wants_better = ((i & j) == 0) == up
                 take = np.where(wants_better, before(ov, oi, v[r], ix[r]), before(v[r], ix[r], ov, oi))
                 v[r], ix[r] = np.where(take, ov, v[r]), np.where(take, oi, ix[r])
@@ -58,27 +59,28 @@ def warp_sort128(v, ix):
         k <<= 1
 
 
-TOP = 64
+TOP, TOP_MAX = 64, 128
 
 
-def merge_tree64(v, ix, stride, n_runs, n_real):
-    """merge_tree64: runs r < n_real of TOP at r * stride (the rest empty) -> their best TOP,
-    sorted, by levels of warp_merge64 (run a in lanes 0-15, run b reversed in lanes 16-31, the
-    network's last stage)."""
+def merge_tree(v, ix, stride, n_runs, n_real, T=TOP):
+    """merge_tree<T>: runs r < n_real of T at r * stride (the rest empty) -> their best T, sorted,
+    by levels of warp_merge<T> (run a in lanes 0-15, run b reversed in lanes 16-31, P = T / 16 a
+    lane, the network's last stage)."""
+    P = T // 16
     if n_runs == 1:
-        return (v[:TOP].copy(), ix[:TOP].copy()) if n_real else (np.full(TOP, -np.inf, np.float32), np.full(TOP, PAD))
-    runs_v = [v[r * stride: r * stride + TOP] if r < n_real else np.full(TOP, -np.inf, np.float32) for r in range(n_runs)]
-    runs_i = [ix[r * stride: r * stride + TOP] if r < n_real else np.full(TOP, PAD) for r in range(n_runs)]
+        return (v[:T].copy(), ix[:T].copy()) if n_real else (np.full(T, -np.inf, np.float32), np.full(T, PAD))
+    runs_v = [v[r * stride: r * stride + T] if r < n_real else np.full(T, -np.inf, np.float32) for r in range(n_runs)]
+    runs_i = [ix[r * stride: r * stride + T] if r < n_real else np.full(T, PAD) for r in range(n_runs)]
     while len(runs_v) > 1:
         q = len(runs_v) // 2
-        seq_v = np.stack([np.concatenate([runs_v[2 * w], runs_v[2 * w + 1][::-1]]) for w in range(q)])  # [q, 128]
+        seq_v = np.stack([np.concatenate([runs_v[2 * w], runs_v[2 * w + 1][::-1]]) for w in range(q)])  # [q, 2T]
         seq_i = np.stack([np.concatenate([runs_i[2 * w], runs_i[2 * w + 1][::-1]]) for w in range(q)])
-        wv = seq_v.reshape(q, 32, 4).transpose(2, 0, 1).reshape(4, q * 32).copy()  # position lane * 4 + r
-        wi = seq_i.reshape(q, 32, 4).transpose(2, 0, 1).reshape(4, q * 32).copy()
-        bitonic_stage(wv, wi, RUN)
-        out_v = wv.reshape(4, q, 32).transpose(1, 2, 0).reshape(q, 128)
-        out_i = wi.reshape(4, q, 32).transpose(1, 2, 0).reshape(q, 128)
-        runs_v, runs_i = [out_v[w, :TOP] for w in range(q)], [out_i[w, :TOP] for w in range(q)]
+        wv = seq_v.reshape(q, 32, P).transpose(2, 0, 1).reshape(P, q * 32).copy()  # position lane * P + r
+        wi = seq_i.reshape(q, 32, P).transpose(2, 0, 1).reshape(P, q * 32).copy()
+        bitonic_stage(wv, wi, 2 * T)
+        out_v = wv.reshape(P, q, 32).transpose(1, 2, 0).reshape(q, 2 * T)
+        out_i = wi.reshape(P, q, 32).transpose(1, 2, 0).reshape(q, 2 * T)
+        runs_v, runs_i = [out_v[w, :T] for w in range(q)], [out_i[w, :T] for w in range(q)]
     return runs_v[0], runs_i[0]
 
 
@@ -135,7 +137,7 @@ def stage1(logits, local_k, top_k=0):
         cap = top_k if 0 < top_k < local_k else local_k
         if cap <= TOP:  # each warp's best 64, then the warp-merge tree
             best_v, best_i = sv.reshape(nw, RUN)[:, :TOP].ravel(), si.reshape(nw, RUN)[:, :TOP].ravel()
-            sv, si = (np.concatenate([x, np.zeros(local_k, x.dtype)]) for x in merge_tree64(best_v, best_i, TOP, nw, nw))
+            sv, si = (np.concatenate([x, np.zeros(local_k, x.dtype)]) for x in merge_tree(best_v, best_i, TOP, nw, nw))
         else:
             L, runs = RUN, nw
             while runs > 1:
@@ -158,8 +160,9 @@ def stage2_sorted(cand_v, cand_i, n_blocks, local_k, cap_top_k, cut_runs=True, t
     if floor is not None and live > TOP:
         over = (cand_v.reshape(n_blocks, local_k)[:, :Lc] >= floor).sum(axis=1)
         Lc, live = max(int(over.max()), 1), min(live, int(over.sum()))
-    if tree and live <= TOP and local_k >= TOP and n_runs <= 64:
-        v, i = merge_tree64(cand_v, cand_i, local_k, n_runs, n_blocks)
+    tree64, tree128 = live <= TOP and local_k >= TOP, live <= TOP_MAX and local_k >= TOP_MAX
+    if tree and (tree64 or tree128) and n_runs <= 64:
+        v, i = merge_tree(cand_v, cand_i, local_k, n_runs, n_blocks, TOP if tree64 else TOP_MAX)
         return v[:live], i[:live]
     if not cut_runs:
         Lc = local_k
@@ -294,10 +297,10 @@ def test_stage1_keeps_each_blocks_best_sorted(vocab):
 
 
 @pytest.mark.parametrize("vocab", [3000, 49152 + 1000, 262144])
-@pytest.mark.parametrize("top_k", [1, 40, 64, 65, 127, 300])
+@pytest.mark.parametrize("top_k", [1, 40, 64, 65, 127, 128, 129, 300])
 def test_stage2_paths_merge_to_the_same_list(top_k, vocab):
-    """sample_finish copies the runs cut to top_k, or (top_k <= 64) merges them by the tree of
-    warp merges: the same sorted list, bit for bit, as merging them whole (ties and masked
+    """sample_finish copies the runs cut to top_k, or (top_k <= 128) merges them by a tree of
+    warp merges (of 64 or of 128): the same sorted list, bit for bit, as merging them whole (ties and masked
     tokens included), and the CPU's best top_k."""
     rng = np.random.default_rng(top_k)
     logits = np.round(rng.standard_normal(vocab) * 2, 1).astype(np.float32)  # many ties
@@ -335,7 +338,8 @@ CASES = {
     "top_p+min_p": SamplingParams(temperature=0.7, top_k=0, top_p=0.95, min_p=0.01),
     "default": SamplingParams(),
     "top_k 300": SamplingParams(temperature=1.0, top_k=300, top_p=0.9, min_p=0.0),
-    "top_k 64": SamplingParams(temperature=1.0, top_k=64, top_p=1.0, min_p=0.0),  # the warp-merge trees' widest
+    "top_k 64": SamplingParams(temperature=1.0, top_k=64, top_p=1.0, min_p=0.0),  # the 64-wide trees' widest
+    "top_k 128": SamplingParams(temperature=1.0, top_k=128, top_p=1.0, min_p=0.0),  # sample_finish's widest
     "creative": SamplingParams(temperature=1.0, top_k=100, top_p=0.98, min_p=0.02),  # the app's preset
     "top_k off, min_p": SamplingParams(temperature=0.7, top_k=0, top_p=0.95, min_p=0.05),
 }

@@ -155,7 +155,8 @@ BIG_CASES = {
     "top_p+min_p": SamplingParams(temperature=0.7, top_k=0, top_p=0.95, min_p=0.01),
     "default": SamplingParams(),
     "top_k 300": SamplingParams(temperature=1.0, top_k=300, top_p=0.9, min_p=0.0),
-    "top_k 64": SamplingParams(temperature=1.0, top_k=64, top_p=1.0, min_p=0.0),  # the warp-merge trees' widest
+    "top_k 64": SamplingParams(temperature=1.0, top_k=64, top_p=1.0, min_p=0.0),  # the 64-wide trees' widest
+    "top_k 128": SamplingParams(temperature=1.0, top_k=128, top_p=1.0, min_p=0.0),  # sample_finish's widest tree
     "creative": SamplingParams(temperature=1.0, top_k=100, top_p=0.98, min_p=0.02),  # the app's preset
     "top_k off, min_p": SamplingParams(temperature=0.7, top_k=0, top_p=0.95, min_p=0.05),  # runs cut at the floor
 }
