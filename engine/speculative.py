@@ -36,6 +36,9 @@ DEFAULT_DRAFT_MAX = 8   # docs/gpu-log.md, "Speculative decoding": the measured 
 DEFAULT_DRAFT_MIN = 1
 LOOKUP_NGRAM_MAX = 3    # prompt lookup matches the last 3 tokens, then the last 2; a lone token
 LOOKUP_NGRAM_MIN = 2    # matches often and is mostly wrong, and a rejected round costs more than a step
+LOOKUP_OCCURRENCES = 8  # the latest occurrences of the n-gram compared by their context
+LOOKUP_CONTEXT = 16     # how far back an occurrence's context is compared
+LOOKUP_WEAK_DRAFT = 2   # most tokens drafted from a match shorter than LOOKUP_NGRAM_MAX
 
 
 @dataclass(frozen=True)
@@ -74,13 +77,20 @@ class SpecConfig:
 
 
 class PromptLookup:
-    """Drafts the tokens that followed the latest earlier occurrence of the history's last n
-    tokens (n = 3, then 2: the longest match wins). The n-gram index grows with the history, so a
-    round costs a few dict lookups however long the prompt is."""
+    """Drafts the tokens that followed an earlier occurrence of the history's last n tokens (n = 3,
+    then 2: the longest match wins). Of the n-gram's latest occurrences, the one whose preceding
+    tokens agree with the history's for longest is taken (the latest on a tie): a reply that
+    copies from the prompt continues the passage it is copying, not a later echo of the same
+    words. A match of only the shorter n-gram is weak (the reply is mostly not copying there), so
+    it drafts at most LOOKUP_WEAK_DRAFT tokens. Measured offline with scripts/spec_model.py on
+    greedy SmolLM2-135M replies to ten input-grounded prompts (docs/gpu-log.md, session 37). The
+    n-gram index grows with the history, so a round costs a few dict lookups however long the
+    prompt is."""
 
     def __init__(self, ngram_max: int = LOOKUP_NGRAM_MAX, ngram_min: int = LOOKUP_NGRAM_MIN):
+        self.ngram_max = ngram_max
         self.ngrams = range(ngram_max, ngram_min - 1, -1)
-        self.index: dict[tuple[int, ...], int] = {}  # n-gram -> the position after its latest occurrence
+        self.index: dict[tuple[int, ...], list[int]] = {}  # n-gram -> the position after each occurrence
         self.heads: set[tuple[int, ...]] = set()  # every indexed n-gram less its last token
         self.n_indexed = 0  # n-grams ending before this position are in the index
 
@@ -90,9 +100,17 @@ class PromptLookup:
             for n in self.ngrams:
                 if last + 1 >= n:
                     key = tuple(history[last + 1 - n:last + 1])
-                    self.index[key] = last + 1
+                    self.index.setdefault(key, []).append(last + 1)
                     self.heads.add(key[:-1])
         self.n_indexed = max(self.n_indexed, end)
+
+    @staticmethod
+    def _context(history: list[int], start: int) -> int:
+        """How many tokens before `start` equal the history's last ones (at most LOOKUP_CONTEXT)."""
+        n, end = 0, len(history)
+        while n < LOOKUP_CONTEXT and start - 1 - n >= 0 and history[start - 1 - n] == history[end - 1 - n]:
+            n += 1
+        return n
 
     def propose(self, history: list[int], k: int) -> list[int]:
         # the last n tokens are the key and must match an earlier occurrence, not themselves
@@ -100,9 +118,10 @@ class PromptLookup:
         for n in self.ngrams:
             if len(history) < n:
                 continue
-            start = self.index.get(tuple(history[-n:]))
-            if start is not None:
-                return history[start:start + k]
+            starts = self.index.get(tuple(history[-n:]))
+            if starts:
+                start = max(reversed(starts[-LOOKUP_OCCURRENCES:]), key=lambda s: self._context(history, s))
+                return history[start:start + (k if n == self.ngram_max else min(k, LOOKUP_WEAK_DRAFT))]
         return []
 
     def may_draft_next(self, history: list[int]) -> bool:

@@ -7,7 +7,7 @@
   python scripts/bench_spec.py lookup MODEL [--max-tokens 256]
       greedy replies to input-grounded prompts (edit this code, quote this text), plain and with
       prompt lookup, in the engine (the path users get): tok/s, the same tokens or not, acceptance
-      and mean accepted length.
+      and mean accepted length. --prompts bench (the four below, default) | held-out | all.
   python scripts/bench_spec.py draft MODEL --draft DRAFT
       the same with a draft model.
 Medians over the prompts' runs; print a table last.
@@ -51,6 +51,44 @@ PROMPTS = [
     f"Repeat this text word for word:\n\n{TEXT}",
 ]
 
+CODE2 = '''class Stack:
+    def __init__(self):
+        self.items = []
+
+    def push(self, item):
+        self.items.append(item)
+
+    def pop(self):
+        if not self.items:
+            raise IndexError("pop from empty stack")
+        return self.items.pop()
+
+    def peek(self):
+        return self.items[-1]
+
+    def __len__(self):
+        return len(self.items)
+'''
+TEXT2 = ("Rivers shape the land they cross. Over thousands of years, a river carves valleys, moves sediment "
+         "downstream and builds deltas where it meets the sea. Floods spread fertile silt across the plains, "
+         "which is why so many early farming villages grew up beside rivers. Today dams and levees control "
+         "many of the world's large rivers, trading the old floods for electricity and safer towns.")
+# a second set, written after PromptLookup's session-37 rules were first picked on PROMPTS (both
+# sets then compared the candidates: docs/gpu-log.md, session 37)
+HELD_OUT_PROMPTS = [
+    f"Add a docstring to every method of this class and show the whole class.\n\n{CODE2}",
+    f"Fix the bug in peek (it fails on an empty stack) and show the whole class.\n\n{CODE2}",
+    f"Rename merge_configs to combine_configs in this code and show all of it.\n\n{CODE}",
+    f"Copy this paragraph exactly, then give it a title.\n\n{TEXT2}",
+    f"Rewrite this paragraph in the past tense.\n\n{TEXT2}",
+    f"Turn each sentence of this text into a bullet point.\n\n{TEXT}",
+]
+
+
+def prompt_set(name: str) -> list[str]:
+    """--prompts: "bench" (the four the figures in docs/gpu-log.md use), "held-out" or "all"."""
+    return {"bench": PROMPTS, "held-out": HELD_OUT_PROMPTS, "all": PROMPTS + HELD_OUT_PROMPTS}[name]
+
 
 def bench_verify(args) -> None:
     from memra_engine.backend_select import choose_backend, create_backend
@@ -93,7 +131,7 @@ def bench_replies(args, mode: str) -> None:
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
     table = []
     with Engine.load(args.model, backend=args.backend, n_ctx=4096, draft=args.draft) as eng:
-        for i, prompt in enumerate(PROMPTS):
+        for i, prompt in enumerate(prompt_set(args.prompts)):
             msgs = [{"role": "user", "content": prompt}]
             eng.chat(msgs, SamplingParams(temperature=0.0, max_tokens=8)).collect()  # warm the graphs
             plain_runs = [eng.chat(msgs, params).collect() for _ in range(args.runs)]
@@ -128,6 +166,7 @@ def main() -> None:
     p.add_argument("--backend", default="cuda")
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--prompts", choices=("bench", "held-out", "all"), default="bench")
     p.add_argument("--draft-max", default=None, help="comma-separated draft_max values (default: the engine's)")
     args = p.parse_args()
     if args.draft_max is None:

@@ -7,7 +7,7 @@ engine's own PromptLookup and DraftLength make the drafts, so the model follows 
 round costs a verify of d + 1 rows, in decode steps, from the H200's measured table
 (docs/gpu-log.md, "Speculative decoding"); a plain step costs one.
 
-    python scripts/spec_model.py collect MODEL.gguf replies.json     # greedy replies (any backend)
+    python scripts/spec_model.py collect MODEL.gguf replies.json [--prompts bench|held-out|all]  # greedy replies (any backend)
     python scripts/spec_model.py model replies.json [--draft-max 8] [--always-ahead] [--switch 2] [--plain-step 1.1] [--round 0.16]
 
 --switch: decode steps lost when a round follows a plain step that queued steps ahead (the
@@ -34,9 +34,9 @@ VERIFY_ROWS = [1, 2, 4, 8, 16]
 VERIFY_COST = [1.049, 1.248, 1.563, 2.402, 4.081]
 
 
-def collect(model: str, out: Path, backend: str, max_tokens: int) -> None:
+def collect(model: str, out: Path, backend: str, max_tokens: int, prompts: str) -> None:
     sys.path.insert(0, str(Path(__file__).parent))
-    from bench_spec import PROMPTS
+    from bench_spec import prompt_set
 
     from memra_engine.generate import Engine, prompt_ids
     from memra_engine.model.gguf_file import open_gguf
@@ -48,7 +48,7 @@ def collect(model: str, out: Path, backend: str, max_tokens: int) -> None:
     tokenizer, template = load_tokenizer(g), ChatTemplate.from_gguf(g)
     replies = []
     with Engine.load(model, backend=backend, n_ctx=4096) as eng:
-        for prompt in PROMPTS:
+        for prompt in prompt_set(prompts):
             messages = [{"role": "user", "content": prompt}]
             r = eng.chat(messages, SamplingParams(temperature=0.0, max_tokens=max_tokens)).collect()
             replies.append({"prompt": prompt_ids(tokenizer, template, messages, None), "reply": r.token_ids})
@@ -94,6 +94,7 @@ def main() -> None:
     c.add_argument("out", type=Path)
     c.add_argument("--backend", default="cpu")
     c.add_argument("--max-tokens", type=int, default=256)
+    c.add_argument("--prompts", choices=("bench", "held-out", "all"), default="bench")
     m = sub.add_parser("model")
     m.add_argument("replies", type=Path)
     m.add_argument("--draft-max", type=int, default=SpecConfig().draft_max)
@@ -103,7 +104,7 @@ def main() -> None:
     m.add_argument("--always-ahead", action="store_true", help="every plain step queues ahead (before session 25)")
     args = p.parse_args()
     if args.command == "collect":
-        collect(args.model, args.out, args.backend, args.max_tokens)
+        collect(args.model, args.out, args.backend, args.max_tokens, args.prompts)
         return
     spec = SpecConfig(mode="lookup", draft_max=args.draft_max)
     rows = [model_reply(r["prompt"], r["reply"], spec, args.switch, args.round, args.plain_step, args.always_ahead) for r in json.loads(args.replies.read_text())]

@@ -26,7 +26,8 @@ from memra_engine.grammar import Grammar
 from memra_engine.model.gguf_file import open_gguf
 from memra_engine.sampling import SamplingParams
 from memra_engine.speculative import (
-    DraftLength, DraftModel, PromptLookup, SpecConfig, SpecCounters, accept_sampled, check_draft_vocab,
+    LOOKUP_WEAK_DRAFT, DraftLength, DraftModel, PromptLookup, SpecConfig, SpecCounters, accept_sampled,
+    check_draft_vocab,
 )
 from memra_engine.steps import HostSampling, MaskTimer, speculative_for, strategy_for
 from spec_backends import HostDevice, MemoBackend
@@ -65,6 +66,25 @@ def test_prompt_lookup_drafts_the_continuation_of_the_longest_latest_match():
     assert PromptLookup().propose([1, 2, 3], 4) == []  # nothing repeats (a lookup follows one history)
     assert PromptLookup().propose([5, 1, 2, 9, 9, 2], 2) == []  # one repeated token is no match
     assert PromptLookup(ngram_min=1).propose([5, 1, 2, 9, 9, 2], 2) == [9, 9]  # unless asked for
+
+
+def test_prompt_lookup_follows_the_occurrence_whose_context_agrees_longest():
+    """A reply copying a passage continues that passage, not a later echo of its last words."""
+    passage = [10, 11, 12, 13, 1, 2, 3, 20, 21, 22, 23]
+    echo = [30, 31, 1, 2, 3, 40, 41, 42]  # the same 3-gram later, after other words
+    history = passage + echo + [11, 12, 13, 1, 2, 3]  # copying the passage again
+    assert PromptLookup().propose(history, 4) == [20, 21, 22, 23]
+    assert PromptLookup().propose(echo + echo[:5], 3) == [40, 41, 42]  # one occurrence: that one
+    # on equal context the latest occurrence wins
+    assert PromptLookup().propose([7, 1, 2, 3, 4, 5, 7, 1, 2, 3, 6, 8, 7, 1, 2, 3], 2) == [6, 8]
+
+
+def test_a_weak_prompt_lookup_match_drafts_few_tokens():
+    """Only the 2-gram matches (no earlier 3-gram): at most LOOKUP_WEAK_DRAFT tokens, however
+    many the round would take; a 3-gram match drafts all k."""
+    history = [1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 2, 3]  # (0, 2, 3) never seen before, (2, 3) is
+    assert PromptLookup().propose(history, 8) == [4, 5, 6, 7, 8, 9, 0, 2][:LOOKUP_WEAK_DRAFT]
+    assert PromptLookup().propose(history[:3] + [9, 9] + history[:3], 8) == [9, 9, 1, 2, 3]
 
 
 def test_prompt_lookup_knows_when_no_draft_can_follow():
