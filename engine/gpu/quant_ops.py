@@ -215,10 +215,18 @@ def matvec_variant(w: GpuWeight, fused: bool = False) -> tuple[int, int]:
         if w.cols >= 8192:
             return (2, 0)
         return (4, 1) if w.rows >= 4096 else (1, 1)
+    # Q5_K, Q6_K, Q4_0, Q8_0 at the 8B shapes (session 38, scripts/device_quants.sh): Q5_K 28672x4096
+    # r4u0 31.2, r4u1 26.2; 6144x4096 9.61, 7.29; 4096x4096 r2u0 6.78, r4u0 5.99; 1024x4096 r1u1 3.26,
+    # r2u2 2.84. Q6_K 4096x4096 r2u2 8.49, r4u0 7.36. Q4_0 4096x14336 r1u2 17.5, r2u0 13.7; 6144x4096
+    # r2u2 6.49, r2u1 5.98. Q8_0 1024x4096 r1u2 3.20, r1u4 2.66.
     if kind == "q5_K":
-        if w.cols >= 8192 or w.rows >= 6144:
+        if w.cols >= 8192:
             return (4, 0)
-        return (2, 0) if w.rows >= 4096 else (1, 1)
+        if w.rows >= 6144:
+            return (4, 1)
+        if w.rows >= 4096:
+            return (4, 0)
+        return (2, 2) if w.rows >= 1024 and w.cols >= 4096 else (1, 1)
     if kind in ("q2_K", "q3_K"):
         return (2, 1) if w.rows >= 8192 else (1, 1)
     if kind == "q6_K":
@@ -226,13 +234,19 @@ def matvec_variant(w: GpuWeight, fused: bool = False) -> tuple[int, int]:
             return (4, 0) if w.rows >= 4096 else (2, 1)
         if w.rows >= 16384:
             return (4, 1)
+        if w.rows == 4096 and w.cols >= 4096:
+            return (4, 0)
         return (2, 2) if w.rows >= 1024 and w.cols >= 2048 else (2, 1)
     if w.cols <= 1024:
         return (2, 1) if w.rows >= 2048 else (1, 1)
     if w.cols <= 4096:
-        if kind == "q8_0" and w.rows >= 4096 and w.cols == 4096:  # the 8B: 28672 rows r1u2 34.6, r1u4 33.9;
-            return (1, 4) if w.rows >= 6144 else (1, 1)       # 6144 10.1, 9.3; 4096 r1u2 7.4, r1u1 6.9 µs
+        if kind == "q8_0" and w.rows >= 1024 and w.cols == 4096:  # the 8B: 28672 rows r1u2 34.6, r1u4 33.9;
+            return (1, 1) if w.rows == 4096 else (1, 4)       # 6144 10.1, 9.3; 4096 r1u2 7.4, r1u1 6.9 µs
+        if kind == "q4_0" and w.rows >= 6144 and w.cols == 4096:
+            return (2, 1)
         return (2, 2) if kind in ("q4_0", "q4_1") else (1, 2)
+    if kind == "q4_0" and w.cols >= 8192:
+        return (2, 0)
     return (1, 4) if kind == "q8_0" else (1, 2)
 
 
