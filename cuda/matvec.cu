@@ -379,8 +379,9 @@ __device__ __forceinline__ void matvec_qkv_rope(const uint8_t* __restrict__ wq, 
 }
 
 // ---- entry points ----------------------------------------------------------------------------
-// matvec_<type>_r<R>u<U>_c<C>(wq, wm, xq, y, rows, cols, n_tokens, stride): grid ceil(rows / (4R)),
-// block 128; C is the most columns the launch handles (n_tokens <= C). U = 0 is the double-buffered
+// matvec_<type>_r<R>u<U>_c<C>(wq, wm, xq, y, rows, cols, n_tokens, stride): grid (ceil(rows / (4R)),
+// ceil(n_tokens / C)), block 128; blockIdx.y takes columns C y .. C y + C - 1, so a few columns can
+// spread over more blocks (verify on small models, where a warp's C dots in a row are the latency). U = 0 is the double-buffered
 // loop (matvec_dots_db), one unit per step.
 // matvec_<type>_fused_r<R>u<U>(wq, wm, x, y, rows, cols, n_tokens, stride): one column from f32 x,
 // dynamic shared memory = stride bytes.
@@ -395,7 +396,9 @@ __device__ __forceinline__ void matvec_qkv_rope(const uint8_t* __restrict__ wq, 
         int stride) {                                                                                    \
         matvec_prefetch_q<TYPE##_t, R>(wq, wm, rows, cols);                                              \
         pdl_entry();                                                                                     \
-        matvec_q<TYPE##_t, R, C, U, false>(wq, wm, xq, y, rows, cols, n_tokens, stride);                 \
+        const int c0 = blockIdx.y * C; /* this block's slice of the columns */                           \
+        matvec_q<TYPE##_t, R, C, U, false>(wq, wm, xq + (size_t)c0 * stride, y + (size_t)c0 * rows, rows, \
+                                           cols, n_tokens - c0, stride);                                 \
     }
 #define MATVEC_QF(TYPE, R, U)                                                                             \
     extern "C" __global__ __launch_bounds__(MV_WARPS * 32) void matvec_##TYPE##_fused_r##R##u##U(         \
@@ -571,12 +574,15 @@ __device__ __forceinline__ void matvec_q4_K_mma(const uint8_t* __restrict__ wq, 
     }
 }
 
-// matvec_q4_K_mma_c<C>(wq, wm, xq, y, rows, cols, n_tokens, stride): grid ceil(rows / 16), block 256.
+// matvec_q4_K_mma_c<C>(wq, wm, xq, y, rows, cols, n_tokens, stride): grid (ceil(rows / 16), ceil(n_tokens
+// / C)), block 256; blockIdx.y takes columns C y .. C y + C - 1.
 #define MATVEC_Q4_K_MMA(NT, C)                                                                             \
     extern "C" __global__ __launch_bounds__(MMA_WARPS * 32) void matvec_q4_K_mma_c##C(                      \
         const uint8_t* wq, const uint8_t* wm, const int8_t* xq, float* y, int rows, int cols, int n_tokens, \
         int stride) {                                                                                     \
-        matvec_q4_K_mma<NT>(wq, wm, xq, y, rows, cols, n_tokens, stride);                                 \
+        const int c0 = blockIdx.y * C;                                                                    \
+        matvec_q4_K_mma<NT>(wq, wm, xq + (size_t)c0 * stride, y + (size_t)c0 * rows, rows, cols, n_tokens - c0, \
+                            stride);                                                                      \
     }
 MATVEC_Q4_K_MMA(1, 8)
 MATVEC_Q4_K_MMA(2, 16)
@@ -626,13 +632,14 @@ MOE_MATVEC(q2_K)
 MOE_MATVEC(q3_K)
 MOE_MATVEC(iq4_xs)
 
-// matvec_<type>_c<C>(w, x, y, rows, cols, n_tokens): grid ceil(rows / 4), block 128.
+// matvec_<type>_c<C>(w, x, y, rows, cols, n_tokens): grid (ceil(rows / 4), ceil(n_tokens / C)), block 128.
 #define MATVEC_F(TYPE, C)                                                                                  \
     extern "C" __global__ __launch_bounds__(MV_WARPS * 32) void matvec_##TYPE##_c##C(                      \
         const uint8_t* w, const float* x, float* y, int rows, int cols, int n_tokens) {                    \
         matvec_prefetch_f<TYPE##_t>(w, rows, cols);                                                        \
         pdl_entry();                                                                                       \
-        matvec_f<TYPE##_t, C>(w, x, y, rows, cols, n_tokens);                                              \
+        const int c0 = blockIdx.y * C;                                                                     \
+        matvec_f<TYPE##_t, C>(w, x + (size_t)c0 * cols, y + (size_t)c0 * rows, rows, cols, n_tokens - c0);  \
     }
 
 #define MATVEC_F_ALL(TYPE) \

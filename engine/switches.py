@@ -27,6 +27,13 @@ def verify_mma() -> bool:
     return os.environ.get("MEMRA_VERIFY_MMA", "1") != "0"
 
 
+def verify_slice() -> int | None:
+    """MEMRA_VERIFY_SLICE=1|2|4|8|16: most columns a block of a batched (verify) matvec takes
+    (blocks over the rest); None: chosen per shape (quant_ops.verify_slice)."""
+    forced = os.environ.get("MEMRA_VERIFY_SLICE")
+    return int(forced) if forced else None
+
+
 def prefill_attention() -> bool:
     """MEMRA_PREFILL_ATTN=0: prefill chunks attend on the split kernel (decode's) instead of attn_prefill."""
     return os.environ.get("MEMRA_PREFILL_ATTN", "1") != "0"

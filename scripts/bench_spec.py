@@ -1,7 +1,7 @@
 """Speculative decoding benchmarks (the GPU; the cpu backend works too, slowly).
 
   python scripts/bench_spec.py verify MODEL [--runs 30]
-      wall time of verify_sample over k = 1, 2, 4, 8, 16 tokens (forward + device sampler on every
+      wall time of verify_sample over k = 1, 2, 4, 8, 9, 16 tokens (forward + device sampler on every
       row, one graph, 8 bytes a row back) against one decode step: verify_sample of 1 token, and
       the graph replay of a decode+sample step (device time, what memra-bench's tg128 times).
   python scripts/bench_spec.py lookup MODEL [--max-tokens 256]
@@ -102,7 +102,7 @@ def bench_verify(args) -> None:
     b.set_sampling(SamplingParams(temperature=0.0), seed=0)
     tokens = rng.integers(0, b.config.vocab_size, 16).tolist()
     rows = []
-    for k in (1, 2, 4, 8, 16):
+    for k in (1, 2, 4, 8, 9, 16):  # 9: draft_max 8's full round (8 drafts and the bonus row)
         times = []
         for i in range(args.runs + 3):
             b.truncate(n0)

@@ -9,6 +9,7 @@
 #        MEMRA_BENCH_SAMPLER=1 times the sampler alone (scripts/bench_sampler.py),
 #        MEMRA_BENCH_GRAMMAR=1 runs scripts/bench_grammar.py (decode with / without a JSON schema)
 #        on each benchmark shape (MEMRA_BENCH_SHAPES="smollm2-135m llama-8b" picks the shapes),
+#        MEMRA_PROFILE_FLAGS="--ctx 128 --verify 9" sets profile_decode.py's flags (MEMRA_PROFILE=1),
 #        MEMRA_BENCH_SPEC=1 runs scripts/bench_spec.py: the verify cost on each shape, prompt lookup
 #        on the real SmolLM2 (when carried) and draft-model pairs (MEMRA_BENCH_TOOLS=0 skips memra-bench).
 #        Model parts in .models/ (scripts/model_parts.py) are joined first, for tests/gpu/test_real_model_gpu.py.
@@ -71,7 +72,8 @@ run_bench() {
       fi
       if [ "${MEMRA_PROFILE:-0}" != 0 ]; then
         stamp "profile $shape"
-        python3 scripts/profile_decode.py "/tmp/models/$shape.gguf" --ctx 128 --ctx 4096 > "$OUT/profile-$shape.txt" 2>&1
+        python3 scripts/profile_decode.py "/tmp/models/$shape.gguf" ${MEMRA_PROFILE_FLAGS:---ctx 128 --ctx 4096} \
+          > "$OUT/profile-$shape.txt" 2>&1
       fi
     done
     if [ "${MEMRA_BENCH_SPEC:-0}" != 0 ] && [ -n "${MEMRA_REAL_SMOLLM2:-}" ]; then

@@ -8,6 +8,8 @@ step. The full graph is timed the same way, so the table also shows the launch-g
     python scripts/profile_decode.py MODEL.gguf [--ctx 128] [--ctx 4096] [--off fuse_qkv_rope ...]
 
 --off turns one of GpuOps' fusion switches off (an A/B in the same device call).
+--verify T profiles the speculative verify graph of T rows (T - 1 drafts and the bonus row, each
+row sampled) beside the decode step at the same context, e.g. `--verify 9` for draft_max 8.
 --prefill N profiles one N-token prefill forward instead (at most PREFILL_CHUNK tokens: one
 forward): its launches replayed as one graph, then replayed in order with a CUDA event pair
 around each launch (a kernel group replayed on its own would read what later launches left in
@@ -110,6 +112,24 @@ def profile(backend: CudaBackend, ctx: int) -> None:
     report(rt, record, total, f"ctx {ctx}: {len(record)} kernels, graph {total:.1f} µs/token ({1e6 / total:.0f} tok/s)")
 
 
+def profile_verify(backend: CudaBackend, ctx: int, T: int) -> None:
+    """The verify graph of T rows at ctx tokens of context, per kernel name, as profile() does decode."""
+    rt = backend.rt
+    backend.truncate(0)
+    backend.prefill(list(range(1, ctx + 1)))
+    backend.set_sampling(SamplingParams(temperature=0.0), seed=0)
+    backend.verify_sample(list(range(1, T + 1)))  # uploads the rows' tokens and positions; warms the kernels
+    backend.truncate(ctx)
+    n_keys = ctx + T
+    record = recorded(rt, lambda: backend._verify_launches(T, backend.splits_for(n_keys),
+                                                          backend.prefill_splits_for(n_keys)))
+    rt.synchronize()
+    g = graph_of(rt, record)
+    total = g.replay_us(rt, replays=30)
+    g.destroy()
+    report(rt, record, total, f"verify {T} rows at ctx {ctx}: {len(record)} kernels, graph {total:.1f} µs")
+
+
 def profile_prefill(backend: CudaBackend, n: int) -> None:
     rt = backend.rt
     if not 16 < n <= PREFILL_CHUNK:
@@ -129,6 +149,8 @@ def main() -> None:
     p.add_argument("--ctx", type=int, action="append")
     p.add_argument("--off", action="append", default=[], help="a GpuOps fusion switch to turn off")
     p.add_argument("--prefill", type=int, metavar="N", help="profile one N-token prefill forward instead")
+    p.add_argument("--verify", type=int, action="append", metavar="T",
+                   help="also profile the verify graph of T rows (repeatable)")
     args = p.parse_args()
     ctxs = args.ctx or [128]
     backend = CudaBackend(open_gguf(args.model), n_ctx=max(ctxs + [args.prefill or 0]) + 300)
@@ -144,6 +166,8 @@ def main() -> None:
             return
         for ctx in ctxs:
             profile(backend, ctx)
+            for T in args.verify or []:
+                profile_verify(backend, ctx, T)
     finally:
         backend.close()
 

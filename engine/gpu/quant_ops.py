@@ -265,7 +265,7 @@ def batched_variant(w: GpuWeight) -> tuple[int, int]:
 
 
 def matvec(rt, w: GpuWeight, x_ptr: int, xq_ptr: int | None, y_ptr: int, n_tokens: int = 1,
-           variant: tuple[int, int] | str | None = None) -> None:
+           variant: tuple[int, int] | str | None = None, slice_columns: int | None = None) -> None:
     """y[t, rows] = W @ x[t] for t < n_tokens (x f32 [n_tokens, cols], y f32 [n_tokens, rows]).
     variant: (rows per warp, units per step), or "mma" (2-16 columns of a MMA_BATCHED_TYPES weight
     on tensor cores); None picks per shape.
@@ -274,12 +274,18 @@ def matvec(rt, w: GpuWeight, x_ptr: int, xq_ptr: int | None, y_ptr: int, n_token
     quantizes x inside the matvec (one launch instead of two, the same bytes, so the same y: worth
     it for small K, see docs/gpu-log.md). Float weights read x. Up to 16 tokens share one pass
     over the weight; each column's arithmetic is the one-token kernel's, so results are
-    bit-identical to n_tokens=1 whatever the variant."""
+    bit-identical to n_tokens=1 whatever the variant.
+
+    slice_columns (1, 2, 4, 8, 16): each block takes at most that many columns, the launch's
+    second grid dimension the slices, so a few columns spread over more blocks; None: all columns
+    in each block (the weight read once). The mma path takes slices of 8 or 16 (below 8, dp4a).
+    Same bits either way."""
     lay = w.layout
     if lay.is_float:
         for t0 in range(0, n_tokens, MATVEC_MAX_COLUMNS):
             n = min(MATVEC_MAX_COLUMNS, n_tokens - t0)
-            rt.launch(f"matvec_{lay.kernel_type}_c{_columns_variant(n)}", -(-w.rows // MATVEC_WARPS), 32 * MATVEC_WARPS,
+            c = _columns_variant(min(n, slice_columns or n))
+            rt.launch(f"matvec_{lay.kernel_type}_c{c}", (-(-w.rows // MATVEC_WARPS), -(-n // c)), 32 * MATVEC_WARPS,
                       (w.q_ptr, int(x_ptr) + t0 * w.cols * 4, int(y_ptr) + t0 * w.rows * 4, w.rows, w.cols, n))
         return
     stride = q8_1_stride(w.cols)
@@ -295,13 +301,20 @@ def matvec(rt, w: GpuWeight, x_ptr: int, xq_ptr: int | None, y_ptr: int, n_token
         return
     for t0 in range(0, n_tokens, MATVEC_MAX_COLUMNS):
         n = min(MATVEC_MAX_COLUMNS, n_tokens - t0)
-        c = _columns_variant(n)
         args = (w.q_ptr, w.meta_ptr, int(xq_ptr) + t0 * stride, int(y_ptr) + t0 * w.rows * 4, w.rows, w.cols, n, stride)
-        if c > 1 and (variant == "mma" or (variant is None and uses_mma(w))):
-            rt.launch(f"matvec_{lay.kernel_type}_mma_c{8 if n <= 8 else 16}", -(-w.rows // MMA_ROWS), MMA_THREADS, args)
+        if n > 1 and (variant == "mma" or (variant is None and uses_mma(w) and (slice_columns or 8) >= 8)):
+            c = 8 if (n <= 8 or slice_columns == 8) else 16
+            rt.launch(f"matvec_{lay.kernel_type}_mma_c{c}", (-(-w.rows // MMA_ROWS), -(-n // c)), MMA_THREADS, args)
             continue
+        c = _columns_variant(min(n, slice_columns or n))
         r, u = variant or (matvec_variant(w) if c == 1 else batched_variant(w))
-        rt.launch(f"matvec_{lay.kernel_type}_r{r}u{u}_c{c}", -(-w.rows // (MATVEC_WARPS * r)), 32 * MATVEC_WARPS, args)
+        rt.launch(f"matvec_{lay.kernel_type}_r{r}u{u}_c{c}", (-(-w.rows // (MATVEC_WARPS * r)), -(-n // c)),
+                  32 * MATVEC_WARPS, args)
+
+
+def verify_slice(w: GpuWeight, n: int) -> int | None:
+    """Most columns one block of an n-column (verify) matvec takes; None: all of them."""
+    return switches.verify_slice()
 
 
 def uses_mma(w: GpuWeight) -> bool:

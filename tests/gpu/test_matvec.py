@@ -43,7 +43,7 @@ def put(rt, pool, host: np.ndarray):
     return buf
 
 
-def run_matvec(rt, pool, w, x: np.ndarray, variant=None, fused=False) -> np.ndarray:
+def run_matvec(rt, pool, w, x: np.ndarray, variant=None, fused=False, slice_columns=None) -> np.ndarray:
     t, cols = x.shape
     xb = put(rt, pool, x)
     xq = pool.alloc("scratch", quant_ops.q8_1_nbytes(cols, t), "xq")
@@ -51,7 +51,7 @@ def run_matvec(rt, pool, w, x: np.ndarray, variant=None, fused=False) -> np.ndar
     rt.memset_u32(y.ptr, NAN_BITS, t * w.rows)
     if not w.layout.is_float and not fused:
         quant_ops.quantize_q8_1(rt, xb.ptr, xq.ptr, cols, t)
-    quant_ops.matvec(rt, w, xb.ptr, None if fused else xq.ptr, y.ptr, t, variant=variant)
+    quant_ops.matvec(rt, w, xb.ptr, None if fused else xq.ptr, y.ptr, t, variant=variant, slice_columns=slice_columns)
     out = rt.download(y.ptr, (t, w.rows), np.float32)
     rt.check()
     return out
@@ -134,6 +134,10 @@ def test_batched_columns_bit_identical_to_single(gpu, ggml_type):
     singles = np.stack([run_matvec(rt, pool, w, x[i:i + 1])[0] for i in range(x.shape[0])])
     for n in (2, 3, 4, 7, 8, 16, 19):
         assert np.array_equal(run_matvec(rt, pool, w, x[:n]), singles[:n]), f"{n} columns differ"
+    for s in (1, 2, 4, 8):  # columns sliced over the grid's second dimension: same columns, same bits
+        for n in (3, 9, 16):
+            got = run_matvec(rt, pool, w, x[:n], slice_columns=s, variant=None if w.layout.is_float else (2, 1))
+            assert np.array_equal(got, singles[:n]), f"{n} columns in slices of {s} differ"
     if not w.layout.is_float:
         for v in quant_ops.BATCHED_VARIANTS:  # rows per warp: each row's sums are the same
             for n in (2, 3, 8, 16):
@@ -141,6 +145,10 @@ def test_batched_columns_bit_identical_to_single(gpu, ggml_type):
         if w.layout.kernel_type in quant_ops.MMA_BATCHED_TYPES:  # and the tensor-core path
             for n in (2, 3, 8, 9, 16):
                 assert np.array_equal(run_matvec(rt, pool, w, x[:n], variant="mma"), singles[:n]), f"mma, {n} columns"
+        if w.layout.kernel_type in quant_ops.MMA_BATCHED_TYPES:
+            for n in (9, 16):  # 8-column slices on the tensor cores, the second partly empty at 9
+                got = run_matvec(rt, pool, w, x[:n], variant="mma", slice_columns=8)
+                assert np.array_equal(got, singles[:n]), f"mma in 8-column slices, {n} columns"
         for v in quant_ops.ONE_COLUMN_VARIANTS:
             assert np.array_equal(run_matvec(rt, pool, w, x[:1], variant=v), singles[:1]), f"variant {v} differs"
         for v in quant_ops.FUSED_VARIANTS:  # quantize inside the matvec: same bytes, same sums
