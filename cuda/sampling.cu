@@ -7,6 +7,11 @@
 // numbers are Philox4x32 of (seed, step counter): the counter lives on the device and advances
 // once per sampled token, so the same seed gives the same tokens.
 //
+// Rows: a verify pass samples all its rows in one launch of each kernel, row r = blockIdx.y with
+// its own logits row, mask row, pos entry, scratch and result, and Philox counter + r: what r
+// launches of one row each would use, as sample_finish moves the counter by one a row; the
+// counter then moves past all rows in sample_advance. One row (gridDim.y = 1) is the decode step.
+//
 // Candidates: stage 1 keeps each block's best `local_k` logits, sorted; stage 2 merges those
 // runs (all of them with top_k off, the best top_k with it on) and finds each cut with
 // block-wide scans and counts, no serial loop. The GPU is therefore exact while no block holds
@@ -84,10 +89,12 @@ __device__ __forceinline__ bool filters_on(const SampleParams& p, int vocab) {
 
 // Penalties (llama.cpp): for each distinct token in the window, divide positive logits by the
 // repeat penalty (multiply negative ones), then subtract count * frequency + presence.
-// Window: history[n - last_n, n) with n = *pos + 1 tokens in context. One block.
+// Window: history[n - last_n, n) with n = *pos + 1 tokens in context. One block a row.
 extern "C" __global__ void sample_penalize(float* logits, const SampleParams* params, const int* history,
                                            const int* pos, int vocab) {
     pdl_entry();
+    logits += (size_t)blockIdx.y * vocab;  // row blockIdx.y of a verify pass (see "Rows" above)
+    pos += blockIdx.y;
     const SampleParams p = *params;
     if (p.repeat_last_n == 0 || (p.repeat_penalty == 1.0f && p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f))
         return;
@@ -374,7 +381,7 @@ __device__ int block_min_int(int x, int* scratch) {
     return x;
 }
 
-// Stage 1: grid ceil(vocab / chunk), block chunk / 4 threads (chunk <= S1_CHUNK_MAX). Masks
+// Stage 1: grid (ceil(vocab / chunk), rows), block chunk / 4 threads (chunk <= S1_CHUNK_MAX). Masks
 // disallowed tokens to -inf in place, then per block: max logit, argmax, sum e^(l - max) at T = 1
 // and at T, the best Gumbel score, and (filters on) its local_k best logits sorted best first.
 // part: per block 8 floats: max, argmax, sum1, sumT, gumbel value, gumbel index, -, -.
@@ -388,7 +395,14 @@ extern "C" __global__ void __launch_bounds__(S1_THREADS_MAX, 1) sample_stage1(
     __shared__ float bmax_s;
     constexpr int PER = 4;  // a warp holds one run of RUN = 128
     const int nt = blockDim.x, nw = nt >> 5;
-    const SampleParams p = *params;
+    const int row = blockIdx.y;  // a verify pass's row (see "Rows" above)
+    logits += (size_t)row * vocab;
+    mask += (size_t)row * ((vocab + 31) >> 5);
+    part += (size_t)row * gridDim.x * 8;
+    cand_v += (size_t)row * gridDim.x * local_k;
+    cand_i += (size_t)row * gridDim.x * local_k;
+    SampleParams p = *params;
+    p.counter += row;
     if (p.skip) return;
     const float temp = p.temperature > 0.0f ? p.temperature : 1.0f;
     const int base = blockIdx.x * PER * nt;
@@ -642,7 +656,7 @@ __device__ void filtered_draw_warp(const float* cv, const int* ci, int n, const 
     }
 }
 
-// Stage 2: one block. Merges the stage-1 partials, picks the token, writes the outputs and
+// Stage 2: one block a row. Merges the stage-1 partials, picks the token, writes the outputs and
 // advances the device state: token (the next step's input), position, Philox counter.
 // Filters on: the stage-1 runs (padded with empty runs to a power of two, <= S2_MAX_CAND pairs,
 // sampler.py local_k_for) are merged: fully sorted with top_k off, only the best top_k kept
@@ -658,7 +672,14 @@ extern "C" __global__ void __launch_bounds__(S2_THREADS) sample_finish(
     __shared__ double dred[33];
     __shared__ int pick_s, over_max_s, over_sum_s;
     __shared__ float logprob_s;
-    const SampleParams p = *params;
+    const int row = blockIdx.y;  // a verify pass's row (see "Rows" above)
+    logits += (size_t)row * vocab;
+    part += (size_t)row * n_blocks * 8;
+    cand_v += (size_t)row * n_blocks * local_k;
+    cand_i += (size_t)row * n_blocks * local_k;
+    out += row;
+    SampleParams p = *params;
+    p.counter += row;
     const float temp = p.temperature > 0.0f ? p.temperature : 1.0f;
     SampleCuts* cuts = cand ? &cand->cuts : nullptr;
 
@@ -773,8 +794,15 @@ extern "C" __global__ void __launch_bounds__(S2_THREADS) sample_finish(
         out->logprob = logprob_s;
         if (token_io) *token_io = pick_s;
         if (pos_io) *pos_io += 1;  // null outside the decode graph
-        params->counter = p.counter + 1;
+        if (gridDim.y == 1) params->counter = p.counter + 1;  // rows: sample_advance, after every row read it
     }
+}
+
+// After a verify pass's rows: the counter moves past the rows' draws (each row read it, so no row
+// may move it). One thread.
+extern "C" __global__ void sample_advance(SampleParams* params, int rows) {
+    pdl_entry();
+    if (threadIdx.x == 0) params->counter += rows;
 }
 
 // The candidates of the token sample_finish drew. One block of 1024. raw: the logits before

@@ -38,6 +38,7 @@ class RecordingRuntime:
 
     def __init__(self):
         self.calls: list[tuple[str, tuple]] = []  # (kernel, args) in launch order
+        self.grids: list[tuple] = []  # each kernel launch's grid, in the same order
 
     def launch(self, name, grid, block, args, shared=0):
         assert name in SIGNATURES, f"{name} is not declared in cuda/*.cu"
@@ -54,6 +55,7 @@ class RecordingRuntime:
         assert 1 <= int(np.prod(block)) <= 1024 and int(np.prod(block)) % 32 == 0, (name, block)
         assert 0 <= shared <= 227 * 1024, (name, shared)
         self.calls.append((name, tuple(args)))
+        self.grids.append(grid)
 
     @property
     def launches(self) -> list[str]:
@@ -266,6 +268,31 @@ def test_sampler_launches_match_their_kernels():
     rt.calls.clear()
     sampler.launch(1 << 20, 1 << 21, 1 << 22, out_ptr=1 << 24)
     assert "sample_candidates" not in rt.launches and dict(rt.calls)["sample_finish"][-1] == 0
+
+
+def test_a_verify_pass_samples_its_rows_in_one_launch_each():
+    """launch_rows: penalize, stage 1 and finish once for all rows (row = the grid's second
+    dimension), then the counter moves past the rows; no decode step state, no candidates."""
+    rt = RecordingRuntime()
+
+    class Pool:
+        def alloc(self, region, nbytes, name=""):
+            return type("Buf", (), {"ptr": 1 << 30})()
+
+    sampler = GpuSampler(rt, Pool(), 49152)
+    for rows in (1, 9, 16):
+        rt.calls.clear(), rt.grids.clear()
+        sampler.launch_rows(1 << 20, 1 << 21, 1 << 22, 1 << 23, 1 << 24, rows)
+        expected = ["sample_penalize", "sample_stage1", "sample_finish"] + (["sample_advance"] if rows > 1 else [])
+        assert rt.launches == expected
+        assert [g[1] if len(g) > 1 else 1 for g in rt.grids[:3]] == [rows] * 3
+        assert rt.grids[1][0] == sampler.n_blocks
+        finish = dict(rt.calls)["sample_finish"]
+        assert finish[-4:] == (0, 0, 1 << 24, 0)  # token_io, pos_io, out, cand
+        if rows > 1:
+            assert dict(rt.calls)["sample_advance"] == (sampler.params_ptr, rows)
+    with pytest.raises(ValueError):
+        sampler.launch_rows(1 << 20, 1 << 21, 1 << 22, 1 << 23, 1 << 24, 17)
 
 
 @pytest.mark.parametrize("T", [1, 40])

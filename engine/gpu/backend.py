@@ -38,7 +38,7 @@ from memra_engine.gpu.kv_cache import GpuKvCache
 from memra_engine.gpu.memory import MIB, OOM_HINT, OOM_HINT_Q8_0, VramPool
 from memra_engine.gpu.ops import Arena, DArray, GpuOps, attn_splits, kv_bucket
 from memra_engine.gpu.runtime import GpuRuntime
-from memra_engine.gpu.sampler import OUT_DTYPE, RESULT_DTYPE, GpuSampler
+from memra_engine.gpu.sampler import MAX_ROWS, OUT_DTYPE, RESULT_DTYPE, GpuSampler
 from memra_engine.gpu.weights import GpuWeights
 from memra_engine.kv_type import DEFAULT_KV_TYPE, check_kv_type
 from memra_engine.model import arch_module
@@ -49,7 +49,7 @@ from memra_engine.sampling import SamplingParams
 PREFILL_CHUNK = 512      # tokens per prefill forward (bounds the scratch arena)
 ALL_LOGITS_CHUNK = 64    # tokens per forward when every row's logits come back
 HEAD_DIMS = (64, 128, 256)
-VERIFY_ROWS = 16         # most rows of a speculative verify pass (ops.BATCHED_MATVEC_MAX)
+VERIFY_ROWS = MAX_ROWS   # most rows of a speculative verify pass (ops.BATCHED_MATVEC_MAX; the sampler samples them in one launch)
 AHEAD_STEPS = 2          # decode_sample steps queued past the one returned (one hides the host's
                          # work per token; the second also the wake-up and launch after the sync)
 SCRATCH_SLACK = 4 * MIB
@@ -409,11 +409,8 @@ class CudaBackend:
     def _verify_launches(self, T: int, splits: int, prefill_splits: int) -> None:
         logits = self._forward(T, self.tokens_ptr, self.positions_ptr, splits, last_only=False,
                                prefill_splits=prefill_splits)
-        row_bytes, words = 4 * self.config.vocab_size, self.sampler.mask_words
-        for i in range(T):
-            self.sampler.launch(logits.ptr + i * row_bytes, self.history_ptr, self.positions_ptr + 4 * i,
-                                mask_ptr=self.verify_masks_ptr + 4 * words * i,
-                                out_ptr=self.verify_out_ptr + OUT_DTYPE.itemsize * i)
+        self.sampler.launch_rows(logits.ptr, self.history_ptr, self.positions_ptr, self.verify_masks_ptr,
+                                 self.verify_out_ptr, T)
 
     def draft_tokens(self, token: int, k: int) -> list[int]:
         """k decode+sample graph launches back to back (each writes the next step's token on the

@@ -32,6 +32,7 @@ PARAMS_DTYPE = np.dtype([
     ("repeat_last_n", "<i4"), ("seed_lo", "<u4"), ("seed_hi", "<u4"), ("counter", "<u4"),
     ("use_mask", "<i4"), ("top_logprobs", "<i4"), ("skip", "<i4"), ("cand_reuse", "<i4"),
 ])
+MAX_ROWS = 16  # most rows one launch_rows samples (a verify pass: backend.VERIFY_ROWS)
 OUT_DTYPE = np.dtype([("token", "<i4"), ("logprob", "<f4")])
 CAND_MAX, CAND_RUN, CAND_MAX_RUNS = 20, 32, 128  # in sampling.cu
 CAND_DTYPE = np.dtype([  # struct SampleCandidates
@@ -148,7 +149,7 @@ class GpuSampler:
         k = local_k_for(vocab)
         # the raw copy, its partials, four runs buffers, two parameter blocks: 7 allocations
         candidates = 4 * vocab + n_blocks * 8 * 4 + 4 * n_blocks * CAND_RUN * 4 + 2 * PARAMS_DTYPE.itemsize
-        return (4 * 256 + n_blocks * 8 * 4 + 2 * n_blocks * k * 4 + (-(-vocab // 32)) * 4 + 6 * 256
+        return (4 * 256 + MAX_ROWS * (n_blocks * 8 * 4 + 2 * n_blocks * k * 4) + (-(-vocab // 32)) * 4 + 6 * 256
                 + RESULT_DTYPE.itemsize + candidates + 7 * 256)
 
     def __init__(self, rt, pool, vocab: int):
@@ -158,9 +159,10 @@ class GpuSampler:
         alloc = lambda n, name: pool.alloc("graph", n, name).ptr  # noqa: E731
         self.params_ptr = alloc(PARAMS_DTYPE.itemsize, "sample_params")
         self.out_ptr = alloc(RESULT_DTYPE.itemsize, "sample_out")  # the token, then the candidates
-        self.part_ptr = alloc(self.n_blocks * 8 * 4, "sample_part")
-        self.cand_v = alloc(self.n_blocks * self.local_k * 4, "sample_cand_v")
-        self.cand_i = alloc(self.n_blocks * self.local_k * 4, "sample_cand_i")
+        # stage 1's partials and runs, a set per row (launch_rows; a decode step uses the first)
+        self.part_ptr = alloc(MAX_ROWS * self.n_blocks * 8 * 4, "sample_part")
+        self.cand_v = alloc(MAX_ROWS * self.n_blocks * self.local_k * 4, "sample_cand_v")
+        self.cand_i = alloc(MAX_ROWS * self.n_blocks * self.local_k * 4, "sample_cand_i")
         self.mask_words = -(-vocab // 32)
         self.mask_ptr = alloc(self.mask_words * 4, "token_mask")
         rt.memset_u32(self.mask_ptr, 0xFFFFFFFF, self.mask_words)
@@ -254,8 +256,26 @@ class GpuSampler:
                       (self.raw_ptr, logits_ptr, self.params_ptr, self.cand_part, self.model_v, self.model_i,
                        self.final_v, self.final_i, self.part_ptr, self.n_blocks, self.vocab, out_ptr, cuts_ptr))
 
+    def launch_rows(self, logits_ptr: int, history_ptr: int, pos_ptr: int, mask_ptr: int, out_ptr: int,
+                    rows: int) -> None:
+        """Sample `rows` rows of logits (a verify pass), each as launch() would with its own
+        logits row, penalty window ending at pos[r], mask row and result slot out[r], drawn at
+        Philox counter + r; then the counter moves past them. One launch of each kernel for all
+        rows instead of three a row."""
+        if not 1 <= rows <= MAX_ROWS:
+            raise ValueError(f"the sampler takes 1..{MAX_ROWS} rows a launch, got {rows}")
+        rt = self.rt
+        rt.launch("sample_penalize", (1, rows), 256, (logits_ptr, self.params_ptr, history_ptr, pos_ptr, self.vocab))
+        self._stage1(logits_ptr, self.params_ptr, self.part_ptr, self.cand_v, self.cand_i, self.local_k, mask_ptr,
+                     rows=rows)
+        rt.launch("sample_finish", (1, rows), 1024,
+                  (logits_ptr, self.params_ptr, self.part_ptr, self.cand_v, self.cand_i, self.n_blocks,
+                   self.local_k, self.vocab, 0, 0, out_ptr, 0), shared=self.finish_shared)
+        if rows > 1:
+            rt.launch("sample_advance", 1, 32, (self.params_ptr, rows))
+
     def _stage1(self, logits_ptr: int, params_ptr: int, part_ptr: int, v_ptr: int, i_ptr: int, k: int,
-                mask_ptr: int | None = None) -> None:
-        self.rt.launch("sample_stage1", self.n_blocks, self.stage1_threads,
+                mask_ptr: int | None = None, rows: int = 1) -> None:
+        self.rt.launch("sample_stage1", (self.n_blocks, rows), self.stage1_threads,
                        (logits_ptr, self.mask_ptr if mask_ptr is None else mask_ptr, params_ptr, part_ptr,
                         v_ptr, i_ptr, self.vocab, k))

@@ -266,3 +266,50 @@ def test_bitmask_with_top_k_off_at_a_real_vocab(gpu):
     assert chi2 < df + 6 * np.sqrt(2 * df), (chi2, df, ids.size)
     prob_of = dict(zip(ids.tolist(), probs.tolist()))
     assert np.max(np.abs(logprobs - np.log([prob_of[t] for t in tokens.tolist()]))) < 2e-5
+
+
+# ---- a verify pass's rows in one launch (GpuSampler.launch_rows) ---------------------------------
+
+@pytest.mark.parametrize("name", ["greedy", "temperature", "default_chain", "top_p", "masked"])
+def test_rows_in_one_launch_equal_one_launch_a_row(gpu, sampler, name):
+    """launch_rows over T rows gives each row the token and logprob that T launches, one a row
+    and in order, give: the same logits, penalty window (row r's ends at pos[r]), mask row and
+    Philox counter (start + r), bit for bit; the counter then stands where the T launches leave
+    it (the next draw agrees too)."""
+    params = SamplingParams(temperature=0.0) if name == "greedy" else FILTERS.get(name, FILTERS["default_chain"])
+    T, words = 9, -(-VOCAB // 32)
+    rng = np.random.default_rng(77)
+    logits = (rng.standard_normal((T, VOCAB)) * 2.5).astype(np.float32)
+    logits[:, :8] += 6.0
+    history = rng.integers(0, 40, 60).astype(np.int32)  # penalties see different windows per row
+    positions = np.arange(50, 50 + T, dtype=np.int32)
+    masks = np.full((T, words), 0xFFFFFFFF, np.uint32)
+    if name == "masked":
+        allowed = rng.random((T, VOCAB)) < 0.3
+        bits = np.zeros((T, 32 * words), np.uint8)
+        bits[:, :VOCAB] = allowed
+        masks = np.packbits(bits, axis=1, bitorder="little").view("<u4")  # set_mask's layout, a row each
+    hist, pos = gpu.put(history), gpu.put(positions)
+
+    def one_a_row() -> np.ndarray:
+        sampler.set_params(params, seed=4321, use_mask=True)
+        lp, outs = gpu.put(logits), gpu.empty(2 * (T + 1), poison=True)
+        for r in range(T):
+            sampler.launch(lp + 4 * VOCAB * r, hist, pos + 4 * r, mask_ptr=gpu.put(masks[r]), out_ptr=outs + 8 * r)
+        sampler.launch(lp, hist, pos, mask_ptr=gpu.put(masks[0]), out_ptr=outs + 8 * T)  # the counter after
+        return gpu.get(outs, T + 1, OUT_DTYPE)
+
+    def in_one_launch() -> np.ndarray:
+        sampler.set_params(params, seed=4321, use_mask=True)
+        lp, outs = gpu.put(logits), gpu.empty(2 * (T + 1), poison=True)
+        sampler.launch_rows(lp, hist, pos, gpu.put(masks), outs, T)
+        sampler.launch(lp, hist, pos, mask_ptr=gpu.put(masks[0]), out_ptr=outs + 8 * T)
+        return gpu.get(outs, T + 1, OUT_DTYPE)
+
+    a, b = one_a_row(), in_one_launch()
+    assert np.isfinite(a["logprob"]).all()
+    assert len(set(a["token"][:T].tolist())) > 1  # rows differ: each row read its own logits
+    assert np.array_equal(a["token"], b["token"]), (a["token"], b["token"])
+    assert np.array_equal(a["logprob"].view(np.uint32), b["logprob"].view(np.uint32))
+    if name == "masked":
+        assert all(((masks[r][a["token"][r] >> 5] >> (a["token"][r] & 31)) & 1) for r in range(T))
