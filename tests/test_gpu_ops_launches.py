@@ -515,3 +515,31 @@ def test_wide_rows_add_and_norm_over_several_blocks(tmp_path):
         norms = [(name, args) for name, args in rt.calls if name.startswith("add_rms_norm")]
         assert norms and all(name == ("add_rms_norm_split_f32" if split else "add_rms_norm_f32") for name, _ in norms), T
         assert all(args[0] not in (args[1], args[2]) for _, args in norms)
+
+
+def test_nine_or_ten_verify_columns_take_eight_on_tensor_cores_and_the_rest_on_dp4a():
+    """A Q4_K verify of 9-10 rows: the 8-column MMA kernel and the rest on dp4a (the 16-column MMA
+    kernel costs about twice the 8-column one); 11-16 rows: the 16-column kernel; slices as asked."""
+    from memra_engine.gpu import quant_ops
+    from gguf.constants import GGMLQuantizationType as QT
+
+    rt = RecordingRuntime()
+    buf = type("Buf", (), {"ptr": 1 << 30})()
+    w = quant_ops.GpuWeight(QT.Q4_K, 4096, 4096, buf, quant_ops.weight_layout(QT.Q4_K, 4096, 4096))
+
+    def launched(n, **kw):
+        rt.calls.clear(), rt.grids.clear()
+        quant_ops.matvec(rt, w, 1 << 20, 1 << 21, 1 << 22, n, **kw)
+        return [(name, args[-2], g[1] if len(g) > 1 else 1) for (name, args), g in zip(rt.calls, rt.grids)]
+
+    stride = quant_ops.q8_1_stride(4096)
+    assert launched(8) == [("matvec_q4_K_mma_c8", 8, 1)]
+    assert launched(9) == [("matvec_q4_K_mma_c8", 8, 1), ("matvec_q4_K_r4u1_c1", 1, 1)]
+    assert launched(10) == [("matvec_q4_K_mma_c8", 8, 1), ("matvec_q4_K_r4u1_c2", 2, 1)]
+    assert launched(11) == [("matvec_q4_K_mma_c16", 11, 1)]
+    assert launched(9, slice_columns=8) == [("matvec_q4_K_mma_c8", 9, 2)]
+    assert launched(9, slice_columns=2) == [("matvec_q4_K_r4u1_c2", 9, 5)]
+    rt.calls.clear()
+    quant_ops.matvec(rt, w, 1 << 20, 1 << 21, 1 << 22, 9)
+    (_, first), (_, tail) = rt.calls
+    assert tail[2] == first[2] + 8 * stride and tail[3] == first[3] + 8 * 4096 * 4  # the ninth column's x and y
