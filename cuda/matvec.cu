@@ -334,8 +334,9 @@ __device__ __forceinline__ void matvec_prefetch_f(const uint8_t* w, int rows, in
 // and k, v as f16 straight into the cache row at position pos[0] (kc, vc: half [n_kv][n_ctx][hd]).
 // This replaces matvec + add_bias + rope_qk_kv for decode with the same bits: matvec_dots' sums
 // do not depend on the rows a warp holds, x + bias is add_bias_f32's add, and rope_rotate is
-// rope_qk_kv's rotation (verify and prefill keep the three launches).
-// grid ceil(rows / 2 / MV_WARPS), block 128; rows = q_rows + 2 * kv_rows, heads of head_dim.
+// rope_qk_kv's rotation (prefill keeps the three launches). A verify pass's tokens are the grid's
+// second dimension, token t at xq row t, pos[t] and q_out row t: each computed as its decode step.
+// grid (ceil(rows / 2 / MV_WARPS), tokens), block 128; rows = q_rows + 2 * kv_rows, heads of head_dim.
 template <class T>
 __device__ __forceinline__ void matvec_qkv_rope(const uint8_t* __restrict__ wq, const uint8_t* __restrict__ wm,
                                                 const int8_t* __restrict__ xq, const float* __restrict__ bias,
@@ -344,6 +345,9 @@ __device__ __forceinline__ void matvec_qkv_rope(const uint8_t* __restrict__ wq, 
                                                 const float* __restrict__ freq_factors, int rows, int cols,
                                                 int stride, int q_rows, int kv_rows, int head_dim, int n_ctx,
                                                 float theta_base, float pos_scale, int neox) {
+    xq += (size_t)blockIdx.y * stride;  // token blockIdx.y of a verify pass: its input, position, q row
+    pos += blockIdx.y;
+    q_out += (size_t)blockIdx.y * q_rows;
     const int pair = blockIdx.x * MV_WARPS + (threadIdx.x >> 5);
     const int off = neox ? head_dim / 2 : 1;  // row distance inside a pair
     const int base = (pair / off) * 2 * off + pair % off;

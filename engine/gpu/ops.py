@@ -39,6 +39,7 @@ EW_BLOCK = 256  # elementwise kernels
 ATTN_MAX_SPLITS = 32  # attention.cu: a row's keys go to at most this many blocks (split path)
 ATTN_MERGE_DIMS = 64  # attn_*merge*: head dims per block
 ATTN_MAX_SPLITS_CL = 64  # cluster path: so attn_cl_merge merges at most 8 partials
+QKV_ROPE_VERIFY_MAX_BYTES = 8 << 20  # verify rows take the fused q|k|v + rope launch up to this weight size
 NORM_SPLIT_ROWS = 16  # add_rms_norm_split_f32 up to this many rows (decode, verify): each block re-reads its row
 ATTN_MIN_BUCKET = 32  # KV buckets are powers of two from here; a graph is captured per grid they give
 BATCHED_MATVEC_MAX = quant_ops.MATVEC_MAX_COLUMNS  # up to this many tokens: matvec, beyond: GEMM
@@ -358,7 +359,7 @@ class GpuOps:
         x = self._contiguous(x)
         T = x.rows
         y = self.new((T, w.rows))
-        if T == 1 and self._qkv_fusable(w):
+        if self._qkv_fusable(w, T):
             self._pending_mm = (x, w, y, None, y)  # see attention()
             return y
         parts = w.parts if isinstance(w, FusedWeight) else (w,)
@@ -430,7 +431,7 @@ class GpuOps:
             self._pending_mm = None
             self._matmul_into(x, w, y.ptr)
             if bias is not None:
-                self.rt.launch("add_bias_f32", (_blocks(y.width), 1), EW_BLOCK, (out.ptr, y.ptr, bias.ptr, y.width))
+                self.rt.launch("add_bias_f32", (_blocks(y.width), y.rows), EW_BLOCK, (out.ptr, y.ptr, bias.ptr, y.width))
 
     def _flush_add(self) -> None:
         """Launch a deferred row norm and a deferred add (with the norm of its b, if deferred)."""
@@ -629,9 +630,14 @@ class GpuOps:
     # ---- helpers ---------------------------------------------------------------------------
     _positions_ptr = 0  # set by the backend: positions of this forward (the embed kernel records history)
 
-    def _qkv_fusable(self, w) -> bool:
-        """Whether w looks like a layer's stacked q|k|v weight that matvec_qkv_rope can take."""
+    def _qkv_fusable(self, w, T: int) -> bool:
+        """Whether w looks like a layer's stacked q|k|v weight that matvec_qkv_rope can take for T
+        tokens. Each of a verify pass's tokens reads the weight again, so past one token only a
+        weight that stays in L2 (the small models', where a launch less is worth the most)."""
         cfg = self.cfg
+        if T > 1 and (T > BATCHED_MATVEC_MAX or not isinstance(w, GpuWeight)
+                      or w.layout.nbytes(w.rows) > QKV_ROPE_VERIFY_MAX_BYTES):
+            return False
         return (self.fuse_qkv_rope and self.fuse_rope_kv and isinstance(w, GpuWeight) and not w.layout.is_float
                 and self.kv.kv_type == "f16" and w.rows == cfg.q_dim + 2 * cfg.kv_dim and w.cols == cfg.d_model)
 
@@ -640,7 +646,7 @@ class GpuOps:
         deferred matmul's output is exactly what the pending ropes and v take, with no q/k norm.
         The matmul's own f32 output is then never written: only q, the cache rows read on."""
         mm = self._pending_mm
-        if mm is None or rq is None or rk is None or q.rows != 1:
+        if mm is None or rq is None or rk is None or q.rows > BATCHED_MATVEC_MAX:
             return False
         x, w, _, bias, out = mm
         _, n_head, hd = q.shape
@@ -657,7 +663,7 @@ class GpuOps:
         _, _, _, base, neox, pos_scale, ff = rq
         quant_ops.matvec_qkv_rope(self.rt, w, self._q8_1_of(x, w.cols), bias.ptr if bias is not None else 0, q.ptr,
                                   kc, vc, positions.ptr, ff.ptr if ff is not None else 0, n_head * hd, n_kv * hd,
-                                  hd, self.kv.n_ctx, base, pos_scale, neox)
+                                  hd, self.kv.n_ctx, base, pos_scale, neox, n_tokens=q.rows)
         return True
 
     def _gated(self, kernel: str, gate: DArray, up: DArray) -> DArray:

@@ -333,13 +333,14 @@ def uses_mma(w: GpuWeight) -> bool:
 
 def matvec_qkv_rope(rt, w: GpuWeight, xq_ptr: int, bias_ptr: int, q_out: int, kc: int, vc: int, pos_ptr: int,
                     freq_factors_ptr: int, q_rows: int, kv_rows: int, head_dim: int, n_ctx: int, theta_base: float,
-                    pos_scale: float, neox: bool) -> None:
-    """One token's q|k|v projection (w stacks q, k, v rows; xq its q8_1 input) with the bias,
-    rope and the f16 KV write in the epilogue: q roped into q_out [n_q, head_dim], k roped and v
-    into cache row pos (matvec.cu, matvec_qkv_rope). Same bits as matvec + add_bias + rope_qk_kv."""
+                    pos_scale: float, neox: bool, n_tokens: int = 1) -> None:
+    """The q|k|v projection of n_tokens tokens (w stacks q, k, v rows; xq their q8_1 rows) with
+    the bias, rope and the f16 KV write in the epilogue: token t's q roped into q_out row t
+    [n_q * head_dim], its k roped and v into cache row pos[t] (matvec.cu, matvec_qkv_rope), each
+    token as a decode step computes it. Same bits as matvec + add_bias + rope_qk_kv."""
     lay = w.layout
     pairs = w.rows // 2
-    rt.launch(f"matvec_{lay.kernel_type}_qkv_rope", -(-pairs // MATVEC_WARPS), 32 * MATVEC_WARPS,
+    rt.launch(f"matvec_{lay.kernel_type}_qkv_rope", (-(-pairs // MATVEC_WARPS), n_tokens), 32 * MATVEC_WARPS,
               (w.q_ptr, w.meta_ptr, int(xq_ptr), int(bias_ptr), int(q_out), int(kc), int(vc), int(pos_ptr),
                int(freq_factors_ptr), w.rows, w.cols, q8_1_stride(w.cols), q_rows, kv_rows, head_dim, n_ctx,
                np.float32(theta_base), np.float32(pos_scale), int(bool(neox))))

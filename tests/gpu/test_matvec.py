@@ -233,3 +233,39 @@ def test_qkv_rope_matvec_is_matvec_bias_and_rope_qk_kv(gpu, ggml_type, neox, bia
     assert np.linalg.norm(got_q - q_want) / s <= 5e-4
     for got, want in ((got_k[:, pos], k_want), (got_v[:, pos], v_want)):
         assert np.linalg.norm(got.astype(np.float64) - want) / np.linalg.norm(want) <= 2e-3
+
+
+@pytest.mark.parametrize("ggml_type", [QT.Q4_1, QT.Q4_K], ids=lambda t: t.name)
+def test_qkv_rope_matvec_of_verify_tokens_is_one_launch_a_token(gpu, ggml_type):
+    """A verify pass's tokens in one matvec_qkv_rope launch (a token per grid row: its xq row, its
+    position, its q row) write what one launch a token writes, bit for bit: q rows and both caches,
+    including rows at positions no token wrote (left alone)."""
+    rt, pool = gpu.rt, gpu.pool
+    rng = np.random.default_rng(31 + int(ggml_type))
+    hd, n_q, n_kv, cols, n_ctx, T = 64, 9, 3, 576, 64, 9
+    q_rows, kv_rows = n_q * hd, n_kv * hd
+    rows = q_rows + 2 * kv_rows
+    w, _ = upload(rt, pool, ggml_type, rows, cols, rng)
+    x = rng.standard_normal((T, cols)).astype(np.float32)
+    b, ff = rng.standard_normal(rows).astype(np.float32), (1 + rng.random(hd // 2)).astype(np.float32)
+    positions = np.arange(40, 40 + T, dtype=np.int32)
+    cache0 = rng.standard_normal((2, n_kv, n_ctx, hd)).astype(np.float16)
+    stride = quant_ops.q8_1_stride(cols)
+    xq = pool.alloc("scratch", quant_ops.q8_1_nbytes(cols, T), "xq").ptr
+    quant_ops.quantize_q8_1(rt, gpu.put(x), xq, cols, T)
+    ppos, pb, pff = gpu.put(positions), gpu.put(b), gpu.put(ff)
+
+    q1, k1, v1 = gpu.empty(T * q_rows), gpu.put(cache0[0]), gpu.put(cache0[1])
+    for t in range(T):
+        quant_ops.matvec_qkv_rope(rt, w, xq + t * stride, pb, q1 + 4 * q_rows * t, k1, v1, ppos + 4 * t, pff,
+                                  q_rows, kv_rows, hd, n_ctx, 1e4, 1.0, True)
+    qT, kT, vT = gpu.empty(T * q_rows), gpu.put(cache0[0]), gpu.put(cache0[1])
+    quant_ops.matvec_qkv_rope(rt, w, xq, pb, qT, kT, vT, ppos, pff, q_rows, kv_rows, hd, n_ctx, 1e4, 1.0, True,
+                              n_tokens=T)
+    got_q, want_q = gpu.get(qT, (T, q_rows)), gpu.get(q1, (T, q_rows))
+    assert np.isfinite(want_q).all() and not np.array_equal(want_q[0], want_q[1])
+    assert np.array_equal(got_q, want_q)
+    for got, want in ((kT, k1), (vT, v1)):
+        g, wnt = gpu.get(got, (n_kv, n_ctx, hd), np.float16), gpu.get(want, (n_kv, n_ctx, hd), np.float16)
+        assert np.array_equal(g, wnt)
+        assert not np.array_equal(g[:, positions], cache0[0 if got == kT else 1][:, positions])  # written
