@@ -522,29 +522,32 @@ def test_wide_rows_add_and_norm_over_several_blocks(tmp_path):
         assert all(args[0] not in (args[1], args[2]) for _, args in norms)
 
 
-def test_nine_or_ten_verify_columns_take_eight_on_tensor_cores_and_the_rest_on_dp4a():
-    """A Q4_K verify of 9-10 rows: the 8-column MMA kernel and the rest on dp4a (the 16-column MMA
-    kernel costs about twice the 8-column one); 11-16 rows: the 16-column kernel; slices as asked."""
-    from memra_engine.gpu import quant_ops
+def test_verify_matvecs_slice_short_rows_in_pairs_of_columns(monkeypatch):
+    """Verify columns over the grid's second dimension (quant_ops.verify_slice): weights with rows
+    shorter than 2048 in slices of 2 (the small models, where a warp's column loop is the
+    latency), longer ones unsliced (the weight read once: Q4_K on the tensor cores, 16 columns
+    past 8); MEMRA_VERIFY_SLICE forces a slice (the kernel offsets each slice's x and y itself)."""
     from gguf.constants import GGMLQuantizationType as QT
+
+    from memra_engine.gpu import quant_ops
 
     rt = RecordingRuntime()
     buf = type("Buf", (), {"ptr": 1 << 30})()
-    w = quant_ops.GpuWeight(QT.Q4_K, 4096, 4096, buf, quant_ops.weight_layout(QT.Q4_K, 4096, 4096))
 
-    def launched(n, **kw):
+    def weight(t, rows, cols):
+        return quant_ops.GpuWeight(t, rows, cols, buf, quant_ops.weight_layout(t, rows, cols))
+
+    def launched(w, n):
         rt.calls.clear(), rt.grids.clear()
-        quant_ops.matvec(rt, w, 1 << 20, 1 << 21, 1 << 22, n, **kw)
+        quant_ops.matvec(rt, w, 1 << 20, 1 << 21, 1 << 22, n, slice_columns=quant_ops.verify_slice(w))
         return [(name, args[-2], g[1] if len(g) > 1 else 1) for (name, args), g in zip(rt.calls, rt.grids)]
 
-    stride = quant_ops.q8_1_stride(4096)
-    assert launched(8) == [("matvec_q4_K_mma_c8", 8, 1)]
-    assert launched(9) == [("matvec_q4_K_mma_c8", 8, 1), ("matvec_q4_K_r4u1_c1", 1, 1)]
-    assert launched(10) == [("matvec_q4_K_mma_c8", 8, 1), ("matvec_q4_K_r4u1_c2", 2, 1)]
-    assert launched(11) == [("matvec_q4_K_mma_c16", 11, 1)]
-    assert launched(9, slice_columns=8) == [("matvec_q4_K_mma_c8", 9, 2)]
-    assert launched(9, slice_columns=2) == [("matvec_q4_K_r4u1_c2", 9, 5)]
-    rt.calls.clear()
-    quant_ops.matvec(rt, w, 1 << 20, 1 << 21, 1 << 22, 9)
-    (_, first), (_, tail) = rt.calls
-    assert tail[2] == first[2] + 8 * stride and tail[3] == first[3] + 8 * 4096 * 4  # the ninth column's x and y
+    small, big = weight(QT.Q4_1, 1536, 576), weight(QT.Q4_K, 4096, 4096)
+    assert launched(small, 9) == [("matvec_q4_1_r2u1_c2", 9, 5)]
+    assert launched(small, 2) == [("matvec_q4_1_r2u1_c2", 2, 1)]
+    assert launched(big, 8) == [("matvec_q4_K_mma_c8", 8, 1)]
+    assert launched(big, 9) == [("matvec_q4_K_mma_c16", 9, 1)]
+    assert launched(weight(QT.Q6_K, 4096, 14336), 9) == [("matvec_q6_K_r4u1_c16", 9, 1)]
+    monkeypatch.setenv("MEMRA_VERIFY_SLICE", "8")
+    assert launched(big, 9) == [("matvec_q4_K_mma_c8", 9, 2)]
+    assert launched(small, 9) == [("matvec_q4_1_r2u1_c8", 9, 2)]

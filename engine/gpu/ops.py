@@ -714,7 +714,7 @@ class GpuOps:
             quant_ops.matvec(self.rt, w, x.ptr, None, y_ptr, 1)  # quantizes x itself: one launch
             return
         xq = 0 if w.layout.is_float else self._q8_1_of(x, w.cols)
-        quant_ops.matvec(self.rt, w, x.ptr, xq, y_ptr, T, slice_columns=quant_ops.verify_slice(w, T) if T > 1 else None)
+        quant_ops.matvec(self.rt, w, x.ptr, xq, y_ptr, T, slice_columns=quant_ops.verify_slice(w) if T > 1 else None)
 
     def _f16_of(self, x: DArray, cols: int) -> int:
         """x's f16 copy for the pipelined GEMM tiles: the one its producer wrote, or one conversion

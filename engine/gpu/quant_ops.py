@@ -180,10 +180,6 @@ BATCHED_VARIANTS = ((2, 1), (4, 1))  # verify: rows per warp share each column's
 # verify on int8 tensor cores (matvec.cu, matvec_q4_K_mma): 16 rows a block, 8 or 16 columns
 MMA_BATCHED_TYPES = ("q4_K",)
 MMA_ROWS, MMA_THREADS = 16, 256
-# 9 or 10 columns (draft_max 8's full round is 9): the 16-column MMA kernel costs about twice the
-# 8-column one (28672x4096 Q4_K: 105 against 57 µs), one or two columns on dp4a less (21.6 µs a
-# column, about 14 more each: docs/gpu-log.md)
-MMA_TAIL = 2
 
 
 def _columns_variant(n: int) -> int:
@@ -303,15 +299,10 @@ def matvec(rt, w: GpuWeight, x_ptr: int, xq_ptr: int | None, y_ptr: int, n_token
                       (w.q_ptr, w.meta_ptr, int(x_ptr) + t * w.cols * 4, int(y_ptr) + t * w.rows * 4,
                        w.rows, w.cols, 1, stride), shared=stride)
         return
-    t0, tail = 0, False
-    while t0 < n_tokens:
+    for t0 in range(0, n_tokens, MATVEC_MAX_COLUMNS):
         n = min(MATVEC_MAX_COLUMNS, n_tokens - t0)
-        mma = n > 1 and not tail and (variant == "mma" or (variant is None and uses_mma(w) and (slice_columns or 8) >= 8))
-        if mma and variant is None and slice_columns is None and 8 < n <= 8 + MMA_TAIL:
-            n, tail = 8, True  # 8 columns on the tensor cores, the last one or two on dp4a: cheaper than 16 on the MMAs
         args = (w.q_ptr, w.meta_ptr, int(xq_ptr) + t0 * stride, int(y_ptr) + t0 * w.rows * 4, w.rows, w.cols, n, stride)
-        t0 += n
-        if mma:
+        if n > 1 and (variant == "mma" or (variant is None and uses_mma(w) and (slice_columns or 8) >= 8)):
             c = 8 if (n <= 8 or slice_columns == 8) else 16
             rt.launch(f"matvec_{lay.kernel_type}_mma_c{c}", (-(-w.rows // MMA_ROWS), -(-n // c)), MMA_THREADS, args)
             continue
@@ -321,9 +312,15 @@ def matvec(rt, w: GpuWeight, x_ptr: int, xq_ptr: int | None, y_ptr: int, n_token
                   32 * MATVEC_WARPS, args)
 
 
-def verify_slice(w: GpuWeight, n: int) -> int | None:
-    """Most columns one block of an n-column (verify) matvec takes; None: all of them."""
-    return switches.verify_slice()
+def verify_slice(w: GpuWeight) -> int | None:
+    """Most columns one block of a verify (2-16 column) matvec of w takes; None: all of them. Short rows
+    (K < 2048) in slices of 2: there a warp's column loop is the latency, not the weight's bytes
+    (SmolLM2 shape, 9 rows, H100: verify 2.44x a decode step unsliced, 1.86x in slices of 1, 1.83x
+    of 2, 1.91x of 4; docs/gpu-log.md, session 40)."""
+    forced = switches.verify_slice()
+    if forced:
+        return forced
+    return 2 if w.cols < 2048 else None
 
 
 def uses_mma(w: GpuWeight) -> bool:
