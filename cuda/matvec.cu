@@ -385,8 +385,8 @@ __device__ __forceinline__ void matvec_qkv_rope(const uint8_t* __restrict__ wq, 
 // ---- entry points ----------------------------------------------------------------------------
 // matvec_<type>_r<R>u<U>_c<C>(wq, wm, xq, y, rows, cols, n_tokens, stride): grid (ceil(rows / (4R)),
 // ceil(n_tokens / C)), block 128; blockIdx.y takes columns C y .. C y + C - 1, so a few columns can
-// spread over more blocks (verify on small models, where a warp's C dots in a row are the latency). U = 0 is the double-buffered
-// loop (matvec_dots_db), one unit per step.
+// spread over more blocks (verify on small models, where a warp's C dots in a row are the
+// latency). U = 0 is the double-buffered loop (matvec_dots_db), one unit per step.
 // matvec_<type>_fused_r<R>u<U>(wq, wm, x, y, rows, cols, n_tokens, stride): one column from f32 x,
 // dynamic shared memory = stride bytes.
 // Batched launches (C > 1) ask for one resident block per SM at least (launch bounds' second
