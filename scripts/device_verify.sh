@@ -4,8 +4,8 @@
 # the sampler's rows in one launch, greedy speculative = plain), then per shape the verify graph's
 # per-kernel profile and bench_spec.py verify for each MEMRA_VERIFY_SLICE value; a table last.
 # Usage: bash scripts/device_verify.sh     MEMRA_VERIFY_SHAPES="smollm2-135m llama-8b" (default),
-#        MEMRA_VERIFY_SLICES="smollm2-135m:,1,2,4 llama-8b:,16" (',': the default; 16 on Q4_K:
-#        the 16-column MMA kernel for 9 rows, as before the 8 + tail rule), MEMRA_VERIFY_TESTS=0.
+#        MEMRA_VERIFY_SLICES="smollm2-135m:,1,2,4 llama-8b:,8" (an empty value: the default; 16:
+#        no slicing anywhere; 8 on Q4_K: the 8-column MMA kernel in two slices for 9 rows), MEMRA_VERIFY_TESTS=0.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/memra-out}
@@ -22,7 +22,7 @@ if [ "${MEMRA_VERIFY_TESTS:-1}" != 0 ]; then
   echo "tests: $(tail -1 "$OUT/verify-tests.log")"
 fi
 wait
-slices=${MEMRA_VERIFY_SLICES:-"smollm2-135m:,1,2,4 llama-8b:,16"}
+slices=${MEMRA_VERIFY_SLICES:-"smollm2-135m:,1,2,4 llama-8b:,8"}
 for s in $shapes; do
   python3 scripts/profile_decode.py "/tmp/models/$s.gguf" --ctx 128 --verify 9 > "$OUT/verify-profile-$s.txt" 2>&1
   for spec in $slices; do
