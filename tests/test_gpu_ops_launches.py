@@ -57,6 +57,10 @@ class RecordingRuntime:
         self.calls.append((name, tuple(args)))
         self.grids.append(grid)
 
+    def clear(self) -> None:
+        self.calls.clear()
+        self.grids.clear()
+
     @property
     def launches(self) -> list[str]:
         return [name for name, _ in self.calls]
@@ -286,7 +290,7 @@ def test_a_verify_pass_samples_its_rows_in_one_launch_each():
 
     sampler = GpuSampler(rt, Pool(), 49152)
     for rows in (1, 9, 16):
-        rt.calls.clear(), rt.grids.clear()
+        rt.clear()
         sampler.launch_rows(1 << 20, 1 << 21, 1 << 22, 1 << 23, 1 << 24, rows)
         expected = ["sample_penalize", "sample_stage1", "sample_finish"] + (["sample_advance"] if rows > 1 else [])
         assert rt.launches == expected
@@ -538,7 +542,7 @@ def test_verify_matvecs_slice_short_rows_in_pairs_of_columns(monkeypatch):
         return quant_ops.GpuWeight(t, rows, cols, buf, quant_ops.weight_layout(t, rows, cols))
 
     def launched(w, n):
-        rt.calls.clear(), rt.grids.clear()
+        rt.clear()
         quant_ops.matvec(rt, w, 1 << 20, 1 << 21, 1 << 22, n, slice_columns=quant_ops.verify_slice(w))
         return [(name, args[-2], g[1] if len(g) > 1 else 1) for (name, args), g in zip(rt.calls, rt.grids)]
 

@@ -635,11 +635,10 @@ class GpuOps:
         tokens. Each of a verify pass's tokens reads the weight again, so past one token only a
         weight that stays in L2 (the small models', where a launch less is worth the most)."""
         cfg = self.cfg
-        if T > 1 and (T > BATCHED_MATVEC_MAX or not isinstance(w, GpuWeight)
-                      or w.layout.nbytes(w.rows) > QKV_ROPE_VERIFY_MAX_BYTES):
+        if not (self.fuse_qkv_rope and self.fuse_rope_kv and isinstance(w, GpuWeight) and not w.layout.is_float
+                and self.kv.kv_type == "f16" and w.rows == cfg.q_dim + 2 * cfg.kv_dim and w.cols == cfg.d_model):
             return False
-        return (self.fuse_qkv_rope and self.fuse_rope_kv and isinstance(w, GpuWeight) and not w.layout.is_float
-                and self.kv.kv_type == "f16" and w.rows == cfg.q_dim + 2 * cfg.kv_dim and w.cols == cfg.d_model)
+        return T == 1 or (T <= BATCHED_MATVEC_MAX and w.layout.nbytes(w.rows) <= QKV_ROPE_VERIFY_MAX_BYTES)
 
     def _qkv_rope_launch(self, layer: int, q: DArray, k: DArray, v: DArray, positions: DArray, rq, rk) -> bool:
         """Decode's q|k|v matmul, bias, rope and KV write as one launch (matvec_qkv_rope), when the
@@ -714,7 +713,7 @@ class GpuOps:
             quant_ops.matvec(self.rt, w, x.ptr, None, y_ptr, 1)  # quantizes x itself: one launch
             return
         xq = 0 if w.layout.is_float else self._q8_1_of(x, w.cols)
-        quant_ops.matvec(self.rt, w, x.ptr, xq, y_ptr, T, slice_columns=quant_ops.verify_slice(w) if T > 1 else None)
+        quant_ops.matvec(self.rt, w, x.ptr, xq, y_ptr, T, slice_columns=quant_ops.verify_slice(w))
 
     def _f16_of(self, x: DArray, cols: int) -> int:
         """x's f16 copy for the pipelined GEMM tiles: the one its producer wrote, or one conversion
