@@ -465,12 +465,57 @@ __device__ __forceinline__ void mma_s8_16x8x32(int (&d)[4], const int (&a)[4], i
 
 __device__ __forceinline__ uint2 ld8(const void* p) { return *reinterpret_cast<const uint2*>(p); }
 
+// v: bytes 8t..8t+7 of a 32-byte span (quads 2t, 2t + 1; quads 0-3 the first unit's, 4-7 the
+// second's). Returns (the first unit's quad pi(t), the second's), pi(t) = 2 (t % 2) + t / 2.
+__device__ __forceinline__ int2 swap_quads(uint2 v, int t) {
+    const bool first = t < 2;
+    const int got = __shfl_xor_sync(0xffffffffu, (int)(first ? v.y : v.x), 2);
+    return first ? make_int2((int)v.x, got) : make_int2(got, (int)v.y);
+}
+
+// v: bytes 16t..16t+15 of a 64-byte span (the first unit's 32 bytes, then the second's). Returns
+// bytes 8 pi(t) .. + 7 of each unit (pi as swap_quads'), one 8-byte swap with thread t ^ 2.
+__device__ __forceinline__ void swap_halves(int4 v, int t, uint2& first_unit, uint2& second_unit) {
+    const bool first = t < 2;
+    const int2 got = make_int2(__shfl_xor_sync(0xffffffffu, first ? v.z : v.x, 2),
+                               __shfl_xor_sync(0xffffffffu, first ? v.w : v.y, 2));
+    first_unit = first ? make_uint2(v.x, v.y) : make_uint2(got.x, got.y);
+    second_unit = first ? make_uint2(got.x, got.y) : make_uint2(v.z, v.w);
+}
+
+// The block's per-virtual-lane partials (acc[l][nt][e]: virtual lane 4 warp + l, D element e of
+// column tile nt) summed as decode's warp_sum sums its lanes, then y's 16 rows x 8 NT columns.
 template <int NT>
+__device__ __forceinline__ void mma_reduce_store(const float (&acc)[4][NT][4], float* __restrict__ y, int row0,
+                                                 int rows, int n_tokens) {
+    constexpr int C = 8 * NT;
+    __shared__ float part[32][16][C];  // virtual lane, row, column
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int l = 0; l < 4; ++l)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) part[4 * warp + l][g + 8 * (e >> 1)][8 * nt + 2 * t + (e & 1)] = acc[l][nt][e];
+    __syncthreads();
+    // warp_sum's butterfly as lane 0 sees it: at distance o, partial L (< o) adds partial L + o
+    for (int i = threadIdx.x; i < 16 * C; i += blockDim.x) {
+        const int r = i / C, c = i % C;
+        float p[32];
+#pragma unroll
+        for (int L = 0; L < 32; ++L) p[L] = part[L][r][c];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+            for (int L = 0; L < o; ++L) p[L] = p[L] + p[L + o];
+        if (row0 + r < rows && c < n_tokens) y[(size_t)c * rows + row0 + r] = p[0];
+    }
+}
+
+template <int NT, bool WIDE>
 __device__ __forceinline__ void matvec_q4_K_mma(const uint8_t* __restrict__ wq, const uint8_t* __restrict__ wm,
                                                 const int8_t* __restrict__ xq, float* __restrict__ y, int rows,
                                                 int cols, int n_tokens, int stride) {
-    constexpr int C = 8 * NT;
-    __shared__ float part[32][16][C];  // virtual lane, row, column
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int row0 = blockIdx.x * 16;
     const int nb = cols / 256, kq = nb * 256;
@@ -498,10 +543,18 @@ __device__ __forceinline__ void matvec_q4_K_mma(const uint8_t* __restrict__ wq, 
     for (int b = warp; b < nb; b += MMA_WARPS) {
         const size_t ba = (size_t)ra * nb + b, bb = (size_t)rb * nb + b;
         uint2 wa[4], wb[4];
+        if (WIDE) {  // 16-byte loads, then bytes 8 pi(t) .. + 7 of each unit (swap_halves)
 #pragma unroll
-        for (int l = 0; l < 4; ++l) {
-            wa[l] = ld8(wq + ba * 128 + 32 * l + 8 * t);
-            wb[l] = ld8(wq + bb * 128 + 32 * l + 8 * t);
+            for (int m = 0; m < 2; ++m) {
+                swap_halves(ld16(wq + ba * 128 + 64 * m + 16 * t), t, wa[2 * m], wa[2 * m + 1]);
+                swap_halves(ld16(wq + bb * 128 + 64 * m + 16 * t), t, wb[2 * m], wb[2 * m + 1]);
+            }
+        } else {
+#pragma unroll
+            for (int l = 0; l < 4; ++l) {
+                wa[l] = ld8(wq + ba * 128 + 32 * l + 8 * t);
+                wb[l] = ld8(wq + bb * 128 + 32 * l + 8 * t);
+            }
         }
         const int4 ma = ld16(wm + ba * 16), mb = ld16(wm + bb * 16);
         // the super-block's 8 q8_1 scales of all 8 columns in two loads a warp (8 lines each), not
@@ -526,13 +579,22 @@ __device__ __forceinline__ void matvec_q4_K_mma(const uint8_t* __restrict__ wq, 
             const int blk = 8 * b + 2 * l;  // q8_1 block of sub-block 2l
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
+                uint2 x[2][2];  // [sub-block][term]: this thread's 8 values
+                if (WIDE) {
+                    swap_halves(ld16(xb[nt] + 32 * blk + 16 * t), t, x[0][0], x[1][0]);
+                    swap_halves(ld16(xb[nt] + kq + 32 * blk + 16 * t), t, x[0][1], x[1][1]);
+                } else {
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        x[h][0] = ld8(xb[nt] + 32 * (blk + h) + 8 * t);
+                        x[h][1] = ld8(xb[nt] + kq + 32 * (blk + h) + 8 * t);
+                    }
+                }
                 int s[2][2][4];  // [sub-block][term][D element]
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
-                    const uint2 x1 = ld8(xb[nt] + 32 * (blk + h) + 8 * t);
-                    const uint2 x2 = ld8(xb[nt] + kq + 32 * (blk + h) + 8 * t);
-                    mma_s8_16x8x32(s[h][0], a[h], (int)x1.x, (int)x1.y);
-                    mma_s8_16x8x32(s[h][1], a[h], (int)x2.x, (int)x2.y);
+                    mma_s8_16x8x32(s[h][0], a[h], (int)x[h][0].x, (int)x[h][0].y);
+                    mma_s8_16x8x32(s[h][1], a[h], (int)x[h][1].x, (int)x[h][1].y);
                 }
                 // xs[c][h]: column 2t + c's scales of sub-block 2l + h; block q of the super-block
                 // is in lane (column) + 8 (q % 4), register q / 4
@@ -557,39 +619,151 @@ __device__ __forceinline__ void matvec_q4_K_mma(const uint8_t* __restrict__ wq, 
             }
         }
     }
+    mma_reduce_store<NT>(acc, y, row0, rows, n_tokens);
+}
+
+// ---- Q6_K verify matvec on int8 tensor cores -------------------------------------------------------
+// The Q4_K kernel's plan with Q6_K's unit: unit j of super-block b (h = j / 2, l0 = 16 (j % 2)) is
+// values 128h + 32k + l0 .. + 15 for k = 0..3, each 16 with its own int8 scale, so the integer
+// sums come from mma.m16n8k16 (one 16-value group, 16 rows x 8 columns) and the float steps are
+// q6_K_t::dot's: sum over k of act_dot(d1, d2, sc s, .) in k order, times d.
+// Loads are 8 bytes (a warp load touches 8 lines for 256 bytes, not 128: the Q4_K kernel was
+// L1-bound): thread t loads bytes 8t..8t+7 of the 32 that units 2h and 2h+1 span in a ql, qh or
+// activation row, then swaps a word with thread t ^ 2 (swap_quads), so each thread holds the same
+// quad, 4 pi(t) .. + 3, of both units' 16 values: its k slots of the MMA, in A and B alike.
+__device__ __forceinline__ void mma_s8_16x8x16(int (&d)[4], int a0, int a1, int b0) {
+    asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%7,%7,%7,%7};"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a0), "r"(a1), "r"(b0), "r"(0));
+}
+
+// Q6_K's 6-bit values, minus 32, of group k from a row's ql word of k's parity and its qh word.
+__device__ __forceinline__ int q6_K_quads(int ql, int qh, int k) {
+    const int lo = (ql >> (4 * (k >> 1))) & 0x0F0F0F0F;
+    const int hi = ((qh >> (2 * k)) & 0x03030303) << 4;
+    return vsub4(lo | hi, 0x20202020);
+}
+
+template <int NT>
+__device__ __forceinline__ void matvec_q6_K_mma(const uint8_t* __restrict__ wq, const uint8_t* __restrict__ wm,
+                                                const int8_t* __restrict__ xq, float* __restrict__ y, int rows,
+                                                int cols, int n_tokens, int stride) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int row0 = blockIdx.x * 16;
+    const int nb = cols / 256, kq = nb * 256;
+    {  // the first 2 KB of each row's quants into L2 before the wait (weights never change in a step)
+        const int r = min(row0 + (threadIdx.x >> 4), rows - 1), k = 128 * (threadIdx.x & 15);
+        if (k < nb * 208) prefetch_l2(wq + (size_t)r * nb * 208 + k);
+    }
+    pdl_entry();
+    const int ra = min(row0 + g, rows - 1), rb = min(row0 + g + 8, rows - 1);  // clamped: loads in bounds
+    const int8_t* xb[NT];
+    const float4* xd[NT];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+        xb[nt] = xq + (size_t)min(8 * nt + g, n_tokens - 1) * stride + 8 * t;
+        xd[nt] = q8_1_row_at(xq + (size_t)min(8 * nt + (lane & 7), n_tokens - 1) * stride, kq).ds;
+    }
+    float acc[4][NT][4];
 #pragma unroll
     for (int l = 0; l < 4; ++l)
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) part[4 * warp + l][g + 8 * (e >> 1)][8 * nt + 2 * t + (e & 1)] = acc[l][nt][e];
-    __syncthreads();
-    // warp_sum's butterfly as lane 0 sees it: at distance o, partial L (< o) adds partial L + o
-    for (int i = threadIdx.x; i < 16 * C; i += blockDim.x) {
-        const int r = i / C, c = i % C;
-        float p[32];
+            for (int e = 0; e < 4; ++e) acc[l][nt][e] = 0.0f;
+
+    for (int b = warp; b < nb; b += MMA_WARPS) {
+        const uint8_t* p[2] = {wq + ((size_t)ra * nb + b) * 208, wq + ((size_t)rb * nb + b) * 208};
+        uint2 raw[2][2][3];  // [row g, g + 8][h]: ql of even k, of odd k, qh; bytes 8t..8t+7
 #pragma unroll
-        for (int L = 0; L < 32; ++L) p[L] = part[L][r][c];
+        for (int r = 0; r < 2; ++r)
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1)
+            for (int h = 0; h < 2; ++h) {
+                raw[r][h][0] = ld8(p[r] + 64 * h + 8 * t);
+                raw[r][h][1] = ld8(p[r] + 64 * h + 32 + 8 * t);
+                raw[r][h][2] = ld8(p[r] + 128 + 32 * h + 8 * t);
+            }
+        const int4 sc16[2] = {ld16(p[0] + 192), ld16(p[1] + 192)};  // the 16 int8 scales of each row
+        const float d[2] = {ld_half(wm + 2 * ((size_t)ra * nb + b)), ld_half(wm + 2 * ((size_t)rb * nb + b))};
+        float4 ds[NT][2];  // lane: column lane % 8, q8_1 block 4i + lane / 8 of the super-block
 #pragma unroll
-            for (int L = 0; L < o; ++L) p[L] = p[L] + p[L + o];
-        if (row0 + r < rows && c < n_tokens) y[(size_t)c * rows + row0 + r] = p[0];
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int i = 0; i < 2; ++i) ds[nt][i] = xd[nt][8 * b + 4 * i + (lane >> 3)];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            int a[2][4][2];  // [unit 2h + u][group k][row g, g + 8]
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const int2 ql0 = swap_quads(raw[r][h][0], t), ql1 = swap_quads(raw[r][h][1], t);
+                const int2 qh = swap_quads(raw[r][h][2], t);
+#pragma unroll
+                for (int k = 0; k < 4; ++k) {
+                    a[0][k][r] = q6_K_quads((k & 1) ? ql1.x : ql0.x, qh.x, k);
+                    a[1][k][r] = q6_K_quads((k & 1) ? ql1.y : ql0.y, qh.y, k);
+                }
+            }
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+                int2 xw[4][2];  // [group k][term]: (unit 2h's quad, unit 2h + 1's)
+#pragma unroll
+                for (int k = 0; k < 4; ++k) {
+                    const int8_t* x = xb[nt] + 32 * (8 * b + 4 * h + k);
+                    xw[k][0] = swap_quads(ld8(x), t);
+                    xw[k][1] = swap_quads(ld8(x + kq), t);
+                }
+                float x1[4][2], x2[4][2];  // column 2t + c's (d1, d2) of block 4h + k: lane (column) + 8k
+#pragma unroll
+                for (int k = 0; k < 4; ++k)
+#pragma unroll
+                    for (int c = 0; c < 2; ++c) {
+                        const int src = 2 * t + c + 8 * k;
+                        x1[k][c] = __shfl_sync(0xffffffffu, ds[nt][h].x, src);
+                        x2[k][c] = __shfl_sync(0xffffffffu, ds[nt][h].z, src);
+                    }
+#pragma unroll
+                for (int u = 0; u < 2; ++u) {
+                    const int j = 2 * h + u;
+                    int s[4][2][4];  // [group][term][D element]
+#pragma unroll
+                    for (int k = 0; k < 4; ++k) {
+                        mma_s8_16x8x16(s[k][0], a[u][k][0], a[u][k][1], u ? xw[k][0].y : xw[k][0].x);
+                        mma_s8_16x8x16(s[k][1], a[u][k][0], a[u][k][1], u ? xw[k][1].y : xw[k][1].x);
+                    }
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {  // D element e: row g + 8 (e >> 1), column 8 nt + 2t + (e & 1)
+                        const int r = e >> 1, c = e & 1;
+                        float sum = 0.0f;
+#pragma unroll
+                        for (int k = 0; k < 4; ++k) {
+                            const int byte = 8 * h + 2 * k + u;  // scales[8h + 2k + j % 2]
+                            const int sc = (int)(int8_t)(lane_of(sc16[r], byte >> 2) >> (8 * (byte & 3)));
+                            sum = act_dot(x1[k][c], x2[k][c], make_int2(sc * s[k][0][e], sc * s[k][1][e]), sum);
+                        }
+                        acc[j][nt][e] = fadd(acc[j][nt][e], fmul(d[r], sum));
+                    }
+                }
+            }
+        }
     }
+    mma_reduce_store<NT>(acc, y, row0, rows, n_tokens);
 }
 
-// matvec_q4_K_mma_c<C>(wq, wm, xq, y, rows, cols, n_tokens, stride): grid (ceil(rows / 16), ceil(n_tokens
-// / C)), block 256; blockIdx.y takes columns C y .. C y + C - 1.
-#define MATVEC_Q4_K_MMA(NT, C)                                                                             \
-    extern "C" __global__ __launch_bounds__(MMA_WARPS * 32) void matvec_q4_K_mma_c##C(                      \
+// matvec_<type>_mma_c<C>(wq, wm, xq, y, rows, cols, n_tokens, stride): grid (ceil(rows / 16),
+// ceil(n_tokens / C)), block 256; blockIdx.y takes columns C y .. C y + C - 1.
+#define MATVEC_MMA(NAME, FN, NT, C)                                                                        \
+    extern "C" __global__ __launch_bounds__(MMA_WARPS * 32) void NAME##_c##C(                               \
         const uint8_t* wq, const uint8_t* wm, const int8_t* xq, float* y, int rows, int cols, int n_tokens, \
         int stride) {                                                                                     \
         const int c0 = blockIdx.y * C;                                                                    \
-        matvec_q4_K_mma<NT>(wq, wm, xq + (size_t)c0 * stride, y + (size_t)c0 * rows, rows, cols, n_tokens - c0, \
-                            stride);                                                                      \
+        FN(wq, wm, xq + (size_t)c0 * stride, y + (size_t)c0 * rows, rows, cols, n_tokens - c0, stride);   \
     }
-MATVEC_Q4_K_MMA(1, 8)
-MATVEC_Q4_K_MMA(2, 16)
+MATVEC_MMA(matvec_q4_K_mma, (matvec_q4_K_mma<1, false>), 1, 8)
+MATVEC_MMA(matvec_q4_K_mma, (matvec_q4_K_mma<2, false>), 2, 16)
+MATVEC_MMA(matvec_q4_K_mmaw, (matvec_q4_K_mma<1, true>), 1, 8)
+MATVEC_MMA(matvec_q4_K_mmaw, (matvec_q4_K_mma<2, true>), 2, 16)
+MATVEC_MMA(matvec_q6_K_mma, matvec_q6_K_mma<1>, 1, 8)
+MATVEC_MMA(matvec_q6_K_mma, matvec_q6_K_mma<2>, 2, 16)
 
 // ---- MoE: the routed experts' matvec ------------------------------------------------------------
 // One launch for every (token, chosen expert) slot: grid (ceil(rows / MV_WARPS), n_slots), slot s
@@ -880,6 +1054,10 @@ MATVEC_F_ALL(f32)
 // memra-kernel: matvec_iq4_xs_qkv_rope(PPPPPPPPPiiiiiiiffi)
 // memra-kernel: matvec_q4_K_mma_c8(PPPPiiii)
 // memra-kernel: matvec_q4_K_mma_c16(PPPPiiii)
+// memra-kernel: matvec_q6_K_mma_c8(PPPPiiii)
+// memra-kernel: matvec_q4_K_mmaw_c8(PPPPiiii)
+// memra-kernel: matvec_q4_K_mmaw_c16(PPPPiiii)
+// memra-kernel: matvec_q6_K_mma_c16(PPPPiiii)
 // memra-kernel: matvec_f16_c1(PPPiii)
 // memra-kernel: matvec_f16_c2(PPPiii)
 // memra-kernel: matvec_f16_c4(PPPiii)

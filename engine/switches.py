@@ -23,8 +23,13 @@ def batched_rows() -> int | None:
 
 
 def verify_mma() -> bool:
-    """MEMRA_VERIFY_MMA=0: the batched (verify) Q4_K matvec on dp4a instead of int8 tensor cores."""
+    """MEMRA_VERIFY_MMA=0: the batched (verify) Q4_K/Q6_K matvec on dp4a instead of int8 tensor cores."""
     return os.environ.get("MEMRA_VERIFY_MMA", "1") != "0"
+
+
+def verify_mma_wide() -> bool:
+    """MEMRA_VERIFY_MMA=wide: Q4_K's tensor-core verify matvec with 16-byte loads (an A/B under way)."""
+    return os.environ.get("MEMRA_VERIFY_MMA") == "wide"
 
 
 def verify_slice() -> int | None:

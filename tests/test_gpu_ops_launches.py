@@ -551,7 +551,7 @@ def test_verify_matvecs_slice_short_rows_in_pairs_of_columns(monkeypatch):
     assert launched(small, 2) == [("matvec_q4_1_r2u1_c2", 2, 1)]
     assert launched(big, 8) == [("matvec_q4_K_mma_c8", 8, 1)]
     assert launched(big, 9) == [("matvec_q4_K_mma_c16", 9, 1)]
-    assert launched(weight(QT.Q6_K, 4096, 14336), 9) == [("matvec_q6_K_r4u1_c16", 9, 1)]
+    assert launched(weight(QT.Q6_K, 4096, 14336), 9) == [("matvec_q6_K_mma_c16", 9, 1)]
     monkeypatch.setenv("MEMRA_VERIFY_SLICE", "8")
     assert launched(big, 9) == [("matvec_q4_K_mma_c8", 9, 2)]
     assert launched(small, 9) == [("matvec_q4_1_r2u1_c8", 9, 2)]

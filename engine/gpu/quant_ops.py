@@ -177,8 +177,8 @@ def quantize_q8_1(rt, x_ptr: int, xq_ptr: int, n_cols: int, n_tokens: int = 1) -
 ONE_COLUMN_VARIANTS = ((1, 1), (1, 2), (1, 4), (2, 1), (2, 2), (4, 1), (1, 0), (2, 0), (4, 0))
 FUSED_VARIANTS = ((1, 1), (2, 1))
 BATCHED_VARIANTS = ((2, 1), (4, 1))  # verify: rows per warp share each column's activation loads
-# verify on int8 tensor cores (matvec.cu, matvec_q4_K_mma): 16 rows a block, 8 or 16 columns
-MMA_BATCHED_TYPES = ("q4_K",)
+# verify on int8 tensor cores (matvec.cu, matvec_q4_K_mma, matvec_q6_K_mma): 16 rows a block, 8 or 16 columns
+MMA_BATCHED_TYPES = ("q4_K", "q6_K")
 MMA_ROWS, MMA_THREADS = 16, 256
 
 
@@ -304,7 +304,8 @@ def matvec(rt, w: GpuWeight, x_ptr: int, xq_ptr: int | None, y_ptr: int, n_token
         args = (w.q_ptr, w.meta_ptr, int(xq_ptr) + t0 * stride, int(y_ptr) + t0 * w.rows * 4, w.rows, w.cols, n, stride)
         if n > 1 and (variant == "mma" or (variant is None and uses_mma(w) and (slice_columns or 8) >= 8)):
             c = 8 if (n <= 8 or slice_columns == 8) else 16
-            rt.launch(f"matvec_{lay.kernel_type}_mma_c{c}", (-(-w.rows // MMA_ROWS), -(-n // c)), MMA_THREADS, args)
+            wide = "w" if lay.kernel_type == "q4_K" and switches.verify_mma_wide() else ""
+            rt.launch(f"matvec_{lay.kernel_type}_mma{wide}_c{c}", (-(-w.rows // MMA_ROWS), -(-n // c)), MMA_THREADS, args)
             continue
         c = _columns_variant(min(n, slice_columns or n))
         r, u = variant or (matvec_variant(w) if c == 1 else batched_variant(w))
@@ -435,6 +436,8 @@ def kernel_names() -> list[str]:
         names.append(f"matvec_{name}_qkv_rope")
         if name in MMA_BATCHED_TYPES:
             names += [f"matvec_{name}_mma_c{c}" for c in (8, 16)]
+            if name == "q4_K":
+                names += [f"matvec_q4_K_mmaw_c{c}" for c in (8, 16)]
         names += [f"{prefix}_{name}" for prefix in PIPELINED_TILES]
     for name, _ in FLOAT_TYPES.values():
         names += [f"matvec_{name}_c{c}" for c in (1, 2, 4, 8, 16)]
