@@ -453,6 +453,9 @@ MATVEC_Q_ALL(iq4_xs)
 // once a step. Thread (g = lane / 4, t = lane % 4) loads bytes 8t..8t+7 of a unit of rows g and
 // g + 8. The k order inside an MMA is free (a dot product): those 8 values fill k slots 4t..4t+3
 // and 16+4t..16+4t+3 of A, and values 8t..8t+7 of column g's activation the same slots of B.
+// WIDE (the 8-column kernel): 16-byte loads of two units' bytes, then an 8-byte swap with thread
+// t ^ 2 (swap_halves), so the thread's bytes are 8 pi(t) .. + 7, in A and B alike: half the warp
+// loads, each touching the same 8 lines.
 // grid ceil(rows / 16), block 256; y [n_tokens][rows]; n_tokens <= 8 NT.
 #define MMA_WARPS 8
 
@@ -758,10 +761,10 @@ __device__ __forceinline__ void matvec_q6_K_mma(const uint8_t* __restrict__ wq, 
         const int c0 = blockIdx.y * C;                                                                    \
         FN(wq, wm, xq + (size_t)c0 * stride, y + (size_t)c0 * rows, rows, cols, n_tokens - c0, stride);   \
     }
-MATVEC_MMA(matvec_q4_K_mma, (matvec_q4_K_mma<1, false>), 1, 8)
+// 8 columns with 16-byte loads, 16 with 8-byte ones: H100, 8B verify of 8 rows 1.95x -> 1.85x a
+// decode step with WIDE; 9 rows (the 16-column kernel) 2.80x -> 2.88x (session 41)
+MATVEC_MMA(matvec_q4_K_mma, (matvec_q4_K_mma<1, true>), 1, 8)
 MATVEC_MMA(matvec_q4_K_mma, (matvec_q4_K_mma<2, false>), 2, 16)
-MATVEC_MMA(matvec_q4_K_mmaw, (matvec_q4_K_mma<1, true>), 1, 8)
-MATVEC_MMA(matvec_q4_K_mmaw, (matvec_q4_K_mma<2, true>), 2, 16)
 MATVEC_MMA(matvec_q6_K_mma, matvec_q6_K_mma<1>, 1, 8)
 MATVEC_MMA(matvec_q6_K_mma, matvec_q6_K_mma<2>, 2, 16)
 
@@ -1055,8 +1058,6 @@ MATVEC_F_ALL(f32)
 // memra-kernel: matvec_q4_K_mma_c8(PPPPiiii)
 // memra-kernel: matvec_q4_K_mma_c16(PPPPiiii)
 // memra-kernel: matvec_q6_K_mma_c8(PPPPiiii)
-// memra-kernel: matvec_q4_K_mmaw_c8(PPPPiiii)
-// memra-kernel: matvec_q4_K_mmaw_c16(PPPPiiii)
 // memra-kernel: matvec_q6_K_mma_c16(PPPPiiii)
 // memra-kernel: matvec_f16_c1(PPPiii)
 // memra-kernel: matvec_f16_c2(PPPiii)

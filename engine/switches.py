@@ -27,11 +27,6 @@ def verify_mma() -> bool:
     return os.environ.get("MEMRA_VERIFY_MMA", "1") != "0"
 
 
-def verify_mma_wide() -> bool:
-    """MEMRA_VERIFY_MMA=wide: Q4_K's tensor-core verify matvec with 16-byte loads (an A/B under way)."""
-    return os.environ.get("MEMRA_VERIFY_MMA") == "wide"
-
-
 def verify_slice() -> int | None:
     """MEMRA_VERIFY_SLICE=1|2|4|8|16: most columns a block of a batched (verify) matvec takes
     (blocks over the rest); None: chosen per shape (quant_ops.verify_slice)."""

@@ -304,8 +304,7 @@ def matvec(rt, w: GpuWeight, x_ptr: int, xq_ptr: int | None, y_ptr: int, n_token
         args = (w.q_ptr, w.meta_ptr, int(xq_ptr) + t0 * stride, int(y_ptr) + t0 * w.rows * 4, w.rows, w.cols, n, stride)
         if n > 1 and (variant == "mma" or (variant is None and uses_mma(w) and (slice_columns or 8) >= 8)):
             c = 8 if (n <= 8 or slice_columns == 8) else 16
-            wide = "w" if lay.kernel_type == "q4_K" and switches.verify_mma_wide() else ""
-            rt.launch(f"matvec_{lay.kernel_type}_mma{wide}_c{c}", (-(-w.rows // MMA_ROWS), -(-n // c)), MMA_THREADS, args)
+            rt.launch(f"matvec_{lay.kernel_type}_mma_c{c}", (-(-w.rows // MMA_ROWS), -(-n // c)), MMA_THREADS, args)
             continue
         c = _columns_variant(min(n, slice_columns or n))
         r, u = variant or (matvec_variant(w) if c == 1 else batched_variant(w))
@@ -436,8 +435,6 @@ def kernel_names() -> list[str]:
         names.append(f"matvec_{name}_qkv_rope")
         if name in MMA_BATCHED_TYPES:
             names += [f"matvec_{name}_mma_c{c}" for c in (8, 16)]
-            if name == "q4_K":
-                names += [f"matvec_q4_K_mmaw_c{c}" for c in (8, 16)]
         names += [f"{prefix}_{name}" for prefix in PIPELINED_TILES]
     for name, _ in FLOAT_TYPES.values():
         names += [f"matvec_{name}_c{c}" for c in (1, 2, 4, 8, 16)]
