@@ -97,16 +97,18 @@ def test_matvec_launches(ggml_type, n_tokens):
 
 
 @pytest.mark.parametrize("ggml_type", [QT.Q4_K, QT.Q6_K], ids=lambda t: t.name)
-@pytest.mark.parametrize("n_tokens,expect", [(1, "_r"), (2, "_mma_c8"), (8, "_mma_c8"), (9, "_mma_c16"), (16, "_mma_c16")])
+@pytest.mark.parametrize("n_tokens,expect", [(1, "_r"), (2, "u1_c2"), (3, "_mma_c8"), (8, "_mma_c8"), (9, "_mma_c16"),
+                                             (16, "_mma_c16")])
 def test_k_quant_verify_columns_take_the_tensor_core_matvec(ggml_type, n_tokens, expect, monkeypatch):
-    """2-16 columns of Q4_K and Q6_K launch matvec_<type>_mma_c{8,16} (grid: 16 rows a block); one
-    column stays on decode's kernel; MEMRA_VERIFY_MMA=0 puts verify back on the dp4a kernels."""
+    """3-16 columns of Q4_K and Q6_K launch matvec_<type>_mma_c{8,16} (grid: 16 rows a block); one
+    column stays on decode's kernel, two take the dp4a one (quant_ops.MMA_MIN_COLUMNS);
+    MEMRA_VERIFY_MMA=0 puts verify back on the dp4a kernels."""
     rt = RecordingRuntime()
     w, _ = upload(rt, ggml_type, 4099, 512)
     quant_ops.matvec(rt, w, 0x1000, 0x2000, 0x3000, n_tokens)
     (name, grid, block, _, _), = rt.launches
     assert name.startswith(f"matvec_{w.layout.kernel_type}_") and expect in name, name
-    assert n_tokens == 1 or (grid[0], block) == (-(-4099 // 16), 256), name
+    assert "_mma_" not in name or (grid[0], block) == (-(-4099 // 16), 256), name
     monkeypatch.setenv("MEMRA_VERIFY_MMA", "0")
     rt.launches.clear()
     quant_ops.matvec(rt, w, 0x1000, 0x2000, 0x3000, n_tokens)

@@ -180,6 +180,10 @@ BATCHED_VARIANTS = ((2, 1), (4, 1))  # verify: rows per warp share each column's
 # verify on int8 tensor cores (matvec.cu, matvec_q4_K_mma, matvec_q6_K_mma): 16 rows a block, 8 or 16 columns
 MMA_BATCHED_TYPES = ("q4_K", "q6_K")
 MMA_ROWS, MMA_THREADS = 16, 256
+# fewest columns the tensor cores take: 2 stay on dp4a, where a weight unit's two dots a row cost
+# less than a 16-row MMA tile's fixed work (H100, 8B verify of 2 rows: dp4a 1.31x a decode step,
+# MMA 1.55x; of 4: dp4a 1.87x, MMA 1.67x; session 41)
+MMA_MIN_COLUMNS = 3
 
 
 def _columns_variant(n: int) -> int:
@@ -302,7 +306,8 @@ def matvec(rt, w: GpuWeight, x_ptr: int, xq_ptr: int | None, y_ptr: int, n_token
     for t0 in range(0, n_tokens, MATVEC_MAX_COLUMNS):
         n = min(MATVEC_MAX_COLUMNS, n_tokens - t0)
         args = (w.q_ptr, w.meta_ptr, int(xq_ptr) + t0 * stride, int(y_ptr) + t0 * w.rows * 4, w.rows, w.cols, n, stride)
-        if n > 1 and (variant == "mma" or (variant is None and uses_mma(w) and (slice_columns or 8) >= 8)):
+        if n > 1 and (variant == "mma" or (variant is None and n >= MMA_MIN_COLUMNS and uses_mma(w)
+                                           and (slice_columns or 8) >= 8)):
             c = 8 if (n <= 8 or slice_columns == 8) else 16
             rt.launch(f"matvec_{lay.kernel_type}_mma_c{c}", (-(-w.rows // MMA_ROWS), -(-n // c)), MMA_THREADS, args)
             continue
