@@ -10,6 +10,8 @@ round costs a verify of d + 1 rows, in decode steps, from the H200's measured ta
     python scripts/spec_model.py collect MODEL.gguf replies.json [--prompts bench|held-out|all]  # greedy replies (any backend)
     python scripts/spec_model.py model replies.json [--draft-max 8] [--always-ahead] [--switch 2] [--plain-step 1.1] [--round 0.16]
         [--verify-cost 1.05,1.25,1.56,2.40,4.08]  (what-if: verify costs other than the measured ones)
+        [--verify-rows 1,2,4,8,9,16 --verify-cost 1,1.30,1.65,1.86,2.80,3.20]  (costs at other row counts;
+        between two given counts the cost is interpolated, so a step such as 8 -> 9 rows needs both)
 
 --switch: decode steps lost when a round follows a plain step that queued steps ahead (the
 run-ahead queue its verify waits out: 2); --plain-step: a plain step's cost without its run-ahead
@@ -105,10 +107,14 @@ def main() -> None:
     m.add_argument("--always-ahead", action="store_true", help="every plain step queues ahead (before session 25)")
     m.add_argument("--verify-cost", default=None, metavar="C1,C2,C4,C8,C16",
                    help="verify of 1, 2, 4, 8, 16 rows in decode steps (default: the H200's measured VERIFY_COST)")
+    m.add_argument("--verify-rows", default=None, metavar="R1,R2,...",
+                   help="the row counts --verify-cost gives costs for (default 1,2,4,8,16)")
     args = p.parse_args()
     if args.command == "collect":
         collect(args.model, args.out, args.backend, args.max_tokens, args.prompts)
         return
+    if args.verify_rows:
+        VERIFY_ROWS[:] = [int(r) for r in args.verify_rows.split(",")]
     if args.verify_cost:
         VERIFY_COST[:] = [float(c) for c in args.verify_cost.split(",")]
         if len(VERIFY_COST) != len(VERIFY_ROWS):
