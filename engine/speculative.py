@@ -177,19 +177,39 @@ class DraftLength:
     """How many tokens the next round drafts: the recent mean accepted length plus two, within
     [draft_min, draft_max] (fixed at draft_max when not adaptive). A verify pass grows with k
     (on the H200, SmolLM2: 1.2x a decode step at k = 2, 1.5x at 4, 2.3x at 8), so drafts much
-    longer than what is kept cost more than they bring."""
+    longer than what is kept cost more than they bring.
+
+    A round that keeps nothing rests the drafter: the next step drafts nothing (next() is 0), the
+    next two after a second such round in a row, doubling up to REST_MAX; a round that keeps a
+    draft ends it. A drafter that keeps missing (a reply that does not repeat its prompt) then
+    pays a round every REST_MAX steps, not every step (on the 8B shape a round of one or two
+    drafts costs 1.3-1.5x a step: docs/gpu-log.md, session 41)."""
+
+    REST_MAX = 16
 
     def __init__(self, spec: SpecConfig):
         self.spec = spec
         self.mean = float(spec.draft_max) / 2  # start optimistic: the first rounds decide
+        self.misses = 0  # rounds in a row that kept nothing
+        self.rest = 0    # steps left that draft nothing
 
     def next(self) -> int:
         if not self.spec.adaptive:
             return self.spec.draft_max
+        if self.rest > 0:
+            self.rest -= 1
+            return 0
         return int(min(self.spec.draft_max, max(self.spec.draft_min, round(self.mean) + 2)))
+
+    def resting(self) -> bool:
+        """Whether the next step drafts nothing (so a plain step may queue the next ahead)."""
+        return self.spec.adaptive and self.rest > 0
 
     def update(self, accepted: int) -> None:
         self.mean = 0.7 * self.mean + 0.3 * accepted
+        self.misses = self.misses + 1 if accepted == 0 else 0
+        if self.misses >= 2:
+            self.rest = min(self.REST_MAX, 1 << (self.misses - 2))
 
 
 # ---------------------------------------------------------------------------------------- acceptance

@@ -253,10 +253,10 @@ class DeviceSpeculative(_Rounds):
     def plain_step(self, fed: int) -> Steps:
         # steps queued past this one are lost when a round follows: its verify waits them out and
         # drops them (two decode steps per switch, most of the gap between prompt lookup's
-        # modelled and measured speedup, docs/gpu-log.md). Queue them only where prompt lookup
-        # knows that no draft can follow
+        # modelled and measured speedup, docs/gpu-log.md). Queue them only where no draft can
+        # follow: prompt lookup has no match for the next token, or the drafter rests
         lookup = self.drafter if isinstance(self.drafter, PromptLookup) else None
-        ahead = lookup is not None and not lookup.may_draft_next(self.history)
+        ahead = self.length.resting() or (lookup is not None and not lookup.may_draft_next(self.history))
         return self.plain.step(fed, 1, ahead=ahead)
 
     def draft(self, k: int) -> tuple[list[int], None]:

@@ -71,7 +71,7 @@ def model_reply(prompt: list[int], reply: list[int], spec: SpecConfig, switch: f
         k = min(length.next(), len(reply) - i)
         drafts = lookup.propose(history, k) if k >= spec.draft_min else []
         if len(drafts) < spec.draft_min:
-            queued = always_ahead or not lookup.may_draft_next(history)
+            queued = always_ahead or not lookup.may_draft_next(history) or length.resting()
             cost += 1.0 if queued else plain_step
             history.append(reply[i])
             i += 1

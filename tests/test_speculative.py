@@ -116,11 +116,37 @@ def test_draft_length_follows_acceptance_within_its_bounds():
     length = DraftLength(SpecConfig(mode="lookup", draft_max=8, draft_min=2))
     for _ in range(20):
         length.update(0)
+    while length.resting():  # nothing kept twice in a row: a rest first (the next test)
+        length.next()
     assert length.next() == 2
     for _ in range(20):
         length.update(8)
     assert length.next() == 8
     assert DraftLength(SpecConfig(mode="lookup", draft_max=5, adaptive=False)).next() == 5
+
+
+def test_draft_length_rests_a_drafter_that_keeps_missing():
+    """Two rounds in a row that keep nothing rest the drafter 1 step, then 2, 4 ... up to REST_MAX
+    (next() is 0, resting() says so beforehand); a round that keeps a draft ends the rest."""
+    length = DraftLength(SpecConfig(mode="lookup", draft_max=8))
+
+    def rest_after_miss() -> int:
+        length.update(0)
+        n = 0
+        while length.resting():
+            assert length.next() == 0
+            n += 1
+        assert length.next() >= 1
+        return n
+
+    assert [rest_after_miss() for _ in range(7)] == [0, 1, 2, 4, 8, 16, DraftLength.REST_MAX]
+    length.update(3)
+    assert not length.resting() and length.next() >= 1
+    assert rest_after_miss() == 0  # one miss after a kept draft: no rest
+    fixed = DraftLength(SpecConfig(mode="lookup", draft_max=5, adaptive=False))
+    for _ in range(5):
+        fixed.update(0)
+    assert not fixed.resting() and fixed.next() == 5  # a fixed length is what the user asked for
 
 
 def test_counters_record_acceptance_by_position():
