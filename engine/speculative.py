@@ -179,11 +179,12 @@ class DraftLength:
     (on the H200, SmolLM2: 1.2x a decode step at k = 2, 1.5x at 4, 2.3x at 8), so drafts much
     longer than what is kept cost more than they bring.
 
-    A round that keeps nothing rests the drafter: the next step drafts nothing (next() is 0), the
-    next two after a second such round in a row, doubling up to REST_MAX; a round that keeps a
+    Two rounds in a row that keep nothing rest the drafter: the next step drafts nothing (next()
+    is 0), the next two after a third such round, doubling up to REST_MAX; a round that keeps a
     draft ends it. A drafter that keeps missing (a reply that does not repeat its prompt) then
     pays a round every REST_MAX steps, not every step (on the 8B shape a round of one or two
-    drafts costs 1.3-1.5x a step: docs/gpu-log.md, session 41)."""
+    drafts costs 1.3-1.5x a step; resting from the first miss cost 5% on prompts that copy their
+    input: docs/gpu-log.md, session 41)."""
 
     REST_MAX = 16
 
