@@ -647,6 +647,8 @@ __device__ __forceinline__ int q6_K_quads(int ql, int qh, int k) {
     return vsub4(lo | hi, 0x20202020);
 }
 
+// The setup repeats matvec_q4_K_mma's on purpose: moved into a shared struct, the activation
+// pointers lost what makes their loads read-only (ld.global.nc), and c8's register count rose.
 template <int NT>
 __device__ __forceinline__ void matvec_q6_K_mma(const uint8_t* __restrict__ wq, const uint8_t* __restrict__ wm,
                                                 const int8_t* __restrict__ xq, float* __restrict__ y, int rows,
