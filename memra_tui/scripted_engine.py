@@ -213,6 +213,9 @@ class SpecRounds:
             self.length = DraftLength(spec)
         self.length.spec = spec
         k = self.length.next()
+        if k < spec.draft_min:  # the drafter rests: a plain step, as the engine's rounds take one
+            self.tokens_left = 1
+            return
         # lookup's matches run out at varied lengths and are right less often; a draft model keeps
         # most of a draft
         if spec.mode == "lookup":
@@ -322,6 +325,9 @@ class ScriptedEngine:
             self._current = job
             try:
                 self._play(job)
+            except Exception as e:  # a bug here ends the job with an error, not a test that hangs
+                if not job.done_reason:
+                    self._finish(job, DoneEvent("error", f"scripted engine: {e!r}"))
             finally:
                 self._current = None
 

@@ -40,6 +40,22 @@ def pane_text(app) -> str:
 
 
 
+def test_a_scripted_engine_bug_ends_the_job_with_an_error(monkeypatch):
+    """An exception inside the scripted engine's thread (as a ZeroDivisionError in its spec rounds
+    did, and hung the UI tests) ends the job with an error event; the thread takes the next job."""
+    engine = ScriptedEngine(Script(n_tokens=5))
+    try:
+        monkeypatch.setattr(engine, "_play", lambda job: 1 / 0)
+        events = list(engine.chat([{"role": "user", "content": "hi"}], SamplingParams()))
+        assert isinstance(events[-1], DoneEvent) and events[-1].reason == "error"
+        assert "ZeroDivisionError" in events[-1].error
+        monkeypatch.undo()
+        events = list(engine.chat([{"role": "user", "content": "hi"}], SamplingParams()))
+        assert events[-1].reason != "error"
+    finally:
+        engine.close()
+
+
 async def choose_spec(pilot, mode: str) -> None:
     await pilot.press("f3")
     pilot.app.screen.query_one("#knob-spec", Select).value = mode
