@@ -3,56 +3,81 @@
 #include "common.cuh"
 
 #define MOE_MAX_EXPERTS 4096  // router logits of one token in shared memory: 16 KB
+#define MOE_RANK_MAX 256      // up to this many experts, each logit's rank in one pass (below)
 
-// moe_topk: router logits f32 [T][n_expert] -> ids int [T][k], weights f32 [T][k]. One warp per
-// token. p = softmax(logits); the k experts of highest p, best first (ties: the lower id), each
-// with weight p (divided by the k weights' sum when renorm). Choosing on the logits picks the
-// same experts as on p (exp is monotonic). log_ids (not null): the ids also go to
-// log_ids[t * k + j], the routing log the host reads for the expert cache's counters.
-// The logits are read once into shared memory: the k passes over them then cost shared-memory
-// latency, not an L2 round trip each (7.3 -> ~2 µs at 64 experts, docs/gpu-log.md).
-extern "C" __global__ void moe_topk(const float* __restrict__ logits, int* __restrict__ ids,
-                                    float* __restrict__ weights, int* __restrict__ log_ids, int n_expert, int k,
-                                    int renorm) {
+// l: n_expert logits -> ids[0..k), weights[0..k) (and log_ids, if not null). p = softmax(l); the k
+// experts of highest p, best first (ties: the lower id), each with weight p (over the k weights'
+// sum when renorm). Choosing on the logits picks the same experts as on p (exp is monotonic). A
+// NaN logit counts as -inf, so k distinct ids always come back. Up to MOE_RANK_MAX experts each
+// lane ranks its logits against all n at once: one pass, not k dependent arg-max rounds of warp
+// shuffles (H100, 64 experts, top-8: 4.37 -> 3.76 us a launch, docs/gpu-log.md session 42).
+__device__ __forceinline__ void moe_topk_row(const float* l, int* __restrict__ ids, float* __restrict__ weights,
+                                             int* __restrict__ log_ids, int n_expert, int k, int renorm) {
     __shared__ float sl[MOE_MAX_EXPERTS];
-    pdl_entry();
-    const int t = blockIdx.x, lane = threadIdx.x;
-    const float* l = logits + (size_t)t * n_expert;
+    __shared__ float sp[16];
+    const int lane = threadIdx.x & 31;
     float mx = -INFINITY;
     for (int e = lane; e < n_expert; e += WARP) {
-        sl[e] = l[e];
+        const float v = l[e];
+        sl[e] = isnan(v) ? -INFINITY : v;
         mx = fmaxf(mx, sl[e]);
     }
     mx = warp_max(mx);
     float sum = 0.0f;
     for (int e = lane; e < n_expert; e += WARP) sum += expf(sl[e] - mx);
     sum = warp_sum(sum);
-    float picked[16];
-    float total = 0.0f;
-    for (int j = 0; j < k; ++j) {
-        float best = -INFINITY;
-        int bi = 0x7fffffff;
-        for (int e = lane; e < n_expert; e += WARP)
-            if (sl[e] > best || (sl[e] == best && e < bi)) best = sl[e], bi = e;
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ob = __shfl_xor_sync(0xffffffffu, best, o);
-            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (ob > best || (ob == best && oi < bi)) best = ob, bi = oi;
+    __syncwarp();
+    if (n_expert <= MOE_RANK_MAX) {
+        for (int e = lane; e < n_expert; e += WARP) {
+            const float v = sl[e];
+            int rank = 0;
+            for (int f = 0; f < n_expert; ++f) rank += sl[f] > v || (sl[f] == v && f < e);
+            if (rank < k) {
+                ids[rank] = e;
+                if (log_ids) log_ids[rank] = e;
+                sp[rank] = expf(v - mx) / sum;
+            }
         }
-        __syncwarp();
-        if ((bi & 31) == lane) sl[bi] = -INFINITY;  // taken: no later pass picks it again
-        __syncwarp();
-        const float p = expf(best - mx) / sum;
-        picked[j] = p;
-        total += p;
-        if (lane == 0) {
-            ids[t * k + j] = bi;
-            if (log_ids) log_ids[t * k + j] = bi;
+    } else {
+        for (int j = 0; j < k; ++j) {
+            float best = -INFINITY;
+            int bi = 0x7fffffff;
+            for (int e = lane; e < n_expert; e += WARP)
+                if (sl[e] > best || (sl[e] == best && e < bi)) best = sl[e], bi = e;
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) {
+                const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+                const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+                if (ob > best || (ob == best && oi < bi)) best = ob, bi = oi;
+            }
+            __syncwarp();
+            if ((bi & 31) == lane) sl[bi] = NAN;  // taken: compares false, so no later round picks it
+            __syncwarp();
+            if (lane == 0) {
+                ids[j] = bi;
+                if (log_ids) log_ids[j] = bi;
+                sp[j] = expf(best - mx) / sum;
+            }
         }
     }
-    if (lane == 0)
-        for (int j = 0; j < k; ++j) weights[t * k + j] = renorm ? picked[j] / total : picked[j];
+    __syncwarp();
+    if (lane == 0) {
+        float total = 0.0f;
+        for (int j = 0; j < k; ++j) total += sp[j];
+        for (int j = 0; j < k; ++j) weights[j] = renorm ? sp[j] / total : sp[j];
+    }
+}
+
+// moe_topk: router logits f32 [T][n_expert] -> ids int [T][k], weights f32 [T][k], one warp a
+// token (moe_topk_row). log_ids (not null): the ids also go to log_ids[t * k + j], the routing log
+// the host reads for the expert cache's counters.
+extern "C" __global__ void moe_topk(const float* __restrict__ logits, int* __restrict__ ids,
+                                    float* __restrict__ weights, int* __restrict__ log_ids, int n_expert, int k,
+                                    int renorm) {
+    pdl_entry();
+    const int t = blockIdx.x;
+    moe_topk_row(logits + (size_t)t * n_expert, ids + t * k, weights + t * k, log_ids ? log_ids + t * k : nullptr,
+                 n_expert, k, renorm);
 }
 
 // moe_sort: the slots of T tokens x k experts grouped per expert, for the prefill GEMM.

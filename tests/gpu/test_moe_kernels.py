@@ -2,7 +2,9 @@
 cuda/matvec.cu, engine/gpu/moe.py), on random inputs with NaN-poisoned outputs.
 
 - moe_topk: the same expert ids as a stable numpy argsort of the logits (ties cannot occur in
-  random floats), weights within 1e-6 relative of the float64 softmax (expf vs exp);
+  random floats; a test of its own has ties, -inf and NaN), weights within 1e-6 relative of the
+  float64 softmax (expf vs exp), on both of its paths (up to 256 experts ranked at once, beyond
+  that k arg-max rounds);
 - moe_matvec (every rows-per-warp variant): every slot's rows bit-identical to a one-token dense
   matvec (r1u1) of its expert on its activation row: the same kernel body, so the cache and the
   resident path agree exactly;
@@ -26,7 +28,8 @@ NAN_BITS = 0x7FC00000
 QUANT_TYPES = list(quant_ops.QUANT_PLANES)
 
 
-@pytest.mark.parametrize("n_expert,k,renorm", [(8, 2, True), (64, 8, True), (64, 8, False), (160, 16, False)])
+@pytest.mark.parametrize("n_expert,k,renorm", [(8, 2, True), (64, 8, True), (64, 8, False), (160, 16, False),
+                                               (256, 8, True), (300, 8, True), (4096, 16, False)])
 def test_topk_picks_the_largest_logits(gpu, n_expert, k, renorm):
     rng = np.random.default_rng(n_expert + k)
     T = 7
@@ -46,6 +49,24 @@ def test_topk_picks_the_largest_logits(gpu, n_expert, k, renorm):
     if renorm:
         pw /= pw.sum(-1, keepdims=True)
     np.testing.assert_allclose(got_w, pw, rtol=1e-6)
+
+
+@pytest.mark.parametrize("n_expert", [64, 300])
+def test_topk_ties_go_to_the_lower_id_and_nan_counts_as_minus_inf(gpu, n_expert):
+    """Equal logits rank by id; a NaN logit is -inf (never before a finite one), and the k ids are
+    distinct even when -inf and NaN logits must be picked."""
+    rng = np.random.default_rng(n_expert)
+    T, k = 3, 8
+    logits = rng.integers(-3, 3, (T, n_expert)).astype(np.float32)  # many ties
+    logits[1, :] = -np.inf
+    logits[1, 5:9] = [2.0, np.nan, 2.0, 1.0]  # 3 finite, then ties at -inf/NaN fill the top 8
+    logits[2, ::3] = np.nan
+    lp, ids, w = gpu.put(logits), gpu.empty(T * k), gpu.empty(T * k)
+    moe.topk(gpu.rt, lp, ids, w, 0, T, n_expert, k, True)
+    want = np.argsort(-np.where(np.isnan(logits), -np.inf, logits), axis=-1, kind="stable")[:, :k]
+    np.testing.assert_array_equal(gpu.get(ids, (T, k), np.int32), want)
+    got_w = gpu.get(w, (T, k))
+    assert np.isfinite(got_w).all() and np.allclose(got_w.sum(-1), 1.0, rtol=1e-6)
 
 
 def expert_stack(gpu, ggml_type, n_expert, rows, cols, rng) -> tuple[moe.ExpertStack, list]:
