@@ -3,42 +3,58 @@
 #include "common.cuh"
 
 #define MOE_MAX_EXPERTS 4096  // router logits of one token in shared memory: 16 KB
-#define MOE_RANK_MAX 256      // up to this many experts, each logit's rank in one pass (below)
+#define MOE_RANK_MAX 256      // up to this many experts, every logit ranked at once (below)
+#define MOE_TOPK_THREADS 256
 
-// l: n_expert logits -> ids[0..k), weights[0..k) (and log_ids, if not null). p = softmax(l); the k
-// experts of highest p, best first (ties: the lower id), each with weight p (over the k weights'
-// sum when renorm). Choosing on the logits picks the same experts as on p (exp is monotonic). A
-// NaN logit counts as -inf, so k distinct ids always come back. Up to MOE_RANK_MAX experts each
-// lane ranks its logits against all n at once: one pass, not k dependent arg-max rounds of warp
-// shuffles (H100, 64 experts, top-8: 4.37 -> 3.76 us a launch, docs/gpu-log.md session 42).
-__device__ __forceinline__ void moe_topk_row(const float* l, int* __restrict__ ids, float* __restrict__ weights,
-                                             int* __restrict__ log_ids, int n_expert, int k, int renorm) {
+// moe_topk: router logits f32 [T][n_expert] -> ids int [T][k], weights f32 [T][k]; a block of
+// MOE_TOPK_THREADS a token. p = softmax(logits); the k experts of highest p, best first (ties: the
+// lower id), each with weight p (over the k weights' sum when renorm). Choosing on the logits
+// picks the same experts as on p (exp is monotonic). A NaN logit counts as -inf, so k distinct ids
+// always come back. log_ids (not null): the ids also go to log_ids[t * k + j], the routing log the
+// host reads for the expert cache's counters.
+// Up to MOE_RANK_MAX experts every logit's rank (the logits before it in that order) is counted
+// at once, q = 256 / n threads a logit each taking every q-th comparison: no chain of k dependent
+// arg-max rounds (H100, 64 experts, top-8: one warp's k rounds 4.37 us a launch, one warp ranking
+// 3.76, the block ranking 2.36; docs/gpu-log.md session 42). Beyond that warp 0 runs the k rounds.
+extern "C" __global__ __launch_bounds__(MOE_TOPK_THREADS) void moe_topk(
+    const float* __restrict__ logits, int* __restrict__ ids, float* __restrict__ weights, int* __restrict__ log_ids,
+    int n_expert, int k, int renorm) {
     __shared__ float sl[MOE_MAX_EXPERTS];
     __shared__ float sp[16];
-    const int lane = threadIdx.x & 31;
-    float mx = -INFINITY;
-    for (int e = lane; e < n_expert; e += WARP) {
+    pdl_entry();
+    const int t = blockIdx.x, tid = threadIdx.x, lane = tid & 31;
+    const float* l = logits + (size_t)t * n_expert;
+    ids += t * k;
+    weights += t * k;
+    if (log_ids) log_ids += t * k;
+    for (int e = tid; e < n_expert; e += MOE_TOPK_THREADS) {
         const float v = l[e];
         sl[e] = isnan(v) ? -INFINITY : v;
-        mx = fmaxf(mx, sl[e]);
     }
+    __syncthreads();
+    // every warp the same max and sum, in the same order (lane-strided partials, then the warp tree)
+    float mx = -INFINITY;
+    for (int e = lane; e < n_expert; e += WARP) mx = fmaxf(mx, sl[e]);
     mx = warp_max(mx);
     float sum = 0.0f;
     for (int e = lane; e < n_expert; e += WARP) sum += expf(sl[e] - mx);
     sum = warp_sum(sum);
-    __syncwarp();
     if (n_expert <= MOE_RANK_MAX) {
-        for (int e = lane; e < n_expert; e += WARP) {
+        int q = 1;  // threads a logit: a power of two <= 32 with q * n_expert <= the block
+        while (q < WARP && 2 * q * n_expert <= MOE_TOPK_THREADS) q *= 2;
+        const int e = tid / q, part = tid % q;
+        int rank = 0;
+        if (e < n_expert) {
             const float v = sl[e];
-            int rank = 0;
-            for (int f = 0; f < n_expert; ++f) rank += sl[f] > v || (sl[f] == v && f < e);
-            if (rank < k) {
-                ids[rank] = e;
-                if (log_ids) log_ids[rank] = e;
-                sp[rank] = expf(v - mx) / sum;
-            }
+            for (int f = part; f < n_expert; f += q) rank += sl[f] > v || (sl[f] == v && f < e);
         }
-    } else {
+        for (int o = q / 2; o > 0; o >>= 1) rank += __shfl_xor_sync(0xffffffffu, rank, o);
+        if (e < n_expert && part == 0 && rank < k) {
+            ids[rank] = e;
+            if (log_ids) log_ids[rank] = e;
+            sp[rank] = expf(sl[e] - mx) / sum;
+        }
+    } else if (tid < WARP) {
         for (int j = 0; j < k; ++j) {
             float best = -INFINITY;
             int bi = 0x7fffffff;
@@ -60,24 +76,12 @@ __device__ __forceinline__ void moe_topk_row(const float* l, int* __restrict__ i
             }
         }
     }
-    __syncwarp();
-    if (lane == 0) {
+    __syncthreads();
+    if (tid == 0) {
         float total = 0.0f;
         for (int j = 0; j < k; ++j) total += sp[j];
         for (int j = 0; j < k; ++j) weights[j] = renorm ? sp[j] / total : sp[j];
     }
-}
-
-// moe_topk: router logits f32 [T][n_expert] -> ids int [T][k], weights f32 [T][k], one warp a
-// token (moe_topk_row). log_ids (not null): the ids also go to log_ids[t * k + j], the routing log
-// the host reads for the expert cache's counters.
-extern "C" __global__ void moe_topk(const float* __restrict__ logits, int* __restrict__ ids,
-                                    float* __restrict__ weights, int* __restrict__ log_ids, int n_expert, int k,
-                                    int renorm) {
-    pdl_entry();
-    const int t = blockIdx.x;
-    moe_topk_row(logits + (size_t)t * n_expert, ids + t * k, weights + t * k, log_ids ? log_ids + t * k : nullptr,
-                 n_expert, k, renorm);
 }
 
 // moe_sort: the slots of T tokens x k experts grouped per expert, for the prefill GEMM.

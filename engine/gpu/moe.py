@@ -19,8 +19,9 @@ from memra_engine.gpu import quant_ops
 from memra_engine.gpu.memory import aligned
 from memra_engine.model.gguf_file import TensorInfo
 
-MAX_TOP_K = 16  # moe_topk keeps the chosen weights in registers (cuda/moe.cu)
+MAX_TOP_K = 16  # moe_topk keeps the chosen weights in shared memory (cuda/moe.cu)
 MAX_EXPERTS = 4096  # moe_topk: the logits of one token in shared memory
+TOPK_THREADS = 256  # MOE_TOPK_THREADS in cuda/moe.cu
 
 
 @dataclass
@@ -75,7 +76,8 @@ def check_routing(cfg) -> None:
 
 def topk(rt, logits_ptr: int, ids_ptr: int, weights_ptr: int, log_ptr: int, n_tokens: int, n_expert: int, k: int,
          renorm: bool) -> None:
-    rt.launch("moe_topk", n_tokens, 32, (logits_ptr, ids_ptr, weights_ptr, log_ptr, n_expert, k, int(bool(renorm))))
+    rt.launch("moe_topk", n_tokens, TOPK_THREADS,
+              (logits_ptr, ids_ptr, weights_ptr, log_ptr, n_expert, k, int(bool(renorm))))
 
 
 MATVEC_VARIANTS = ((1, 1), (2, 1), (4, 1))  # (rows per warp, units per step): moe_matvec_*_r<R>u<U>
