@@ -515,33 +515,47 @@ __device__ __forceinline__ void mma_reduce_store(const float (&acc)[4][NT][4], f
     }
 }
 
-template <int NT, bool WIDE>
-__device__ __forceinline__ void matvec_q4_K_mma(const uint8_t* __restrict__ wq, const uint8_t* __restrict__ wm,
-                                                const int8_t* __restrict__ xq, float* __restrict__ y, int rows,
-                                                int cols, int n_tokens, int stride) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int row0 = blockIdx.x * 16;
-    const int nb = cols / 256, kq = nb * 256;
-    {  // the first 2 KB of each row's quants into L2 before the wait (weights never change in a step)
+// The setup both tensor-core kernels share: the first 2 KB of each of the block's 16 rows into L2
+// before the PDL wait (weights never change in a step; sb_bytes a super-block), then the rows
+// g, g + 8 clamped so loads stay in bounds, each column tile's activation row for B (xb: column
+// 8 nt + g, plus x_off bytes), its q8_1 scales (xd: column 8 nt + lane % 8's) and zeroed partials.
+template <int NT>
+__device__ __forceinline__ void mma_setup(const uint8_t* __restrict__ wq, int sb_bytes, const int8_t* __restrict__ xq,
+                                          int rows, int n_tokens, int stride, int nb, int x_off, int& ra, int& rb,
+                                          const int8_t* (&xb)[NT], const float4* (&xd)[NT], float (&acc)[4][NT][4]) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, row0 = blockIdx.x * 16;
+    {
         const int r = min(row0 + (threadIdx.x >> 4), rows - 1), k = 128 * (threadIdx.x & 15);
-        if (k < nb * 128) prefetch_l2(wq + (size_t)r * nb * 128 + k);
+        if (k < nb * sb_bytes) prefetch_l2(wq + (size_t)r * nb * sb_bytes + k);
     }
     pdl_entry();
-    const int ra = min(row0 + g, rows - 1), rb = min(row0 + g + 8, rows - 1);  // clamped: loads in bounds
-    const int8_t* xb[NT];        // B: column 8 nt + g
-    const float4* xd[NT];        // column 8 nt + lane % 8's (d1, sum, d2, 0), shared out by shuffles
+    ra = min(row0 + g, rows - 1);
+    rb = min(row0 + g + 8, rows - 1);
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
-        xb[nt] = xq + (size_t)min(8 * nt + g, n_tokens - 1) * stride;
-        xd[nt] = q8_1_row_at(xq + (size_t)min(8 * nt + (lane & 7), n_tokens - 1) * stride, kq).ds;
+        xb[nt] = xq + (size_t)min(8 * nt + g, n_tokens - 1) * stride + x_off;
+        xd[nt] = q8_1_row_at(xq + (size_t)min(8 * nt + (lane & 7), n_tokens - 1) * stride, 256 * nb).ds;
     }
-    float acc[4][NT][4];
 #pragma unroll
     for (int l = 0; l < 4; ++l)
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[l][nt][e] = 0.0f;
+}
+
+template <int NT, bool WIDE>
+__device__ __forceinline__ void matvec_q4_K_mma(const uint8_t* __restrict__ wq, const uint8_t* __restrict__ wm,
+                                                const int8_t* __restrict__ xq, float* __restrict__ y, int rows,
+                                                int cols, int n_tokens, int stride) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, t = lane & 3;
+    const int row0 = blockIdx.x * 16;
+    const int nb = cols / 256, kq = nb * 256;
+    int ra, rb;
+    const int8_t* xb[NT];  // B: column 8 nt + g
+    const float4* xd[NT];  // column 8 nt + lane % 8's (d1, sum, d2, 0), shared out by shuffles
+    float acc[4][NT][4];
+    mma_setup<NT>(wq, 128, xq, rows, n_tokens, stride, nb, 0, ra, rb, xb, xd, acc);
 
     for (int b = warp; b < nb; b += MMA_WARPS) {
         const size_t ba = (size_t)ra * nb + b, bb = (size_t)rb * nb + b;
@@ -647,35 +661,18 @@ __device__ __forceinline__ int q6_K_quads(int ql, int qh, int k) {
     return vsub4(lo | hi, 0x20202020);
 }
 
-// The setup repeats matvec_q4_K_mma's on purpose: moved into a shared struct, the activation
-// pointers lost what makes their loads read-only (ld.global.nc), and c8's register count rose.
 template <int NT>
 __device__ __forceinline__ void matvec_q6_K_mma(const uint8_t* __restrict__ wq, const uint8_t* __restrict__ wm,
                                                 const int8_t* __restrict__ xq, float* __restrict__ y, int rows,
                                                 int cols, int n_tokens, int stride) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, t = lane & 3;
     const int row0 = blockIdx.x * 16;
     const int nb = cols / 256, kq = nb * 256;
-    {  // the first 2 KB of each row's quants into L2 before the wait (weights never change in a step)
-        const int r = min(row0 + (threadIdx.x >> 4), rows - 1), k = 128 * (threadIdx.x & 15);
-        if (k < nb * 208) prefetch_l2(wq + (size_t)r * nb * 208 + k);
-    }
-    pdl_entry();
-    const int ra = min(row0 + g, rows - 1), rb = min(row0 + g + 8, rows - 1);  // clamped: loads in bounds
-    const int8_t* xb[NT];
+    int ra, rb;
+    const int8_t* xb[NT];  // B: column 8 nt + g, from this thread's 8 bytes
     const float4* xd[NT];
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-        xb[nt] = xq + (size_t)min(8 * nt + g, n_tokens - 1) * stride + 8 * t;
-        xd[nt] = q8_1_row_at(xq + (size_t)min(8 * nt + (lane & 7), n_tokens - 1) * stride, kq).ds;
-    }
     float acc[4][NT][4];
-#pragma unroll
-    for (int l = 0; l < 4; ++l)
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[l][nt][e] = 0.0f;
+    mma_setup<NT>(wq, 208, xq, rows, n_tokens, stride, nb, 8 * t, ra, rb, xb, xd, acc);
 
     for (int b = warp; b < nb; b += MMA_WARPS) {
         const uint8_t* p[2] = {wq + ((size_t)ra * nb + b) * 208, wq + ((size_t)rb * nb + b) * 208};
