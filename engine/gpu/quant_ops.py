@@ -215,10 +215,14 @@ def matvec_variant(w: GpuWeight, fused: bool = False) -> tuple[int, int]:
     # rows a warp beats the double buffer on the K = 2048-4096 shapes: 28672x4096 r4u1 21.6, r4u0
     # 25.2; 6144x4096 6.95, 7.00; 16384x2048 7.40, 9.34; 4096x4096 5.40, r2u0 5.80; K >= 8192 keeps
     # r2u0 (4096x14336 14.4, r4u1 17.5; 2048x8192 5.97, r4u1 7.67). Q5_K 4096x14336 r4u0 14.1.
+    # Below 4,096 rows (H100, session 42): 3072x2048 r1u1 4.64, r4u1 2.82; 2048x4096 (qwen3-moe's o)
+    # r1u1 4.51, r2u0 3.45; 2048x2048 r1u1 2.60, r2u0 2.32 (r4u0 2.20); 1024x2048 r1u1 1.96, r2u0 1.80.
     if kind == "q4_K":
         if w.cols >= 8192:
             return (2, 0)
-        return (4, 1) if w.rows >= 4096 else (1, 1)
+        if w.rows >= 3072:
+            return (4, 1)
+        return (2, 0) if w.rows >= 1024 and w.cols >= 2048 else (1, 1)
     # Q5_K, Q6_K, Q4_0, Q8_0 at the 8B shapes (session 38, scripts/device_quants.sh): Q5_K 28672x4096
     # r4u0 31.2, r4u1 26.2; 6144x4096 9.61, 7.29; 4096x4096 r2u0 6.78, r4u0 5.99; 1024x4096 r1u1 3.26,
     # r2u2 2.84. Q6_K 4096x4096 r2u2 8.49, r4u0 7.36. Q4_0 4096x14336 r1u2 17.5, r2u0 13.7; 6144x4096
@@ -282,7 +286,8 @@ def matvec(rt, w: GpuWeight, x_ptr: int, xq_ptr: int | None, y_ptr: int, n_token
 
     slice_columns (1, 2, 4, 8, 16): each block takes at most that many columns, the launch's
     second grid dimension the slices, so a few columns spread over more blocks; None: all columns
-    in each block (the weight read once). The mma path takes slices of 8 or 16 (below 8, dp4a).
+    in each block (the weight read once). The mma path (n >= MMA_MIN_COLUMNS of a MMA_BATCHED_TYPES
+    weight) takes slices of 8 or 16 (a smaller slice: dp4a).
     Same bits either way."""
     lay = w.layout
     if lay.is_float:
