@@ -36,11 +36,12 @@ extern "C" __global__ void quantize_q8_1(const float* __restrict__ x, int8_t* __
 // on which other rows the warp holds. U units per lane per step: all their weight loads are
 // issued before the first dot, so more bytes are in flight per thread (lane order of the units,
 // hence every sum, is unchanged).
-template <class T, int R, int C, int U>
+// LW: lanes a row (32, or 16 for rows of at most 16 units: two rows side by side in a warp).
+template <class T, int R, int C, int U, int LW = 32>
 __device__ __forceinline__ void matvec_dots(const uint8_t* __restrict__ wq, const uint8_t* __restrict__ wm,
                                             const int8_t* __restrict__ xq, const int (&row)[R], int cols,
                                             int n_tokens, int stride, float (&acc)[R][C]) {
-    const int lane = threadIdx.x & 31;
+    const int lane = threadIdx.x & (LW - 1);
     const int nb = cols / T::QK;
     const int nu = nb * T::UNITS;
 #pragma unroll
@@ -48,11 +49,11 @@ __device__ __forceinline__ void matvec_dots(const uint8_t* __restrict__ wq, cons
 #pragma unroll
         for (int c = 0; c < C; ++c) acc[r][c] = 0.0f;
 
-    for (int u0 = lane; u0 < nu; u0 += 32 * U) {
+    for (int u0 = lane; u0 < nu; u0 += LW * U) {
         typename T::W w[U][R];
 #pragma unroll
         for (int i = 0; i < U; ++i) {
-            const int u = min(u0 + 32 * i, nu - 1);  // clamped: loads stay in bounds, dots skipped
+            const int u = min(u0 + LW * i, nu - 1);  // clamped: loads stay in bounds, dots skipped
             const int b = u / T::UNITS, j = u % T::UNITS;
 #pragma unroll
             for (int r = 0; r < R; ++r) {
@@ -67,12 +68,12 @@ __device__ __forceinline__ void matvec_dots(const uint8_t* __restrict__ wq, cons
                 typename T::A a[U];
 #pragma unroll
                 for (int i = 0; i < U; ++i) {
-                    const int u = min(u0 + 32 * i, nu - 1);
+                    const int u = min(u0 + LW * i, nu - 1);
                     T::load_a(a[i], xrow, u / T::UNITS, u % T::UNITS);
                 }
 #pragma unroll
                 for (int i = 0; i < U; ++i) {
-                    if (u0 + 32 * i < nu) {
+                    if (u0 + LW * i < nu) {
 #pragma unroll
                         for (int r = 0; r < R; ++r) acc[r][c] = fadd(acc[r][c], T::dot(w[i][r], a[i]));
                     }
@@ -195,7 +196,17 @@ __device__ __forceinline__ void matvec_dots_db(const uint8_t* __restrict__ wq, c
 // ---- int8 matvec -----------------------------------------------------------------------------
 // FUSED: x is f32 and the block first quantizes it into shared memory (C rows of `stride` bytes,
 // dynamic shared memory), saving the quantize_q8_1 launch; worth it for small K only.
-template <class T, int R, int C, int U, bool FUSED>
+// The sum over a row's LW lanes: warp_sum's butterfly from offset LW / 2 down. For a row of at most
+// 16 units in 16 lanes this is warp_sum's result bit for bit: there lanes 16-31 hold +0.0 (no unit)
+// and no lane holds -0.0 (fadd(0, x) is never -0), so warp_sum's first step adds exact zeros.
+template <int LW>
+__device__ __forceinline__ float lanes_sum(float v) {
+#pragma unroll
+    for (int o = LW / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+template <class T, int R, int C, int U, bool FUSED, int LW = 32>
 __device__ __forceinline__ void matvec_q(const uint8_t* __restrict__ wq, const uint8_t* __restrict__ wm,
                                          const void* __restrict__ xsrc, float* __restrict__ y,
                                          int rows, int cols, int n_tokens, int stride) {
@@ -228,20 +239,22 @@ __device__ __forceinline__ void matvec_q(const uint8_t* __restrict__ wq, const u
     } else {
         xq = static_cast<const int8_t*>(xsrc);
     }
-    const int row0 = (blockIdx.x * MV_WARPS + (threadIdx.x >> 5)) * R;
-    if (row0 >= rows) return;
+    static_assert(LW == 32 || (LW == 16 && U >= 1), "half-warp rows: the plain loop only");
+    const int warp_row0 = (blockIdx.x * MV_WARPS + (threadIdx.x >> 5)) * (32 / LW) * R;
+    if (warp_row0 >= rows) return;  // whole warps only: the halves of a warp share its shuffles
+    const int row0 = warp_row0 + (lane / LW) * R;
     int row[R];
 #pragma unroll
-    for (int r = 0; r < R; ++r) row[r] = r == 0 ? row0 : min(row0 + r, rows - 1);  // clamped: loads stay in bounds
+    for (int r = 0; r < R; ++r) row[r] = min(row0 + r, rows - 1);  // clamped: loads stay in bounds
     float acc[R][C];
     if constexpr (U == 0) matvec_dots_db<T, R, C>(wq, wm, xq, row, cols, n_tokens, stride, acc);
-    else matvec_dots<T, R, C, U>(wq, wm, xq, row, cols, n_tokens, stride, acc);
+    else matvec_dots<T, R, C, U, LW>(wq, wm, xq, row, cols, n_tokens, stride, acc);
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
         for (int c = 0; c < C; ++c) {
-            const float v = warp_sum(acc[r][c]);
-            if (lane == 0 && row0 + r < rows && c < n_tokens) y[(size_t)c * rows + row0 + r] = v;
+            const float v = lanes_sum<LW>(acc[r][c]);
+            if (lane % LW == 0 && row0 + r < rows && c < n_tokens) y[(size_t)c * rows + row0 + r] = v;
         }
 }
 
@@ -775,7 +788,7 @@ MATVEC_MMA(matvec_q6_K_mma, matvec_q6_K_mma<2>, 2, 16)
 // a VRAM slot or, under the expert cache, in host memory mapped for the device (a miss read in
 // place: engine/gpu/expert_cache.py). x_per_slot: slot s reads xq row s (down: each slot has its
 // own activation), else row s / top_k (gate|up: the token's). y: [n_slots][rows].
-template <class T, int R, int U>
+template <class T, int R, int U, int LW = 32>
 __device__ __forceinline__ void moe_matvec(const unsigned long long* __restrict__ table, long long meta_offset,
                                            const int* __restrict__ ids, const int8_t* __restrict__ xq,
                                            float* __restrict__ y, int rows, int cols, int stride, int top_k,
@@ -784,7 +797,7 @@ __device__ __forceinline__ void moe_matvec(const unsigned long long* __restrict_
     const int s = blockIdx.y;
     const uint8_t* wq = reinterpret_cast<const uint8_t*>(table[ids[s]]);
     const int8_t* x = xq + (size_t)(x_per_slot ? s : s / top_k) * stride;
-    matvec_q<T, R, 1, U, false>(wq, wq + meta_offset, x, y + (size_t)s * rows, rows, cols, 1, stride);
+    matvec_q<T, R, 1, U, false, LW>(wq, wq + meta_offset, x, y + (size_t)s * rows, rows, cols, 1, stride);
 }
 
 // moe_matvec_<type>_r<R>u<U>: grid (ceil(rows / (4 R)), slots), block 128. Any R, U gives the same
@@ -795,10 +808,20 @@ __device__ __forceinline__ void moe_matvec(const unsigned long long* __restrict_
         int rows, int cols, int stride, int top_k, int x_per_slot) {                                          \
         moe_matvec<TYPE##_t, R, U>(table, meta_offset, ids, xq, y, rows, cols, stride, top_k, x_per_slot);      \
     }
+// moe_matvec_<type>_r<R>h: rows of at most 16 units (the experts' down at FFN 768 in 64-value units:
+// 12) in half-warps, two rows side by side, so 4 R rows a warp; the same bits (lanes_sum).
+#define MOE_MATVEC_H(TYPE, R)                                                                                 \
+    extern "C" __global__ __launch_bounds__(MV_WARPS * 32) void moe_matvec_##TYPE##_r##R##h(                      \
+        const unsigned long long* table, long long meta_offset, const int* ids, const int8_t* xq, float* y,     \
+        int rows, int cols, int stride, int top_k, int x_per_slot) {                                          \
+        moe_matvec<TYPE##_t, R, 1, 16>(table, meta_offset, ids, xq, y, rows, cols, stride, top_k, x_per_slot);  \
+    }
 #define MOE_MATVEC(TYPE)       \
     MOE_MATVEC_RU(TYPE, 1, 1)  \
     MOE_MATVEC_RU(TYPE, 2, 1)  \
-    MOE_MATVEC_RU(TYPE, 4, 1)
+    MOE_MATVEC_RU(TYPE, 4, 1)  \
+    MOE_MATVEC_H(TYPE, 2)      \
+    MOE_MATVEC_H(TYPE, 4)
 
 MOE_MATVEC(q4_0)
 MOE_MATVEC(q4_1)
@@ -1076,33 +1099,55 @@ MATVEC_F_ALL(f32)
 // memra-kernel: moe_matvec_q4_0_r1u1(PqPPPiiiii)
 // memra-kernel: moe_matvec_q4_0_r2u1(PqPPPiiiii)
 // memra-kernel: moe_matvec_q4_0_r4u1(PqPPPiiiii)
+// memra-kernel: moe_matvec_q4_0_r2h(PqPPPiiiii)
+// memra-kernel: moe_matvec_q4_0_r4h(PqPPPiiiii)
 // memra-kernel: moe_matvec_q4_1_r1u1(PqPPPiiiii)
 // memra-kernel: moe_matvec_q4_1_r2u1(PqPPPiiiii)
 // memra-kernel: moe_matvec_q4_1_r4u1(PqPPPiiiii)
+// memra-kernel: moe_matvec_q4_1_r2h(PqPPPiiiii)
+// memra-kernel: moe_matvec_q4_1_r4h(PqPPPiiiii)
 // memra-kernel: moe_matvec_q5_0_r1u1(PqPPPiiiii)
 // memra-kernel: moe_matvec_q5_0_r2u1(PqPPPiiiii)
 // memra-kernel: moe_matvec_q5_0_r4u1(PqPPPiiiii)
+// memra-kernel: moe_matvec_q5_0_r2h(PqPPPiiiii)
+// memra-kernel: moe_matvec_q5_0_r4h(PqPPPiiiii)
 // memra-kernel: moe_matvec_q5_1_r1u1(PqPPPiiiii)
 // memra-kernel: moe_matvec_q5_1_r2u1(PqPPPiiiii)
 // memra-kernel: moe_matvec_q5_1_r4u1(PqPPPiiiii)
+// memra-kernel: moe_matvec_q5_1_r2h(PqPPPiiiii)
+// memra-kernel: moe_matvec_q5_1_r4h(PqPPPiiiii)
 // memra-kernel: moe_matvec_q8_0_r1u1(PqPPPiiiii)
 // memra-kernel: moe_matvec_q8_0_r2u1(PqPPPiiiii)
 // memra-kernel: moe_matvec_q8_0_r4u1(PqPPPiiiii)
+// memra-kernel: moe_matvec_q8_0_r2h(PqPPPiiiii)
+// memra-kernel: moe_matvec_q8_0_r4h(PqPPPiiiii)
 // memra-kernel: moe_matvec_q4_K_r1u1(PqPPPiiiii)
 // memra-kernel: moe_matvec_q4_K_r2u1(PqPPPiiiii)
 // memra-kernel: moe_matvec_q4_K_r4u1(PqPPPiiiii)
+// memra-kernel: moe_matvec_q4_K_r2h(PqPPPiiiii)
+// memra-kernel: moe_matvec_q4_K_r4h(PqPPPiiiii)
 // memra-kernel: moe_matvec_q5_K_r1u1(PqPPPiiiii)
 // memra-kernel: moe_matvec_q5_K_r2u1(PqPPPiiiii)
 // memra-kernel: moe_matvec_q5_K_r4u1(PqPPPiiiii)
+// memra-kernel: moe_matvec_q5_K_r2h(PqPPPiiiii)
+// memra-kernel: moe_matvec_q5_K_r4h(PqPPPiiiii)
 // memra-kernel: moe_matvec_q6_K_r1u1(PqPPPiiiii)
 // memra-kernel: moe_matvec_q6_K_r2u1(PqPPPiiiii)
 // memra-kernel: moe_matvec_q6_K_r4u1(PqPPPiiiii)
+// memra-kernel: moe_matvec_q6_K_r2h(PqPPPiiiii)
+// memra-kernel: moe_matvec_q6_K_r4h(PqPPPiiiii)
 // memra-kernel: moe_matvec_q2_K_r1u1(PqPPPiiiii)
 // memra-kernel: moe_matvec_q2_K_r2u1(PqPPPiiiii)
 // memra-kernel: moe_matvec_q2_K_r4u1(PqPPPiiiii)
+// memra-kernel: moe_matvec_q2_K_r2h(PqPPPiiiii)
+// memra-kernel: moe_matvec_q2_K_r4h(PqPPPiiiii)
 // memra-kernel: moe_matvec_q3_K_r1u1(PqPPPiiiii)
 // memra-kernel: moe_matvec_q3_K_r2u1(PqPPPiiiii)
 // memra-kernel: moe_matvec_q3_K_r4u1(PqPPPiiiii)
+// memra-kernel: moe_matvec_q3_K_r2h(PqPPPiiiii)
+// memra-kernel: moe_matvec_q3_K_r4h(PqPPPiiiii)
 // memra-kernel: moe_matvec_iq4_xs_r1u1(PqPPPiiiii)
 // memra-kernel: moe_matvec_iq4_xs_r2u1(PqPPPiiiii)
 // memra-kernel: moe_matvec_iq4_xs_r4u1(PqPPPiiiii)
+// memra-kernel: moe_matvec_iq4_xs_r2h(PqPPPiiiii)
+// memra-kernel: moe_matvec_iq4_xs_r4h(PqPPPiiiii)

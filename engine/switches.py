@@ -44,10 +44,11 @@ def gemm_tile() -> str | None:
     return os.environ.get("MEMRA_GEMM") or None
 
 
-def moe_matvec_variant() -> tuple[int, int] | None:
-    """MEMRA_MOE_RU=R,U: rows per warp and units per step of the MoE expert matvec; None: the default."""
+def moe_matvec_variant() -> str | None:
+    """MEMRA_MOE_RU=R,U (or R,h: rows in half-warps): the MoE expert matvec's variant, as
+    engine/gpu/moe.py names them (r4u1, r4h); None: the default."""
     forced = os.environ.get("MEMRA_MOE_RU")
     if not forced:
         return None
-    r, u = (int(v) for v in forced.split(","))
-    return r, u
+    r, u = forced.split(",")
+    return f"r{int(r)}h" if u == "h" else f"r{int(r)}u{int(u)}"

@@ -15,8 +15,8 @@ import pytest
 
 from memra_engine.gpu import build
 from memra_engine.gpu.kv_cache import GpuKvCache
-from memra_engine.gpu.ops import (ATTN_MAX_SPLITS, ATTN_MAX_SPLITS_CL, Arena, DArray, GpuOps, attn_plan,
-                                  attn_row_splits, attn_slots, attn_splits, kv_bucket)
+from memra_engine.gpu.ops import (ATTN_MAX_SPLITS, ATTN_MAX_SPLITS_CL, Arena, DArray, GpuOps, attention_launch,
+                                  attn_plan, attn_row_splits, attn_slots, attn_splits, kv_bucket)
 from memra_engine.gpu.sampler import GpuSampler, candidate_passes
 from memra_engine.gpu.weights import GpuWeights
 from memra_engine.model import arch_module
@@ -206,6 +206,28 @@ def test_attention_grid_covers_every_row_of_its_bucket(hd, kv_type, cluster):
         if cluster:
             assert S % cs == 0 and attn_slots(S, True, hd, kv_type) * cs >= need
             assert attn_slots(S, True, hd, kv_type) <= 8  # attn_cl_merge merges at most 8
+
+
+@pytest.mark.parametrize("cluster", [False, True])
+def test_attention_group_tile_follows_the_grid(cluster):
+    """An hd128 group of 8 heads (qwen3-moe: 32 over 4 kv heads) runs in 4-head blocks while 8-head
+    blocks would leave the grid under ops.ATTN_SMALL_GRID blocks (decode rows up to a 2,048-key
+    bucket on the cluster path), in 8-head blocks past it (a 4,096-key bucket; a verify pass of 16
+    rows); hd64 groups keep 8-head blocks."""
+    def launched(hd, n_keys, T=1, H=32, n_kv=4):
+        rt = RecordingRuntime()
+        S = attn_splits(kv_bucket(n_keys), hd, cluster)
+        attention_launch(rt, 0x1000, H * hd, 0x2000, 0x3000, 0, 0, 0x4000, 0x5000, 0x6000, T, H, n_kv, hd, 8192,
+                         0, np.float32(0.1), 0.0, 0x7000, 0, 0, S, "f16", cluster)
+        (name, _), *_ = rt.calls
+        return name.split("_")[-2], rt.grids[0][0]
+    assert launched(128, 128) == ("g4", 8)
+    assert launched(128, 2048) == ("g4", 8)
+    # the split path's 32 splits at most keep 4 kv heads' grid at 128 blocks of 8 heads
+    assert launched(128, 4096) == (("g8", 4) if cluster else ("g4", 8))
+    assert launched(128, 128, T=16) == ("g8", 4)
+    assert launched(64, 128) == ("g8", 4)
+    assert launched(128, 128, H=32, n_kv=8) == ("g4", 8)  # the 8B's group of 4: unchanged
 
 
 @pytest.mark.parametrize("cluster", [False, True])
@@ -433,6 +455,27 @@ def test_moe_layers_route_on_the_device(moe_paths, name, T):
     else:
         assert launches.count("sgemm_f32") == cfg.n_layer and f32_matvecs == 0
     assert not any(n.startswith("gemm") and n.endswith("_f32") for n in launches)
+
+
+def test_short_expert_rows_take_half_warps():
+    """Rows of at most 16 units (the down of an FFN-768 expert: 12 K-quant units of 64 values) run
+    in half-warps (moe_matvec_<type>_r4h: 32 rows a block); longer rows keep r4u1 (16 rows a block)."""
+    from types import SimpleNamespace
+
+    from memra_engine.gpu import moe
+
+    def launched(kind, rows, cols):
+        rt = RecordingRuntime()
+        stack = SimpleNamespace(rows=rows, cols=cols, layout=SimpleNamespace(kernel_type=kind), table_ptr=0x1000,
+                                meta_offset=64)
+        moe.expert_matvec(rt, stack, 0x2000, 0x3000, 0x4000, 8, 8, True)
+        (name, _), = rt.calls
+        return name, rt.grids[0]
+    assert launched("q4_K", 2048, 768) == ("moe_matvec_q4_K_r4h", (64, 8))
+    assert launched("q6_K", 2048, 1024) == ("moe_matvec_q6_K_r4h", (64, 8))
+    assert launched("q4_K", 1536, 2048) == ("moe_matvec_q4_K_r4u1", (96, 8))
+    assert launched("q8_0", 2048, 768) == ("moe_matvec_q8_0_r4u1", (128, 8))  # 24 units of 32
+    assert launched("q8_0", 2048, 512) == ("moe_matvec_q8_0_r4h", (64, 8))
 
 
 @pytest.mark.parametrize("T", [1, 5, 40])

@@ -80,7 +80,10 @@ def topk(rt, logits_ptr: int, ids_ptr: int, weights_ptr: int, log_ptr: int, n_to
               (logits_ptr, ids_ptr, weights_ptr, log_ptr, n_expert, k, int(bool(renorm))))
 
 
-MATVEC_VARIANTS = ((1, 1), (2, 1), (4, 1))  # (rows per warp, units per step): moe_matvec_*_r<R>u<U>
+# The expert matvec's variants: r<R>u<U> (R rows a warp, U units a lane step) and r<R>h (rows of at
+# most HALF_WARP_UNITS units in half-warps, two side by side: 2 R rows a warp). All give the same bits.
+MATVEC_VARIANTS = ("r1u1", "r2u1", "r4u1", "r2h", "r4h")
+HALF_WARP_UNITS = 16
 SORT_MAX_SLOTS = 8192  # moe_sort keeps the slots' expert ids in shared memory (cuda/moe.cu)
 GEMM_TOKENS = 64  # tokens (slots) per moe_gemm4 tile (cuda/gemm.cu, Pipe4)
 
@@ -91,15 +94,34 @@ GEMM_TOKENS = 64  # tokens (slots) per moe_gemm4 tile (cuda/gemm.cu, Pipe4)
 # µs. Since the branch-free Q4_K scale decode (session 32) four rows a warp win for Q4_K too:
 # memra-bench tg128 graph r1u1 731.8, r2u1 802.8, r4u1 827.6 tok/s (MEMRA_MOE_RU, one call). The
 # other types follow by analogy (not timed).
-MATVEC_DEFAULT = (4, 1)
+MATVEC_DEFAULT = "r4u1"
+
+
+def unit_values(kernel_type: str) -> int:
+    """Values a lane's unit covers in the matvec (quants.cuh T::UE): a quarter of a 256-value
+    K-quant super-block, else one 32-value block."""
+    return 64 if kernel_type in ("q2_K", "q3_K", "q4_K", "q5_K", "q6_K") else 32
+
+
+def matvec_variant(stack: "ExpertStack") -> str:
+    """Half-warp rows where a row has at most 16 units (the down of an FFN-768 expert: 12 of 32
+    lanes busy in a whole warp), else r4u1. H100, qwen3-moe shape (profile_decode.py, ctx 128, µs a
+    launch), down r4u1 / r2h / r4h: Q4_K ~7.8 / 6.32 / 5.13, Q6_K 9.20 / 8.21 / 7.93; memra-bench
+    tg128 graph 854.4 -> 881.3 tok/s, decode_sample default knobs 834.5 -> 861.1 (session 43)."""
+    if stack.cols // unit_values(stack.layout.kernel_type) <= HALF_WARP_UNITS:
+        return "r4h"
+    return MATVEC_DEFAULT
 
 
 def expert_matvec(rt, stack: ExpertStack, ids_ptr: int, xq_ptr: int, y_ptr: int, n_slots: int, top_k: int,
-                  x_per_slot: bool, variant: tuple[int, int] | None = None) -> None:
-    """y[s] = expert ids[s] @ x(s) for every slot s (cuda/matvec.cu, moe_matvec_<type>_r<R>u<U>)."""
-    r, u = variant or switches.moe_matvec_variant() or MATVEC_DEFAULT
-    rt.launch(f"moe_matvec_{stack.layout.kernel_type}_r{r}u{u}",
-              (-(-stack.rows // (quant_ops.MATVEC_WARPS * r)), n_slots), 32 * quant_ops.MATVEC_WARPS,
+                  x_per_slot: bool, variant: str | None = None) -> None:
+    """y[s] = expert ids[s] @ x(s) for every slot s (cuda/matvec.cu, moe_matvec_<type>_<variant>)."""
+    v = variant or switches.moe_matvec_variant() or matvec_variant(stack)
+    half = v.endswith("h")
+    assert not half or stack.cols // unit_values(stack.layout.kernel_type) <= HALF_WARP_UNITS, (v, stack.cols)
+    rows_per_block = quant_ops.MATVEC_WARPS * int(v[1]) * (2 if half else 1)
+    rt.launch(f"moe_matvec_{stack.layout.kernel_type}_{v}",
+              (-(-stack.rows // rows_per_block), n_slots), 32 * quant_ops.MATVEC_WARPS,
               (stack.table_ptr, np.int64(stack.meta_offset), ids_ptr, xq_ptr, y_ptr, stack.rows, stack.cols,
                quant_ops.q8_1_stride(stack.cols), top_k, int(bool(x_per_slot))))
 

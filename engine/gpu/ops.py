@@ -214,9 +214,21 @@ def attn_slots(n_splits: int, cluster: bool = False, head_dim: int = 64, kv_type
     return n_splits // attn_plan(head_dim, kv_type).cluster if cluster else n_splits
 
 
-def attn_group_tile(group: int) -> int:
-    """Query heads per block: the kernel instance (1, 2, 4 or 8) that covers a GQA group."""
-    return next(g for g in (1, 2, 4, 8) if g >= min(group, 8))
+# Below this many blocks an hd128 GQA group of 8 runs as two 4-head blocks: each block's fixed cost
+# (q load, cluster merge) is then spread over twice the SMs. H100, qwen3-moe shape (32 heads over 4
+# kv heads), attention + merge µs a layer, g8 -> g4 (session 43): a row of 128 keys (bucket 256: 32
+# blocks of 8 heads) 7.43 -> 5.15; 1,024 keys (bucket 2,048: 128 blocks) 11.1 -> 9.5; 2,048 keys
+# (bucket 4,096: 256 blocks, half without keys) 13.4 -> 10.5; 4,096 keys (bucket 8,192: 256
+# blocks) 16.3 -> 18.0. The grid of those two buckets is the same, so both keep 8-head blocks.
+ATTN_SMALL_GRID = 256
+
+
+def attn_group_tile(group: int, head_dim: int = 64, blocks: int = ATTN_SMALL_GRID) -> int:
+    """Query heads per block: the kernel instance (1, 2, 4 or 8) that covers a GQA group; blocks:
+    the grid 8-head blocks would give (kv heads x head groups x splits x rows). Every instance
+    gives the same bits (tests/gpu/test_attention.py), so the choice may follow the grid."""
+    cap = 4 if head_dim >= 128 and blocks < ATTN_SMALL_GRID else 8
+    return next(g for g in (1, 2, 4, 8) if g >= min(group, cap))
 
 
 PREFILL_ATTN_HEAD_DIMS = (64, 128)  # attn_prefill_hd* (cuda/attn_prefill.cu); f16 caches only
@@ -242,13 +254,15 @@ def prefill_attention_launch(rt, q, q_ld, kc, vc, positions, T, n_head, n_kv, he
 
 def attention_launch(rt, q, q_ld, kc, vc, kd, vd, opart, ml, positions, T, n_head, n_kv, head_dim,
                      n_ctx, window, scale, softcap, out, xq, xq_stride, n_splits, kv_type="f16",
-                     cluster=False, merge=True) -> None:
+                     cluster=False, merge=True, group_tile: int | None = None) -> None:
     """attn_hd*_g*_* then attn_merge_hd*_g* (rows with several splits), or on sm_90+ attn_cl_*
     (clusters of splits merge themselves, attn_plan) then attn_cl_merge_* (rows of several clusters):
     decode, verify and prefill rows alike (see attention.cu). merge=False: the attention kernel
-    alone (scripts/bench_attention.py times the two apart)."""
-    G = attn_group_tile(n_head // n_kv)
-    grid = (n_kv * -(-(n_head // n_kv) // G), n_splits, T)
+    alone (scripts/bench_attention.py times the two apart). group_tile: force the kernel instance
+    (tests: every instance gives the same bits)."""
+    group = n_head // n_kv
+    G = group_tile or attn_group_tile(group, head_dim, n_kv * -(-group // 8) * n_splits * T)
+    grid = (n_kv * -(-group // G), n_splits, T)
     kind = "attn_cl" if cluster else "attn"
     rt.launch(f"{kind}_hd{head_dim}_g{G}_{kv_type}", grid, attn_plan(head_dim, kv_type).threads,
               (q, q_ld, kc, vc, kd, vd, opart, ml, positions, n_head, n_kv, n_ctx, int(window),

@@ -50,14 +50,15 @@ def attention_ref(q, kc, vc, pos, scale, window, softcap):
 
 
 def launch_attention(gpu, q, kc, vc, ppos, pos, T, H, n_kv, hd, n_ctx, window=0, softcap=0.0, n_splits=None,
-                     xq=0, xq_stride=0, kd=0, vd=0, kv_type="f16", cluster=False):
+                     xq=0, xq_stride=0, kd=0, vd=0, kv_type="f16", cluster=False, group_tile=None):
     """Attention and its merge launch; returns out [T, H*hd]."""
     S = n_splits or attn_splits(kv_bucket(int(pos.max()) + 1), hd, cluster, kv_type)
     slots = attn_slots(S, cluster, hd, kv_type)
     opart, ml = gpu.empty(T * slots * H * hd), gpu.empty(T * slots * H * 2)
     out = gpu.empty(T * H * hd)
     attention_launch(gpu.rt, gpu.put(q), H * hd, kc, vc, kd, vd, opart, ml, ppos, T, H, n_kv, hd, n_ctx,
-                     window, 1 / np.sqrt(hd), softcap, out, xq, xq_stride, S, kv_type, cluster)
+                     window, 1 / np.sqrt(hd), softcap, out, xq, xq_stride, S, kv_type, cluster,
+                     group_tile=group_tile)
     return gpu.get(out, (T, H * hd))
 
 
@@ -84,7 +85,7 @@ def random_case(rng, T, H, n_kv, hd, n_ctx):
     return q, kc, vc, k_new, v_new
 
 
-@pytest.mark.parametrize("hd,H,n_kv", [(64, 9, 3), (128, 32, 8), (256, 4, 1), (64, 9, 1), (128, 8, 8),
+@pytest.mark.parametrize("hd,H,n_kv", [(64, 9, 3), (128, 32, 8), (128, 32, 4), (256, 4, 1), (64, 9, 1), (128, 8, 8),
                                       (64, 14, 2)])
 @pytest.mark.parametrize("p", [0, 37, 200, 1000, 3000, 4300])
 def test_decode_row(gpu, cluster, hd, H, n_kv, p):
@@ -131,7 +132,8 @@ def test_result_is_independent_of_the_split_grid(gpu, cluster, hd):
             assert np.array_equal(base, other), S
     ref = attention_ref(q, kc_dev, vc_dev, pos, 1 / np.sqrt(hd), 0, 0.0)
     assert rel_err(base, ref) < 1e-4
-    # and a row alone (smaller grid) equals the same row in a batch
+    # and a row alone (smaller grid) equals the same row in a batch (a small grid may take another
+    # group tile: test_result_is_independent_of_the_group_tile)
     for t in (1, 2, 4):
         alone, _, _ = run_attention(gpu, q[t:t + 1], k_new[t:t + 1], v_new[t:t + 1], kc_dev, vc_dev, pos[t:t + 1],
                                     cluster=cluster)
@@ -207,3 +209,25 @@ def test_prefill_attention_matches_numpy(gpu, hd, H, n_kv, T, p0, window, softca
     assert rel_err(got, ref) < 1e-4
     # the f16 copy the o GEMM reads: f16(out) exactly
     assert np.array_equal(gpu.get(out_h, (T, H * hd), np.float16).view(np.uint16), got.astype(np.float16).view(np.uint16))
+
+
+@pytest.mark.parametrize("hd", [64, 128, 256])
+def test_result_is_independent_of_the_group_tile(gpu, cluster, hd):
+    """A GQA group of 8 gives the same bits in blocks of 1, 2, 4 or 8 heads: ops.attn_group_tile
+    picks 4 for small grids and 8 for large ones, so a decode row (small grid) and the same row in
+    a verify pass (a larger one) may take different instances (docs/design.md §5 rule 3)."""
+    rng = np.random.default_rng(11 + hd)
+    T, H, n_kv, n_ctx = 3, 16, 2, 2200
+    q, kc, vc, k_new, v_new = random_case(rng, T, H, n_kv, hd, n_ctx)
+    pos = np.array([100, 1000, 2100])
+    kc_dev, vc_dev = gpu.put(kc), gpu.put(vc)
+    ppos = gpu.put(pos.astype(np.int32))
+    gpu.rt.launch("kv_write_f16", (T, n_kv), min(128, hd),
+                  (gpu.put(k_new), gpu.put(v_new), kc_dev, vc_dev, ppos, n_kv * hd, n_kv * hd, hd, n_ctx))
+    outs = {g: launch_attention(gpu, q, kc_dev, vc_dev, ppos, pos, T, H, n_kv, hd, n_ctx, cluster=cluster, group_tile=g)
+            for g in (1, 2, 4, 8)}
+    for g in (1, 2, 4):
+        assert np.array_equal(outs[g], outs[8]), g
+    ref = attention_ref(q, gpu.get(kc_dev, kc.shape, np.float16), gpu.get(vc_dev, vc.shape, np.float16), pos,
+                        1 / np.sqrt(hd), 0, 0.0)
+    assert rel_err(outs[8], ref) < 1e-4

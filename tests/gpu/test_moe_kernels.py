@@ -5,7 +5,7 @@ cuda/matvec.cu, engine/gpu/moe.py), on random inputs with NaN-poisoned outputs.
   random floats; a test of its own has ties, -inf and NaN), weights within 1e-6 relative of the
   float64 softmax (expf vs exp), on both of its paths (up to 256 experts ranked at once, beyond
   that k arg-max rounds);
-- moe_matvec (every rows-per-warp variant): every slot's rows bit-identical to a one-token dense
+- moe_matvec (every variant: rows a warp, half-warp rows where they fit): every slot's rows bit-identical to a one-token dense
   matvec (r1u1) of its expert on its activation row: the same kernel body, so the cache and the
   resident path agree exactly;
 - moe_sort: the slots grouped per expert exactly as a stable numpy argsort of the ids;
@@ -83,11 +83,15 @@ def expert_stack(gpu, ggml_type, n_expert, rows, cols, rng) -> tuple[moe.ExpertS
     return stack, dense
 
 
+@pytest.mark.parametrize("cols", [512, 768, 1024, 2048])
 @pytest.mark.parametrize("x_per_slot", [False, True])
 @pytest.mark.parametrize("ggml_type", QUANT_TYPES, ids=lambda t: t.name)
-def test_expert_matvec_slots_equal_dense_matvecs(gpu, ggml_type, x_per_slot):
-    rng = np.random.default_rng(int(ggml_type))
-    n_expert, rows, cols, T, k = 6, 96, 512, 3, 2
+def test_expert_matvec_slots_equal_dense_matvecs(gpu, ggml_type, x_per_slot, cols):
+    """Every variant, the half-warp ones (r2h, r4h) where a row has at most 16 units: 512 and 768
+    (the FFN-768 expert's down: 12 K-quant units) take them, 1024 only for the K-quants, 2048 none.
+    96 + 8 rows: the last warp's second half-warp (r4h: rows 96-103 of a 32-row block) has none."""
+    rng = np.random.default_rng(int(ggml_type) + cols)
+    n_expert, rows, T, k = 6, 104, 3, 2
     stack, dense = expert_stack(gpu, ggml_type, n_expert, rows, cols, rng)
     S = T * k
     ids = rng.integers(0, n_expert, S).astype(np.int32)
@@ -105,12 +109,15 @@ def test_expert_matvec_slots_equal_dense_matvecs(gpu, ggml_type, x_per_slot):
         quant_ops.matvec(gpu.rt, dense[ids[s]], 0, xq + row * stride, out, 1, variant=(1, 1))
         want.append(gpu.get(out, (rows,)))
     idp = gpu.put(ids)
-    for variant in moe.MATVEC_VARIANTS:
+    half_fits = cols // moe.unit_values(stack.layout.kernel_type) <= moe.HALF_WARP_UNITS
+    variants = [v for v in moe.MATVEC_VARIANTS if half_fits or not v.endswith("h")]
+    assert any(v.endswith("h") for v in variants) == half_fits
+    for variant in variants:
         y = gpu.empty(S * rows)
         moe.expert_matvec(gpu.rt, stack, idp, xq, y, S, k, x_per_slot, variant=variant)
         got = gpu.get(y, (S, rows))
         for s in range(S):
-            np.testing.assert_array_equal(got[s], want[s], err_msg=f"r{variant[0]}u{variant[1]} slot {s} expert {ids[s]}")
+            np.testing.assert_array_equal(got[s], want[s], err_msg=f"{variant} slot {s} expert {ids[s]}")
     gpu.rt.check()
 
 
