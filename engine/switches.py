@@ -45,8 +45,9 @@ def gemm_tile() -> str | None:
 
 
 def moe_matvec_variant() -> str | None:
-    """MEMRA_MOE_RU=R,U (or R,h: rows in half-warps): the MoE expert matvec's variant, as
-    engine/gpu/moe.py names them (r4u1, r4h); None: the default."""
+    """MEMRA_MOE_RU=R,U (or R,h: rows in half-warps, for the weights whose rows fit; the others
+    keep the default): the MoE expert matvec's variant, as engine/gpu/moe.py names them (r4u1,
+    r4h); None: the default."""
     forced = os.environ.get("MEMRA_MOE_RU")
     if not forced:
         return None

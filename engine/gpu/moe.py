@@ -116,9 +116,11 @@ def matvec_variant(stack: "ExpertStack") -> str:
 def expert_matvec(rt, stack: ExpertStack, ids_ptr: int, xq_ptr: int, y_ptr: int, n_slots: int, top_k: int,
                   x_per_slot: bool, variant: str | None = None) -> None:
     """y[s] = expert ids[s] @ x(s) for every slot s (cuda/matvec.cu, moe_matvec_<type>_<variant>)."""
-    v = variant or switches.moe_matvec_variant() or matvec_variant(stack)
+    fits_half = stack.cols // unit_values(stack.layout.kernel_type) <= HALF_WARP_UNITS
+    forced = switches.moe_matvec_variant()
+    v = variant or (forced if forced and (fits_half or not forced.endswith("h")) else matvec_variant(stack))
     half = v.endswith("h")
-    assert not half or stack.cols // unit_values(stack.layout.kernel_type) <= HALF_WARP_UNITS, (v, stack.cols)
+    assert fits_half or not half, (v, stack.cols)
     rows_per_block = quant_ops.MATVEC_WARPS * int(v[1]) * (2 if half else 1)
     rt.launch(f"moe_matvec_{stack.layout.kernel_type}_{v}",
               (-(-stack.rows // rows_per_block), n_slots), 32 * quant_ops.MATVEC_WARPS,

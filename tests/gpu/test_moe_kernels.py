@@ -69,16 +69,28 @@ def test_topk_ties_go_to_the_lower_id_and_nan_counts_as_minus_inf(gpu, n_expert)
     assert np.isfinite(got_w).all() and np.allclose(got_w.sum(-1), 1.0, rtol=1e-6)
 
 
+class ScratchWeights:
+    """The pool with weights put in the scratch region, which is emptied after every test: the
+    session's 256 MiB weights region would fill up over this file's many stacks."""
+
+    def __init__(self, pool):
+        self.pool = pool
+
+    def alloc(self, region: str, nbytes: int, name: str = ""):
+        return self.pool.alloc("scratch", nbytes, name)
+
+
 def expert_stack(gpu, ggml_type, n_expert, rows, cols, rng) -> tuple[moe.ExpertStack, list]:
     data = np.stack([random_weight_bytes(ggml_type, rows, cols, rng) for _ in range(n_expert)])
     stack = moe.ExpertStack.plan([TensorInfo("e", (n_expert, rows, cols), ggml_type, data)], "e")
     stack.table = np.zeros(n_expert, np.uint64)
-    base = gpu.pool.alloc("weights", n_expert * stack.expert_bytes, "experts").ptr
+    pool = ScratchWeights(gpu.pool)
+    base = pool.alloc("weights", n_expert * stack.expert_bytes, "experts").ptr
     dense = []
     for e in range(n_expert):
         stack.table[e] = base + e * stack.expert_bytes
         gpu.rt.upload(int(stack.table[e]), stack.expert_host_bytes(e))
-        dense.append(quant_ops.upload_weight(gpu.rt, gpu.pool, TensorInfo(f"e{e}", (rows, cols), ggml_type, data[e])))
+        dense.append(quant_ops.upload_weight(gpu.rt, pool, TensorInfo(f"e{e}", (rows, cols), ggml_type, data[e])))
     stack.table_ptr = gpu.put(stack.table)
     return stack, dense
 
