@@ -193,9 +193,6 @@ __device__ __forceinline__ void matvec_dots_db(const uint8_t* __restrict__ wq, c
     }
 }
 
-// ---- int8 matvec -----------------------------------------------------------------------------
-// FUSED: x is f32 and the block first quantizes it into shared memory (C rows of `stride` bytes,
-// dynamic shared memory), saving the quantize_q8_1 launch; worth it for small K only.
 // The sum over a row's LW lanes: warp_sum's butterfly from offset LW / 2 down. For a row of at most
 // 16 units in 16 lanes this is warp_sum's result bit for bit: there lanes 16-31 hold +0.0 (no unit)
 // and no lane holds -0.0 (fadd(0, x) is never -0), so warp_sum's first step adds exact zeros.
@@ -206,6 +203,9 @@ __device__ __forceinline__ float lanes_sum(float v) {
     return v;
 }
 
+// ---- int8 matvec -----------------------------------------------------------------------------
+// FUSED: x is f32 and the block first quantizes it into shared memory (C rows of `stride` bytes,
+// dynamic shared memory), saving the quantize_q8_1 launch; worth it for small K only.
 template <class T, int R, int C, int U, bool FUSED, int LW = 32>
 __device__ __forceinline__ void matvec_q(const uint8_t* __restrict__ wq, const uint8_t* __restrict__ wm,
                                          const void* __restrict__ xsrc, float* __restrict__ y,
