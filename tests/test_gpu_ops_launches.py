@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from memra_engine.gpu import build
+from memra_engine.gpu import build, quant_ops
 from memra_engine.gpu.kv_cache import GpuKvCache
 from memra_engine.gpu.ops import (ATTN_MAX_SPLITS, ATTN_MAX_SPLITS_CL, Arena, DArray, GpuOps, attention_launch,
                                   attn_plan, attn_row_splits, attn_slots, attn_splits, kv_bucket)
@@ -332,6 +332,19 @@ def test_gemma3_embedding_scale_rides_on_the_embed_launch(model_paths, T):
     scale_f32 launch (the GPU backend tests compare the logits with the CPU reference)."""
     launches = run_forward(model_paths["tiny-gemma3"], T)
     assert launches[0].startswith("embed_") and "scale_f32" not in launches
+
+
+def test_moe_unit_values_mirror_quants_cuh():
+    """moe.unit_values restates each type's T::UE (quants.cuh): the half-warp expert matvec is
+    picked by a row's unit count, so a drift would put rows of more than 16 units in half-warps."""
+    from memra_engine.gpu import moe
+
+    src = (Path(__file__).parents[1] / "cuda" / "quants.cuh").read_text()
+    ue = dict(re.findall(r"struct (\w+)_t \{[^\n]*\n\s*static constexpr int [^;]*UE = (\d+);", src))
+    quant = {kind for kind, _, _ in quant_ops.QUANT_PLANES.values()}
+    assert quant <= set(ue), quant - set(ue)
+    for kind in quant:
+        assert moe.unit_values(kind) == int(ue[kind]), kind
 
 
 def test_attention_plan_mirrors_attention_cu():

@@ -103,12 +103,17 @@ def unit_values(kernel_type: str) -> int:
     return 64 if kernel_type in ("q2_K", "q3_K", "q4_K", "q5_K", "q6_K") else 32
 
 
+def fits_half_warps(stack: "ExpertStack") -> bool:
+    """Whether a row has at most HALF_WARP_UNITS units (the half-warp variants' rows)."""
+    return stack.cols // unit_values(stack.layout.kernel_type) <= HALF_WARP_UNITS
+
+
 def matvec_variant(stack: "ExpertStack") -> str:
     """Half-warp rows where a row has at most 16 units (the down of an FFN-768 expert: 12 of 32
     lanes busy in a whole warp), else r4u1. H100, qwen3-moe shape (profile_decode.py, ctx 128, µs a
     launch), down r4u1 / r2h / r4h: Q4_K ~7.8 / 6.32 / 5.13, Q6_K 9.20 / 8.21 / 7.93; memra-bench
     tg128 graph 854.4 -> 881.3 tok/s, decode_sample default knobs 834.5 -> 861.1 (session 43)."""
-    if stack.cols // unit_values(stack.layout.kernel_type) <= HALF_WARP_UNITS:
+    if fits_half_warps(stack):
         return "r4h"
     return MATVEC_DEFAULT
 
@@ -116,7 +121,7 @@ def matvec_variant(stack: "ExpertStack") -> str:
 def expert_matvec(rt, stack: ExpertStack, ids_ptr: int, xq_ptr: int, y_ptr: int, n_slots: int, top_k: int,
                   x_per_slot: bool, variant: str | None = None) -> None:
     """y[s] = expert ids[s] @ x(s) for every slot s (cuda/matvec.cu, moe_matvec_<type>_<variant>)."""
-    fits_half = stack.cols // unit_values(stack.layout.kernel_type) <= HALF_WARP_UNITS
+    fits_half = fits_half_warps(stack)
     forced = switches.moe_matvec_variant()
     v = variant or (forced if forced and (fits_half or not forced.endswith("h")) else matvec_variant(stack))
     half = v.endswith("h")

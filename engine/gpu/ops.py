@@ -223,7 +223,7 @@ def attn_slots(n_splits: int, cluster: bool = False, head_dim: int = 64, kv_type
 ATTN_SMALL_GRID = 256
 
 
-def attn_group_tile(group: int, head_dim: int = 64, blocks: int = ATTN_SMALL_GRID) -> int:
+def attn_group_tile(group: int, head_dim: int, blocks: int) -> int:
     """Query heads per block: the kernel instance (1, 2, 4 or 8) that covers a GQA group; blocks:
     the grid 8-head blocks would give (kv heads x head groups x splits x rows). Every instance
     gives the same bits (tests/gpu/test_attention.py), so the choice may follow the grid."""

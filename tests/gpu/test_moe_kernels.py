@@ -121,7 +121,7 @@ def test_expert_matvec_slots_equal_dense_matvecs(gpu, ggml_type, x_per_slot, col
         quant_ops.matvec(gpu.rt, dense[ids[s]], 0, xq + row * stride, out, 1, variant=(1, 1))
         want.append(gpu.get(out, (rows,)))
     idp = gpu.put(ids)
-    half_fits = cols // moe.unit_values(stack.layout.kernel_type) <= moe.HALF_WARP_UNITS
+    half_fits = moe.fits_half_warps(stack)
     variants = [v for v in moe.MATVEC_VARIANTS if half_fits or not v.endswith("h")]
     assert any(v.endswith("h") for v in variants) == half_fits
     for variant in variants:
