@@ -261,6 +261,47 @@ __device__ __forceinline__ void matvec_q(const uint8_t* __restrict__ wq, const u
 // ---- float matvec (F16/BF16/F32 weights, f32 activations) ------------------------------------
 // Weight rows padded to ldw = round_up(cols, 8) values. x rows are `cols` floats; vector loads of
 // x only when cols % 8 == 0 (then every row stays 16-byte aligned).
+// MF_U units a lane a step: the step's weight loads are issued before its dots (the MoE router,
+// K = 2048 in f32, is 8 units a lane, and the loop once kept about one unit's loads in flight).
+// Units per lane, their order per column and every float operation are one unit a step's, so the
+// same bits; the aligned-x test is taken once, outside the loop.
+#define MF_U 4
+template <class F, int C, bool VEC>
+__device__ __forceinline__ void matvec_f_dots(const uint8_t* __restrict__ wrow, const float* __restrict__ x, int cols,
+                                              int nu, int n_tokens, float (&acc)[C]) {
+    const int lane = threadIdx.x & 31;
+    for (int u0 = lane; u0 < nu; u0 += 32 * MF_U) {
+        float wv[MF_U][8];
+#pragma unroll
+        for (int i = 0; i < MF_U; ++i)  // clamped: loads stay in bounds, dots skipped
+            F::load8(wrow + (size_t)min(u0 + 32 * i, nu - 1) * F::QB, wv[i]);
+#pragma unroll
+        for (int c = 0; c < C; ++c) {
+            if (c < n_tokens) {
+#pragma unroll
+                for (int i = 0; i < MF_U; ++i) {
+                    const int u = u0 + 32 * i;
+                    if (u < nu) {
+                        const float* xr = x + (size_t)c * cols + 8 * u;
+                        float xv[8];
+                        if (VEC) {
+                            const float4 a = *reinterpret_cast<const float4*>(xr), b = *reinterpret_cast<const float4*>(xr + 4);
+                            xv[0] = a.x; xv[1] = a.y; xv[2] = a.z; xv[3] = a.w; xv[4] = b.x; xv[5] = b.y; xv[6] = b.z; xv[7] = b.w;
+                        } else {
+#pragma unroll
+                            for (int e = 0; e < 8; ++e) xv[e] = 8 * u + e < cols ? xr[e] : 0.0f;
+                        }
+                        float s = 0.0f;
+#pragma unroll
+                        for (int e = 0; e < 8; ++e) s = fmaf(wv[i][e], xv[e], s);
+                        acc[c] = fadd(acc[c], s);
+                    }
+                }
+            }
+        }
+    }
+}
+
 template <class F, int C>
 __device__ __forceinline__ void matvec_f(const uint8_t* __restrict__ w, const float* __restrict__ x, float* __restrict__ y,
                                          int rows, int cols, int n_tokens) {
@@ -268,33 +309,12 @@ __device__ __forceinline__ void matvec_f(const uint8_t* __restrict__ w, const fl
     const int row = blockIdx.x * MV_WARPS + (threadIdx.x >> 5);
     if (row >= rows) return;
     const int nu = (cols + 7) >> 3;
-    const bool vec = (cols & 7) == 0;
     const uint8_t* wrow = w + (size_t)row * nu * F::QB;
     float acc[C];
 #pragma unroll
     for (int c = 0; c < C; ++c) acc[c] = 0.0f;
-    for (int u = lane; u < nu; u += 32) {
-        float wv[8];
-        F::load8(wrow + (size_t)u * F::QB, wv);
-#pragma unroll
-        for (int c = 0; c < C; ++c) {
-            if (c < n_tokens) {
-                const float* xr = x + (size_t)c * cols + 8 * u;
-                float xv[8];
-                if (vec) {
-                    const float4 a = *reinterpret_cast<const float4*>(xr), b = *reinterpret_cast<const float4*>(xr + 4);
-                    xv[0] = a.x; xv[1] = a.y; xv[2] = a.z; xv[3] = a.w; xv[4] = b.x; xv[5] = b.y; xv[6] = b.z; xv[7] = b.w;
-                } else {
-#pragma unroll
-                    for (int e = 0; e < 8; ++e) xv[e] = 8 * u + e < cols ? xr[e] : 0.0f;
-                }
-                float s = 0.0f;
-#pragma unroll
-                for (int e = 0; e < 8; ++e) s = fmaf(wv[e], xv[e], s);
-                acc[c] = fadd(acc[c], s);
-            }
-        }
-    }
+    if ((cols & 7) == 0) matvec_f_dots<F, C, true>(wrow, x, cols, nu, n_tokens, acc);  // x rows 16-byte aligned
+    else matvec_f_dots<F, C, false>(wrow, x, cols, nu, n_tokens, acc);
 #pragma unroll
     for (int c = 0; c < C; ++c) {
         const float v = warp_sum(acc[c]);

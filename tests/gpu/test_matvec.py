@@ -111,7 +111,7 @@ def test_smollm2_shape_576(gpu, ggml_type):
 
 
 @pytest.mark.parametrize("ggml_type", FLOAT_TYPES, ids=lambda t: t.name)
-@pytest.mark.parametrize("rows,cols,tokens", [(301, 77, 1), (129, 576, 3), (33, 1000, 17)])
+@pytest.mark.parametrize("rows,cols,tokens", [(301, 77, 1), (129, 576, 3), (33, 1000, 17), (64, 2048, 2)])
 def test_float_matvec(gpu, ggml_type, rows, cols, tokens):
     rt, pool = gpu.rt, gpu.pool
     rng = np.random.default_rng(rows + cols + int(ggml_type))
