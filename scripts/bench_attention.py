@@ -20,7 +20,7 @@ from memra_engine.gpu.ops import attention_launch, attn_slots, attn_splits, kv_b
 from memra_engine.gpu.runtime import GpuRuntime
 
 SHAPES = {"smollm2 hd64 9/3": (9, 3, 64), "gemma3 hd256 4/1": (4, 1, 256), "qwen3 hd128 16/8": (16, 8, 128),
-          "llama-8b hd128 32/8": (32, 8, 128)}
+          "llama-8b hd128 32/8": (32, 8, 128), "qwen3-moe hd128 32/4": (32, 4, 128)}
 KEYS = (1, 33, 129, 513, 1025, 2049, 4097)
 N_LAYERS = 30  # the cold rows: SmolLM2's layer count
 REPS = 50
