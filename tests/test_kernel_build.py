@@ -72,3 +72,26 @@ def test_sm90_features_follow_the_built_arch():
     assert build.arch_for_capability(10, 0) == "sm_80" and not build.has_sm90_features("sm_80")
     assert not build.has_sm90_features("sm_86") and not build.has_sm90_features("sm_89")
     assert build.has_sm90_features(build.arch_for_capability(9, 0)) and build.has_sm90_features("sm_120")
+
+
+def test_build_prebuilt_writes_what_the_loader_takes(tmp_path, monkeypatch):
+    """scripts/build_prebuilt.py's output is taken by build._prebuilt: each family's fatbin with its
+    own `<family>.key` (a single .key for the folder was silently ignored, so the device compiled
+    everything itself). nvcc is stubbed: the layout is what is under test."""
+    import runpy
+    from pathlib import Path
+
+    def fake_compile(family, archs, ptx, out, threads=1):
+        out.write_bytes(f"fatbin of {family}".encode())
+
+    monkeypatch.setattr(build, "compile_family", fake_compile)
+    pkg = tmp_path / "kernels"
+    monkeypatch.setattr("sys.argv", ["build_prebuilt.py", str(pkg / "prebuilt")])
+    runpy.run_path(str(Path(__file__).parents[1] / "scripts" / "build_prebuilt.py"), run_name="__main__")
+    families, key = build.kernel_families(), build.source_hash()
+    monkeypatch.setattr(build, "source_dir", lambda: pkg)  # the loader looks in pkg/prebuilt
+    monkeypatch.setattr(build, "source_hash", lambda: key)  # (it hashes the sources beside it)
+    for family in families:
+        assert build._prebuilt(family) == f"fatbin of {family}".encode(), family
+    (pkg / "prebuilt" / f"{families[0]}.key").write_text("stale")
+    assert build._prebuilt(families[0]) is None  # a key from other sources: not taken
