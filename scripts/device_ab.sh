@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A same-call A/B against an older commit: memra-bench on the tree in ab/old.tar (made here with
 # `git archive -o ab/old.tar REV pyproject.toml engine cuda memra_tui README.md assets`, and optionally
-# that tree's fatbins in ab/prebuilt, built as build/prebuilt is; carry ["ab", ".whl"]), installed beside this tree's /tmp/site, on models already in /tmp/models. Run after
+# that tree's fatbins: `python3 scripts/build_prebuilt.py ab/prebuilt` in a checkout of REV; carry
+# ["ab", ".whl"]), installed beside this tree's /tmp/site, on models already in /tmp/models. Run after
 # scripts/device_decode.sh (or device_run.sh) installed this tree. Extra memra-bench flags: MEMRA_AB_FLAGS.
 # Usage: bash scripts/device_ab.sh SHAPE...   (e.g. llama-8b qwen3-moe)
 set -uo pipefail

@@ -124,6 +124,14 @@ def _prebuilt(family: str) -> bytes | None:
     return None
 
 
+def write_prebuilt(out: Path, fatbins: dict[str, bytes]) -> None:
+    """Lay fatbins out as _prebuilt reads them: `<family>.fatbin` and its `<family>.key`."""
+    out.mkdir(parents=True, exist_ok=True)
+    for family, data in fatbins.items():
+        (out / f"{family}.fatbin").write_bytes(data)
+        (out / f"{family}.key").write_text(source_hash())
+
+
 def compile_family(family: str, archs: Sequence[str], ptx: bool, out: Path, threads: int = 1) -> None:
     """One nvcc call with every -gencode flag. Raises DeviceError with nvcc's first error lines."""
     nvcc = find_nvcc()
