@@ -16,7 +16,8 @@ import pytest
 from memra_engine.gpu import build, quant_ops
 from memra_engine.gpu.kv_cache import GpuKvCache
 from memra_engine.gpu.ops import (ATTN_MAX_SPLITS, ATTN_MAX_SPLITS_CL, Arena, DArray, GpuOps, attention_launch,
-                                  attn_plan, attn_row_splits, attn_slots, attn_splits, kv_bucket)
+                                  attn_max_splits, attn_plan, attn_row_splits, attn_slots, attn_splits,
+                                  kv_bucket)
 from memra_engine.gpu.sampler import GpuSampler, candidate_passes
 from memra_engine.gpu.weights import GpuWeights
 from memra_engine.model import arch_module
@@ -191,6 +192,24 @@ def test_cluster_split_rule():
             splits = attn_row_splits(n, hd, True, kv)
             if chunks <= plan.cluster * plan.cl_chunks:  # one cluster, splits within one chunk of each other
                 assert splits <= plan.cluster and -(-chunks // splits) <= plan.cl_chunks, (n, hd, kv)
+
+
+def test_a_split_cap_bounds_long_rows(monkeypatch):
+    """A model's cap (attn_max_splits) bounds a long row's splits on the cluster path, clamped to one
+    cluster .. 64; short rows and the split path ignore it; MEMRA_ATTN_MAX_SPLITS sets it."""
+    assert attn_row_splits(4224, 128, True) == 44  # 132 chunks of 32: splits of 3
+    assert attn_row_splits(4224, 128, True, "f16", 40) == 33  # splits of 4
+    assert attn_row_splits(4224, 128, True, "f16", 32) == 27  # splits of 5
+    assert attn_row_splits(4224, 128, True, "f16", 1) == attn_row_splits(4224, 128, True, "f16", 8) == 8
+    assert attn_row_splits(4224, 128, True, "f16", 500) == 44
+    assert attn_row_splits(200, 128, True, "f16", 8) == attn_row_splits(200, 128, True)
+    assert attn_row_splits(4224, 128, False, "f16", 8) == attn_row_splits(4224, 128, False)
+    for cap in (8, 24, 40, 64):
+        for n in range(1, 20_000, 13):
+            assert attn_row_splits(n, 128, True, "f16", cap) <= max(cap, 8)
+        assert attn_splits(kv_bucket(8192), 128, True, "f16", cap) % 8 == 0
+    monkeypatch.setenv("MEMRA_ATTN_MAX_SPLITS", "24")
+    assert attn_max_splits(8) == 24
 
 
 @pytest.mark.parametrize("cluster", [False, True])
