@@ -279,7 +279,10 @@ def attention_launch(rt, q, q_ld, kc, vc, kd, vd, opart, ml, positions, T, n_hea
     G = group_tile or attn_group_tile(group, head_dim, n_kv * -(-group // 8) * n_splits * T)
     grid = (n_kv * -(-group // G), n_splits, T)
     kind = "attn_cl" if cluster else "attn"
-    rt.launch(f"{kind}_hd{head_dim}_g{G}_{kv_type}", grid, attn_plan(head_dim, kv_type).threads,
+    name = f"{kind}_hd{head_dim}_g{G}_{kv_type}"
+    if cluster and name == "attn_cl_hd128_g4_f16" and switches.attn_mb4():
+        name += "_mb4"
+    rt.launch(name, grid, attn_plan(head_dim, kv_type).threads,
               (q, q_ld, kc, vc, kd, vd, opart, ml, positions, n_head, n_kv, n_ctx, int(window),
                np.float32(scale), np.float32(softcap), out, xq, xq_stride, max_splits))
     slots = attn_slots(n_splits, cluster, head_dim, kv_type)
