@@ -710,9 +710,8 @@ __device__ void attn_merge_rows(const float* __restrict__ opart, const float* __
         opart, ml, n_parts, n_slots, g, h0, blockIdx.y * ATTN_MERGE_DIMS, t, n_head, out, xq, xq_stride);
 }
 
-#define ATTN_KERNEL(NAME, HD, G, Q8, CL) ATTN_KERNEL_MB(NAME, HD, G, Q8, CL, attn_min_blocks(HD, Q8))
-#define ATTN_KERNEL_MB(NAME, HD, G, Q8, CL, MB)                                                                 \
-    extern "C" __global__ void __launch_bounds__(attn_threads(HD, Q8), MB) ATTN_DIMS_##CL(HD, Q8) NAME(     \
+#define ATTN_KERNEL(NAME, HD, G, Q8, CL)                                                                        \
+    extern "C" __global__ void __launch_bounds__(attn_threads(HD, Q8), attn_min_blocks(HD, Q8)) ATTN_DIMS_##CL(HD, Q8) NAME( \
         const float* q, int q_ld, const void* kc, const void* vc, const half* kd, const half* vd, float* opart,  \
         float* ml, const int* pos, int n_head, int n_kv, int n_ctx, int window, float scale, float softcap,     \
         float* out, int8_t* xq, int xq_stride, int max_cl) {                                                     \
@@ -788,9 +787,6 @@ ATTN_KERNEL(attn_cl_hd128_g2_f16, 128, 2, false, true)
 ATTN_KERNEL(attn_cl_hd128_g4_f16, 128, 4, false, true)
 // memra-kernel: attn_cl_hd128_g8_f16(PiPPPPPPPiiiiffPPii)
 ATTN_KERNEL(attn_cl_hd128_g8_f16, 128, 8, false, true)
-// A/B (MEMRA_ATTN_MB4=1): the 4-head hd128 cluster kernel at <= 128 registers, four blocks an SM
-// memra-kernel: attn_cl_hd128_g4_f16_mb4(PiPPPPPPPiiiiffPPii)
-ATTN_KERNEL_MB(attn_cl_hd128_g4_f16_mb4, 128, 4, false, true, 4)
 // memra-kernel: attn_cl_hd256_g1_f16(PiPPPPPPPiiiiffPPii)
 ATTN_KERNEL(attn_cl_hd256_g1_f16, 256, 1, false, true)
 // memra-kernel: attn_cl_hd256_g2_f16(PiPPPPPPPiiiiffPPii)

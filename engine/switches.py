@@ -23,11 +23,6 @@ def attn_max_splits() -> int | None:
     return int(forced) if forced else None
 
 
-def attn_mb4() -> bool:
-    """MEMRA_ATTN_MB4=1: the 4-head hd128 cluster attention built for four blocks an SM (an A/B)."""
-    return os.environ.get("MEMRA_ATTN_MB4", "0") == "1"
-
-
 def batched_rows() -> int | None:
     """MEMRA_BATCHED_R=2|4: rows per warp of the batched (verify) matvec; None: chosen per shape."""
     forced = os.environ.get("MEMRA_BATCHED_R")

@@ -70,14 +70,14 @@ def run(rt) -> None:
         for cluster in paths:
             row = []
             for n in KEYS:
-                S = attn_splits(kv_bucket(n), hd, cluster, "f16", attn_max_splits(n_kv))
+                S = attn_splits(kv_bucket(n), hd, cluster, "f16", attn_max_splits(n_kv, H // n_kv, hd))
                 slots = attn_slots(S, cluster, hd)
                 opart = put(np.zeros(slots * H * hd, np.float32))
                 ml = put(np.zeros(slots * H * 2, np.float32))
                 pos = put(np.array([n - 1], np.int32))
                 row.append(time_launches(rt, lambda: attention_launch(
                     rt, q, H * hd, kc, vc, 0, 0, opart, ml, pos, 1, H, n_kv, hd, n_ctx, 0, 0.125, 0.0, out,
-                    0, 0, S, "f16", cluster, max_splits=attn_max_splits(n_kv))))
+                    0, 0, S, "f16", cluster, max_splits=attn_max_splits(n_kv, H // n_kv, hd))))
             label = f"{name} {'cluster' if cluster else 'split'}"
             print(f"{label:28s}" + "".join(f"{x:9.2f}" for x in row) + "   µs")
     if rt.cluster_attention:
@@ -96,7 +96,7 @@ def taken_apart(rt, put, rng, n_ctx, name, q_shape) -> None:
     for label, (merge, n_caches) in rows.items():
         row = []
         for n in KEYS:
-            S = attn_splits(kv_bucket(n), hd, True, "f16", attn_max_splits(n_kv))
+            S = attn_splits(kv_bucket(n), hd, True, "f16", attn_max_splits(n_kv, H // n_kv, hd))
             opart = put(np.zeros(attn_slots(S, True, hd) * H * hd, np.float32))
             ml = put(np.zeros(attn_slots(S, True, hd) * H * 2, np.float32))
             pos = put(np.array([n - 1], np.int32))
@@ -105,7 +105,7 @@ def taken_apart(rt, put, rng, n_ctx, name, q_shape) -> None:
             def body():
                 kc, vc = caches[next(turn) % n_caches]
                 attention_launch(rt, q, H * hd, kc, vc, 0, 0, opart, ml, pos, 1, H, n_kv, hd, n_ctx, 0, 0.125, 0.0,
-                                 out, 0, 0, S, "f16", True, merge=merge, max_splits=attn_max_splits(n_kv))
+                                 out, 0, 0, S, "f16", True, merge=merge, max_splits=attn_max_splits(n_kv, H // n_kv, hd))
 
             row.append(time_launches(rt, body))
         print(f"{name.split()[0] + ' cl ' + label:28s}" + "".join(f"{x:9.2f}" for x in row) + "   µs")

@@ -491,7 +491,8 @@ class CudaBackend:
     def splits_for(self, n_keys: int) -> int:
         """The attention grid for rows of up to n_keys keys: a captured graph's key."""
         return attn_splits(kv_bucket(n_keys), self.config.head_dim, self.rt.cluster_attention, self.kv_type,
-                           attn_max_splits(self.config.n_kv_head))
+                           attn_max_splits(self.config.n_kv_head, self.config.n_head // self.config.n_kv_head,
+                                           self.config.head_dim, self.kv_type))
 
     def prefill_splits_for(self, n_keys: int) -> int:
         """The split-path grid that prefill forwards take (GpuOps.begin)."""

@@ -178,12 +178,27 @@ def attn_plan(head_dim: int, kv_type: str = "f16") -> AttnPlan:
     return AttnPlan(128, 8, 2)
 
 
-def attn_max_splits(n_kv: int) -> int:
-    """max_cl of attention.cu's split rule for a model with n_kv kv heads: the most splits a long
-    decode/verify row takes on the cluster path. A model constant (never the grid's), so decode and
-    verify rows split alike."""
+# 4-warp attn_rows blocks resident at once on the cluster path: 40 clusters of 8 (H100, 132 SMs,
+# 3 blocks an SM at 157 registers). A long row's splits beyond that queue for a second wave: at
+# 4,224 keys the 8B (8 kv heads) ran 44 splits of 3 chunks a row, 48 clusters, attention + merge
+# 17.8 µs a layer; capped at 40 splits (33 of 4 chunks, 40 clusters) 13.2 µs (docs/gpu-log.md,
+# session 47).
+ATTN_CL_BLOCKS = 320
+
+
+def attn_max_splits(n_kv: int, group: int, head_dim: int, kv_type: str = "f16") -> int:
+    """max_cl of attention.cu's split rule: the most splits a long decode/verify row takes on the
+    cluster path, so that a row's clusters over every kv head (4-head blocks) fit ATTN_CL_BLOCKS.
+    A model constant, never the grid's, so decode and verify rows split alike. hd64 f16 (8-warp
+    blocks in clusters of 16, rows of up to 8,192 keys in one cluster) keeps the most."""
     forced = switches.attn_max_splits()
-    return forced if forced else ATTN_MAX_SPLITS_CL
+    if forced:
+        return forced
+    plan = attn_plan(head_dim, kv_type)
+    if plan.cluster != 8:
+        return ATTN_MAX_SPLITS_CL
+    per_row = ATTN_CL_BLOCKS // (n_kv * -(-group // 4)) // plan.cluster * plan.cluster
+    return min(max(per_row, plan.cluster), ATTN_MAX_SPLITS_CL)
 
 
 def attn_row_splits(n_keys: int, head_dim: int, cluster: bool = False, kv_type: str = "f16",
@@ -279,10 +294,7 @@ def attention_launch(rt, q, q_ld, kc, vc, kd, vd, opart, ml, positions, T, n_hea
     G = group_tile or attn_group_tile(group, head_dim, n_kv * -(-group // 8) * n_splits * T)
     grid = (n_kv * -(-group // G), n_splits, T)
     kind = "attn_cl" if cluster else "attn"
-    name = f"{kind}_hd{head_dim}_g{G}_{kv_type}"
-    if cluster and name == "attn_cl_hd128_g4_f16" and switches.attn_mb4():
-        name += "_mb4"
-    rt.launch(name, grid, attn_plan(head_dim, kv_type).threads,
+    rt.launch(f"{kind}_hd{head_dim}_g{G}_{kv_type}", grid, attn_plan(head_dim, kv_type).threads,
               (q, q_ld, kc, vc, kd, vd, opart, ml, positions, n_head, n_kv, n_ctx, int(window),
                np.float32(scale), np.float32(softcap), out, xq, xq_stride, max_splits))
     slots = attn_slots(n_splits, cluster, head_dim, kv_type)
@@ -298,7 +310,8 @@ class GpuOps:
         cluster: attention on the cluster path (GpuRuntime.cluster_attention)."""
         self.rt = _DryRuntime() if dry else rt
         self.cfg, self.kv, self.arena, self.dry, self.cluster = cfg, kv, arena, dry, cluster
-        self.attn_max_splits = attn_max_splits(cfg.n_kv_head)
+        self.attn_max_splits = attn_max_splits(cfg.n_kv_head, cfg.n_head // cfg.n_kv_head, cfg.head_dim,
+                                               kv.kv_type)
         self.history_ptr = 0  # device token history the embed kernel records into (0: none)
         # MoE routing log: in a forward of T tokens moe_topk also writes layer l's ids at
         # moe_log_ptr + 4 * k * T * l, so the forward's log is one block of n_layer * T * k ints

@@ -126,21 +126,6 @@ def test_a_model_split_cap_keeps_rows_exact_and_grid_independent(gpu, cluster, h
     assert np.array_equal(alone[0], base[1])
 
 
-def test_the_four_block_hd128_build_gives_the_same_bits(gpu, monkeypatch):
-    """MEMRA_ATTN_MB4=1 (attn_cl_hd128_g4_f16_mb4: the same code at <= 128 registers) against the
-    default build, bit for bit, on rows of one split, one cluster and several clusters."""
-    if not gpu.rt.built_sm90:
-        pytest.skip("thread-block clusters need kernels built for sm_90+")
-    rng = np.random.default_rng(44)
-    q, kc, vc, k_new, v_new = random_case(rng, 4, 32, 8, 128, 4400)
-    pos = np.array([20, 600, 2900, 4300])
-    base, kc_dev, vc_dev = run_attention(gpu, q, k_new, v_new, kc, vc, pos, cluster=True, max_splits=40)
-    monkeypatch.setenv("MEMRA_ATTN_MB4", "1")
-    mb4, _, _ = run_attention(gpu, q, k_new, v_new, kc_dev, vc_dev, pos, cluster=True, max_splits=40)
-    assert np.array_equal(base, mb4)
-    assert rel_err(mb4, attention_ref(q, kc_dev, vc_dev, pos, 1 / np.sqrt(128), 0, 0.0)) < 1e-4
-
-
 @pytest.mark.parametrize("hd", [64, 128, 256])
 def test_prefill_rows_are_causal_with_window_and_softcap(gpu, cluster, hd):
     rng = np.random.default_rng(hd)
