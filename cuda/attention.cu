@@ -127,10 +127,11 @@ __device__ __forceinline__ AttnHeads attn_heads(int n_head, int n_kv) {
 // keys, the smallest that fits. Cluster path (cs blocks a cluster): the row's chunks spread evenly
 // over one cluster while a split walks at most cl_chunks of them (hd256: gemma3's 512-key sliding
 // window in one cluster; hd64: up to 8192 keys); longer rows get splits of cl_chunks (or more, so
-// that at most ATTN_MAX_SPLITS_CL) over several clusters. Depends on the row's position only
-// (bit-identical rows across grids).
+// that at most max_cl, clamped to cs .. ATTN_MAX_SPLITS_CL) over several clusters. max_cl is the
+// model's (ops.attn_max_splits: from its kv head count, never the grid), so a row's split depends
+// on its position only (bit-identical rows across grids, decode and verify alike).
 __device__ __forceinline__ int attn_splits_of_row(int p, int window, int chunk, bool cluster, int cs, int cl_chunks,
-                                                  int& start, int& split_len) {
+                                                  int max_cl, int& start, int& split_len) {
     start = window > 0 ? max(0, p + 1 - window) : 0;
     const int n_keys = p + 1 - start;
     if (!cluster) {
@@ -138,9 +139,10 @@ __device__ __forceinline__ int attn_splits_of_row(int p, int window, int chunk, 
         while ((n_keys + split_len - 1) / split_len > ATTN_MAX_SPLITS) split_len *= 2;
         return (n_keys + split_len - 1) / split_len;
     }
+    max_cl = min(max(max_cl, cs), ATTN_MAX_SPLITS_CL);
     const int chunks = (n_keys + chunk - 1) / chunk;
     int per = (chunks + cs - 1) / cs;
-    if (per > cl_chunks) per = max(cl_chunks, (chunks + ATTN_MAX_SPLITS_CL - 1) / ATTN_MAX_SPLITS_CL);
+    if (per > cl_chunks) per = max(cl_chunks, (chunks + max_cl - 1) / max_cl);
     split_len = per * chunk;
     return (chunks + per - 1) / per;
 }
@@ -257,7 +259,8 @@ __device__ void attn_rows(const float* __restrict__ q, int q_ld, const void* __r
                           const void* __restrict__ vc, const half* __restrict__ kd, const half* __restrict__ vd,
                           float* __restrict__ opart, float* __restrict__ ml, const int* __restrict__ pos,
                           int n_head, int n_kv, int n_ctx, int window, float scale,
-                          float softcap, float* __restrict__ out, int8_t* __restrict__ xq, int xq_stride) {
+                          float softcap, float* __restrict__ out, int8_t* __restrict__ xq, int xq_stride,
+                          int max_cl) {
     using S = AttnShape<HD>;
     __shared__ __align__(16) float q_s[G][HD];
     __shared__ float p_s[G][S::CHUNK];
@@ -276,7 +279,7 @@ __device__ void attn_rows(const float* __restrict__ q, int q_ld, const void* __r
     const int p = pos[t];
     int start, split_len;
     constexpr int CS = attn_cluster(HD, Q8);
-    const int n_act = attn_splits_of_row(p, window, S::CHUNK, CL, CS, attn_cl_chunks(HD, Q8), start, split_len);
+    const int n_act = attn_splits_of_row(p, window, S::CHUNK, CL, CS, attn_cl_chunks(HD, Q8), max_cl, start, split_len);
     // split path: blocks past the row's splits have nothing to do. Cluster path: whole clusters
     // past them leave; the rest of the last cluster stays for the cluster barriers (and merges).
     if (CL ? (s / CS) * CS >= n_act || (n_act == 1 && s > 0) : s >= n_act) return;
@@ -471,7 +474,7 @@ __device__ void attn_rows_mma64(const float* __restrict__ q, int q_ld, const hal
                                 const half* __restrict__ vc, float* __restrict__ opart, float* __restrict__ ml,
                                 const int* __restrict__ pos, int n_head, int n_kv, int n_ctx, int window,
                                 float scale, float softcap, float* __restrict__ out, int8_t* __restrict__ xq,
-                                int xq_stride) {
+                                int xq_stride, int max_cl) {
     constexpr int HD = 64, CHUNK = AttnShape<HD>::CHUNK, NT = attn_threads(HD, false), NW = NT / 32;
     constexpr int KW = 16, TRIP = NW * KW, CS = attn_cluster(HD, false);  // keys per warp / per block, a trip
     static_assert(G <= 8 && TRIP % CHUNK == 0, "heads in MMA rows 0-7; a trip takes whole chunks");
@@ -484,7 +487,7 @@ __device__ void attn_rows_mma64(const float* __restrict__ q, int q_ld, const hal
 
     const int p = pos[t];  // before the PDL wait, with the L2 prefetch: as in attn_rows
     int start, split_len;
-    const int n_act = attn_splits_of_row(p, window, CHUNK, CL, CS, attn_cl_chunks(HD, false), start, split_len);
+    const int n_act = attn_splits_of_row(p, window, CHUNK, CL, CS, attn_cl_chunks(HD, false), max_cl, start, split_len);
     if (CL ? (s / CS) * CS >= n_act || (n_act == 1 && s > 0) : s >= n_act) return;
     const bool active = s < n_act;
     const int j0 = start + s * split_len, j1 = min(p + 1, j0 + split_len);
@@ -691,13 +694,13 @@ __device__ void attn_merge_parts(const float* __restrict__ opart, const float* _
 template <int HD, int G, bool Q8, bool CL>
 __device__ void attn_merge_rows(const float* __restrict__ opart, const float* __restrict__ ml,
                                 const int* __restrict__ pos, int n_head, int n_kv, int n_slots, int window,
-                                float* __restrict__ out, int8_t* __restrict__ xq, int xq_stride) {
+                                float* __restrict__ out, int8_t* __restrict__ xq, int xq_stride, int max_cl) {
     const auto [kvh, h0, g] = attn_heads<G>(n_head, n_kv);
     const int t = blockIdx.z;
     int start, split_len;
     constexpr int CS = attn_cluster(HD, Q8);
-    const int n_act = attn_splits_of_row(pos[t], window, AttnShape<HD>::CHUNK, CL, CS, attn_cl_chunks(HD, Q8), start,
-                                         split_len);
+    const int n_act = attn_splits_of_row(pos[t], window, AttnShape<HD>::CHUNK, CL, CS, attn_cl_chunks(HD, Q8), max_cl,
+                                         start, split_len);
     const int n_parts = CL ? (n_act + CS - 1) / CS : n_act;
     // Every block waits, those with nothing to merge too: if all of a launch's blocks left before
     // the wait, the next kernel could start before the attention kernel has finished.
@@ -711,186 +714,188 @@ __device__ void attn_merge_rows(const float* __restrict__ opart, const float* __
     extern "C" __global__ void __launch_bounds__(attn_threads(HD, Q8), attn_min_blocks(HD, Q8)) ATTN_DIMS_##CL(HD, Q8) NAME( \
         const float* q, int q_ld, const void* kc, const void* vc, const half* kd, const half* vd, float* opart,  \
         float* ml, const int* pos, int n_head, int n_kv, int n_ctx, int window, float scale, float softcap,     \
-        float* out, int8_t* xq, int xq_stride) {                                                                 \
+        float* out, int8_t* xq, int xq_stride, int max_cl) {                                                     \
         if constexpr (HD == 64 && !Q8)                                                                          \
             attn_rows_mma64<G, CL>(q, q_ld, static_cast<const half*>(kc), static_cast<const half*>(vc), opart,  \
-                                   ml, pos, n_head, n_kv, n_ctx, window, scale, softcap, out, xq, xq_stride);    \
+                                   ml, pos, n_head, n_kv, n_ctx, window, scale, softcap, out, xq, xq_stride,     \
+                                   max_cl);                                                                      \
         else                                                                                                     \
             attn_rows<HD, G, Q8, CL>(q, q_ld, kc, vc, kd, vd, opart, ml, pos, n_head, n_kv, n_ctx, window,       \
-                                     scale, softcap, out, xq, xq_stride);                                        \
+                                     scale, softcap, out, xq, xq_stride, max_cl);                                \
     }
-// memra-kernel: attn_hd64_g1_f16(PiPPPPPPPiiiiffPPi)
+// memra-kernel: attn_hd64_g1_f16(PiPPPPPPPiiiiffPPii)
 ATTN_KERNEL(attn_hd64_g1_f16, 64, 1, false, false)
-// memra-kernel: attn_hd64_g2_f16(PiPPPPPPPiiiiffPPi)
+// memra-kernel: attn_hd64_g2_f16(PiPPPPPPPiiiiffPPii)
 ATTN_KERNEL(attn_hd64_g2_f16, 64, 2, false, false)
-// memra-kernel: attn_hd64_g4_f16(PiPPPPPPPiiiiffPPi)
+// memra-kernel: attn_hd64_g4_f16(PiPPPPPPPiiiiffPPii)
 ATTN_KERNEL(attn_hd64_g4_f16, 64, 4, false, false)
-// memra-kernel: attn_hd64_g8_f16(PiPPPPPPPiiiiffPPi)
+// memra-kernel: attn_hd64_g8_f16(PiPPPPPPPiiiiffPPii)
 ATTN_KERNEL(attn_hd64_g8_f16, 64, 8, false, false)
-// memra-kernel: attn_hd128_g1_f16(PiPPPPPPPiiiiffPPi)
+// memra-kernel: attn_hd128_g1_f16(PiPPPPPPPiiiiffPPii)
 ATTN_KERNEL(attn_hd128_g1_f16, 128, 1, false, false)
-// memra-kernel: attn_hd128_g2_f16(PiPPPPPPPiiiiffPPi)
+// memra-kernel: attn_hd128_g2_f16(PiPPPPPPPiiiiffPPii)
 ATTN_KERNEL(attn_hd128_g2_f16, 128, 2, false, false)
-// memra-kernel: attn_hd128_g4_f16(PiPPPPPPPiiiiffPPi)
+// memra-kernel: attn_hd128_g4_f16(PiPPPPPPPiiiiffPPii)
 ATTN_KERNEL(attn_hd128_g4_f16, 128, 4, false, false)
-// memra-kernel: attn_hd128_g8_f16(PiPPPPPPPiiiiffPPi)
+// memra-kernel: attn_hd128_g8_f16(PiPPPPPPPiiiiffPPii)
 ATTN_KERNEL(attn_hd128_g8_f16, 128, 8, false, false)
-// memra-kernel: attn_hd256_g1_f16(PiPPPPPPPiiiiffPPi)
+// memra-kernel: attn_hd256_g1_f16(PiPPPPPPPiiiiffPPii)
 ATTN_KERNEL(attn_hd256_g1_f16, 256, 1, false, false)
-// memra-kernel: attn_hd256_g2_f16(PiPPPPPPPiiiiffPPi)
+// memra-kernel: attn_hd256_g2_f16(PiPPPPPPPiiiiffPPii)
 ATTN_KERNEL(attn_hd256_g2_f16, 256, 2, false, false)
-// memra-kernel: attn_hd256_g4_f16(PiPPPPPPPiiiiffPPi)
+// memra-kernel: attn_hd256_g4_f16(PiPPPPPPPiiiiffPPii)
 ATTN_KERNEL(attn_hd256_g4_f16, 256, 4, false, false)
-// memra-kernel: attn_hd256_g8_f16(PiPPPPPPPiiiiffPPi)
+// memra-kernel: attn_hd256_g8_f16(PiPPPPPPPiiiiffPPii)
 ATTN_KERNEL(attn_hd256_g8_f16, 256, 8, false, false)
-// memra-kernel: attn_hd64_g1_q8_0(PiPPPPPPPiiiiffPPi)
+// memra-kernel: attn_hd64_g1_q8_0(PiPPPPPPPiiiiffPPii)
 ATTN_KERNEL(attn_hd64_g1_q8_0, 64, 1, true, false)
-// memra-kernel: attn_hd64_g2_q8_0(PiPPPPPPPiiiiffPPi)
+// memra-kernel: attn_hd64_g2_q8_0(PiPPPPPPPiiiiffPPii)
 ATTN_KERNEL(attn_hd64_g2_q8_0, 64, 2, true, false)
-// memra-kernel: attn_hd64_g4_q8_0(PiPPPPPPPiiiiffPPi)
+// memra-kernel: attn_hd64_g4_q8_0(PiPPPPPPPiiiiffPPii)
 ATTN_KERNEL(attn_hd64_g4_q8_0, 64, 4, true, false)
-// memra-kernel: attn_hd64_g8_q8_0(PiPPPPPPPiiiiffPPi)
+// memra-kernel: attn_hd64_g8_q8_0(PiPPPPPPPiiiiffPPii)
 ATTN_KERNEL(attn_hd64_g8_q8_0, 64, 8, true, false)
-// memra-kernel: attn_hd128_g1_q8_0(PiPPPPPPPiiiiffPPi)
+// memra-kernel: attn_hd128_g1_q8_0(PiPPPPPPPiiiiffPPii)
 ATTN_KERNEL(attn_hd128_g1_q8_0, 128, 1, true, false)
-// memra-kernel: attn_hd128_g2_q8_0(PiPPPPPPPiiiiffPPi)
+// memra-kernel: attn_hd128_g2_q8_0(PiPPPPPPPiiiiffPPii)
 ATTN_KERNEL(attn_hd128_g2_q8_0, 128, 2, true, false)
-// memra-kernel: attn_hd128_g4_q8_0(PiPPPPPPPiiiiffPPi)
+// memra-kernel: attn_hd128_g4_q8_0(PiPPPPPPPiiiiffPPii)
 ATTN_KERNEL(attn_hd128_g4_q8_0, 128, 4, true, false)
-// memra-kernel: attn_hd128_g8_q8_0(PiPPPPPPPiiiiffPPi)
+// memra-kernel: attn_hd128_g8_q8_0(PiPPPPPPPiiiiffPPii)
 ATTN_KERNEL(attn_hd128_g8_q8_0, 128, 8, true, false)
-// memra-kernel: attn_hd256_g1_q8_0(PiPPPPPPPiiiiffPPi)
+// memra-kernel: attn_hd256_g1_q8_0(PiPPPPPPPiiiiffPPii)
 ATTN_KERNEL(attn_hd256_g1_q8_0, 256, 1, true, false)
-// memra-kernel: attn_hd256_g2_q8_0(PiPPPPPPPiiiiffPPi)
+// memra-kernel: attn_hd256_g2_q8_0(PiPPPPPPPiiiiffPPii)
 ATTN_KERNEL(attn_hd256_g2_q8_0, 256, 2, true, false)
-// memra-kernel: attn_hd256_g4_q8_0(PiPPPPPPPiiiiffPPi)
+// memra-kernel: attn_hd256_g4_q8_0(PiPPPPPPPiiiiffPPii)
 ATTN_KERNEL(attn_hd256_g4_q8_0, 256, 4, true, false)
-// memra-kernel: attn_hd256_g8_q8_0(PiPPPPPPPiiiiffPPi)
+// memra-kernel: attn_hd256_g8_q8_0(PiPPPPPPPiiiiffPPii)
 ATTN_KERNEL(attn_hd256_g8_q8_0, 256, 8, true, false)
-// memra-kernel: attn_cl_hd64_g1_f16(PiPPPPPPPiiiiffPPi)
+// memra-kernel: attn_cl_hd64_g1_f16(PiPPPPPPPiiiiffPPii)
 ATTN_KERNEL(attn_cl_hd64_g1_f16, 64, 1, false, true)
-// memra-kernel: attn_cl_hd64_g2_f16(PiPPPPPPPiiiiffPPi)
+// memra-kernel: attn_cl_hd64_g2_f16(PiPPPPPPPiiiiffPPii)
 ATTN_KERNEL(attn_cl_hd64_g2_f16, 64, 2, false, true)
-// memra-kernel: attn_cl_hd64_g4_f16(PiPPPPPPPiiiiffPPi)
+// memra-kernel: attn_cl_hd64_g4_f16(PiPPPPPPPiiiiffPPii)
 ATTN_KERNEL(attn_cl_hd64_g4_f16, 64, 4, false, true)
-// memra-kernel: attn_cl_hd64_g8_f16(PiPPPPPPPiiiiffPPi)
+// memra-kernel: attn_cl_hd64_g8_f16(PiPPPPPPPiiiiffPPii)
 ATTN_KERNEL(attn_cl_hd64_g8_f16, 64, 8, false, true)
-// memra-kernel: attn_cl_hd128_g1_f16(PiPPPPPPPiiiiffPPi)
+// memra-kernel: attn_cl_hd128_g1_f16(PiPPPPPPPiiiiffPPii)
 ATTN_KERNEL(attn_cl_hd128_g1_f16, 128, 1, false, true)
-// memra-kernel: attn_cl_hd128_g2_f16(PiPPPPPPPiiiiffPPi)
+// memra-kernel: attn_cl_hd128_g2_f16(PiPPPPPPPiiiiffPPii)
 ATTN_KERNEL(attn_cl_hd128_g2_f16, 128, 2, false, true)
-// memra-kernel: attn_cl_hd128_g4_f16(PiPPPPPPPiiiiffPPi)
+// memra-kernel: attn_cl_hd128_g4_f16(PiPPPPPPPiiiiffPPii)
 ATTN_KERNEL(attn_cl_hd128_g4_f16, 128, 4, false, true)
-// memra-kernel: attn_cl_hd128_g8_f16(PiPPPPPPPiiiiffPPi)
+// memra-kernel: attn_cl_hd128_g8_f16(PiPPPPPPPiiiiffPPii)
 ATTN_KERNEL(attn_cl_hd128_g8_f16, 128, 8, false, true)
-// memra-kernel: attn_cl_hd256_g1_f16(PiPPPPPPPiiiiffPPi)
+// memra-kernel: attn_cl_hd256_g1_f16(PiPPPPPPPiiiiffPPii)
 ATTN_KERNEL(attn_cl_hd256_g1_f16, 256, 1, false, true)
-// memra-kernel: attn_cl_hd256_g2_f16(PiPPPPPPPiiiiffPPi)
+// memra-kernel: attn_cl_hd256_g2_f16(PiPPPPPPPiiiiffPPii)
 ATTN_KERNEL(attn_cl_hd256_g2_f16, 256, 2, false, true)
-// memra-kernel: attn_cl_hd256_g4_f16(PiPPPPPPPiiiiffPPi)
+// memra-kernel: attn_cl_hd256_g4_f16(PiPPPPPPPiiiiffPPii)
 ATTN_KERNEL(attn_cl_hd256_g4_f16, 256, 4, false, true)
-// memra-kernel: attn_cl_hd256_g8_f16(PiPPPPPPPiiiiffPPi)
+// memra-kernel: attn_cl_hd256_g8_f16(PiPPPPPPPiiiiffPPii)
 ATTN_KERNEL(attn_cl_hd256_g8_f16, 256, 8, false, true)
-// memra-kernel: attn_cl_hd64_g1_q8_0(PiPPPPPPPiiiiffPPi)
+// memra-kernel: attn_cl_hd64_g1_q8_0(PiPPPPPPPiiiiffPPii)
 ATTN_KERNEL(attn_cl_hd64_g1_q8_0, 64, 1, true, true)
-// memra-kernel: attn_cl_hd64_g2_q8_0(PiPPPPPPPiiiiffPPi)
+// memra-kernel: attn_cl_hd64_g2_q8_0(PiPPPPPPPiiiiffPPii)
 ATTN_KERNEL(attn_cl_hd64_g2_q8_0, 64, 2, true, true)
-// memra-kernel: attn_cl_hd64_g4_q8_0(PiPPPPPPPiiiiffPPi)
+// memra-kernel: attn_cl_hd64_g4_q8_0(PiPPPPPPPiiiiffPPii)
 ATTN_KERNEL(attn_cl_hd64_g4_q8_0, 64, 4, true, true)
-// memra-kernel: attn_cl_hd64_g8_q8_0(PiPPPPPPPiiiiffPPi)
+// memra-kernel: attn_cl_hd64_g8_q8_0(PiPPPPPPPiiiiffPPii)
 ATTN_KERNEL(attn_cl_hd64_g8_q8_0, 64, 8, true, true)
-// memra-kernel: attn_cl_hd128_g1_q8_0(PiPPPPPPPiiiiffPPi)
+// memra-kernel: attn_cl_hd128_g1_q8_0(PiPPPPPPPiiiiffPPii)
 ATTN_KERNEL(attn_cl_hd128_g1_q8_0, 128, 1, true, true)
-// memra-kernel: attn_cl_hd128_g2_q8_0(PiPPPPPPPiiiiffPPi)
+// memra-kernel: attn_cl_hd128_g2_q8_0(PiPPPPPPPiiiiffPPii)
 ATTN_KERNEL(attn_cl_hd128_g2_q8_0, 128, 2, true, true)
-// memra-kernel: attn_cl_hd128_g4_q8_0(PiPPPPPPPiiiiffPPi)
+// memra-kernel: attn_cl_hd128_g4_q8_0(PiPPPPPPPiiiiffPPii)
 ATTN_KERNEL(attn_cl_hd128_g4_q8_0, 128, 4, true, true)
-// memra-kernel: attn_cl_hd128_g8_q8_0(PiPPPPPPPiiiiffPPi)
+// memra-kernel: attn_cl_hd128_g8_q8_0(PiPPPPPPPiiiiffPPii)
 ATTN_KERNEL(attn_cl_hd128_g8_q8_0, 128, 8, true, true)
-// memra-kernel: attn_cl_hd256_g1_q8_0(PiPPPPPPPiiiiffPPi)
+// memra-kernel: attn_cl_hd256_g1_q8_0(PiPPPPPPPiiiiffPPii)
 ATTN_KERNEL(attn_cl_hd256_g1_q8_0, 256, 1, true, true)
-// memra-kernel: attn_cl_hd256_g2_q8_0(PiPPPPPPPiiiiffPPi)
+// memra-kernel: attn_cl_hd256_g2_q8_0(PiPPPPPPPiiiiffPPii)
 ATTN_KERNEL(attn_cl_hd256_g2_q8_0, 256, 2, true, true)
-// memra-kernel: attn_cl_hd256_g4_q8_0(PiPPPPPPPiiiiffPPi)
+// memra-kernel: attn_cl_hd256_g4_q8_0(PiPPPPPPPiiiiffPPii)
 ATTN_KERNEL(attn_cl_hd256_g4_q8_0, 256, 4, true, true)
-// memra-kernel: attn_cl_hd256_g8_q8_0(PiPPPPPPPiiiiffPPi)
+// memra-kernel: attn_cl_hd256_g8_q8_0(PiPPPPPPPiiiiffPPii)
 ATTN_KERNEL(attn_cl_hd256_g8_q8_0, 256, 8, true, true)
 
 #define ATTN_MERGE(NAME, HD, G, Q8, CL)                                                                          \
     extern "C" __global__ void __launch_bounds__(ATTN_THREADS) NAME(                                             \
         const float* opart, const float* ml, const int* pos, int n_head, int n_kv, int n_slots, int window,      \
-        float* out, int8_t* xq, int xq_stride) {                                                                 \
-        attn_merge_rows<HD, G, Q8, CL>(opart, ml, pos, n_head, n_kv, n_slots, window, out, xq, xq_stride);       \
+        float* out, int8_t* xq, int xq_stride, int max_cl) {                                                     \
+        attn_merge_rows<HD, G, Q8, CL>(opart, ml, pos, n_head, n_kv, n_slots, window, out, xq, xq_stride,       \
+                                       max_cl);                                                                  \
     }
-// memra-kernel: attn_merge_hd64_g1(PPPiiiiPPi)
+// memra-kernel: attn_merge_hd64_g1(PPPiiiiPPii)
 ATTN_MERGE(attn_merge_hd64_g1, 64, 1, false, false)
-// memra-kernel: attn_merge_hd64_g2(PPPiiiiPPi)
+// memra-kernel: attn_merge_hd64_g2(PPPiiiiPPii)
 ATTN_MERGE(attn_merge_hd64_g2, 64, 2, false, false)
-// memra-kernel: attn_merge_hd64_g4(PPPiiiiPPi)
+// memra-kernel: attn_merge_hd64_g4(PPPiiiiPPii)
 ATTN_MERGE(attn_merge_hd64_g4, 64, 4, false, false)
-// memra-kernel: attn_merge_hd64_g8(PPPiiiiPPi)
+// memra-kernel: attn_merge_hd64_g8(PPPiiiiPPii)
 ATTN_MERGE(attn_merge_hd64_g8, 64, 8, false, false)
-// memra-kernel: attn_merge_hd128_g1(PPPiiiiPPi)
+// memra-kernel: attn_merge_hd128_g1(PPPiiiiPPii)
 ATTN_MERGE(attn_merge_hd128_g1, 128, 1, false, false)
-// memra-kernel: attn_merge_hd128_g2(PPPiiiiPPi)
+// memra-kernel: attn_merge_hd128_g2(PPPiiiiPPii)
 ATTN_MERGE(attn_merge_hd128_g2, 128, 2, false, false)
-// memra-kernel: attn_merge_hd128_g4(PPPiiiiPPi)
+// memra-kernel: attn_merge_hd128_g4(PPPiiiiPPii)
 ATTN_MERGE(attn_merge_hd128_g4, 128, 4, false, false)
-// memra-kernel: attn_merge_hd128_g8(PPPiiiiPPi)
+// memra-kernel: attn_merge_hd128_g8(PPPiiiiPPii)
 ATTN_MERGE(attn_merge_hd128_g8, 128, 8, false, false)
-// memra-kernel: attn_merge_hd256_g1(PPPiiiiPPi)
+// memra-kernel: attn_merge_hd256_g1(PPPiiiiPPii)
 ATTN_MERGE(attn_merge_hd256_g1, 256, 1, false, false)
-// memra-kernel: attn_merge_hd256_g2(PPPiiiiPPi)
+// memra-kernel: attn_merge_hd256_g2(PPPiiiiPPii)
 ATTN_MERGE(attn_merge_hd256_g2, 256, 2, false, false)
-// memra-kernel: attn_merge_hd256_g4(PPPiiiiPPi)
+// memra-kernel: attn_merge_hd256_g4(PPPiiiiPPii)
 ATTN_MERGE(attn_merge_hd256_g4, 256, 4, false, false)
-// memra-kernel: attn_merge_hd256_g8(PPPiiiiPPi)
+// memra-kernel: attn_merge_hd256_g8(PPPiiiiPPii)
 ATTN_MERGE(attn_merge_hd256_g8, 256, 8, false, false)
-// memra-kernel: attn_cl_merge_hd64_g1_f16(PPPiiiiPPi)
+// memra-kernel: attn_cl_merge_hd64_g1_f16(PPPiiiiPPii)
 ATTN_MERGE(attn_cl_merge_hd64_g1_f16, 64, 1, false, true)
-// memra-kernel: attn_cl_merge_hd64_g1_q8_0(PPPiiiiPPi)
+// memra-kernel: attn_cl_merge_hd64_g1_q8_0(PPPiiiiPPii)
 ATTN_MERGE(attn_cl_merge_hd64_g1_q8_0, 64, 1, true, true)
-// memra-kernel: attn_cl_merge_hd64_g2_f16(PPPiiiiPPi)
+// memra-kernel: attn_cl_merge_hd64_g2_f16(PPPiiiiPPii)
 ATTN_MERGE(attn_cl_merge_hd64_g2_f16, 64, 2, false, true)
-// memra-kernel: attn_cl_merge_hd64_g2_q8_0(PPPiiiiPPi)
+// memra-kernel: attn_cl_merge_hd64_g2_q8_0(PPPiiiiPPii)
 ATTN_MERGE(attn_cl_merge_hd64_g2_q8_0, 64, 2, true, true)
-// memra-kernel: attn_cl_merge_hd64_g4_f16(PPPiiiiPPi)
+// memra-kernel: attn_cl_merge_hd64_g4_f16(PPPiiiiPPii)
 ATTN_MERGE(attn_cl_merge_hd64_g4_f16, 64, 4, false, true)
-// memra-kernel: attn_cl_merge_hd64_g4_q8_0(PPPiiiiPPi)
+// memra-kernel: attn_cl_merge_hd64_g4_q8_0(PPPiiiiPPii)
 ATTN_MERGE(attn_cl_merge_hd64_g4_q8_0, 64, 4, true, true)
-// memra-kernel: attn_cl_merge_hd64_g8_f16(PPPiiiiPPi)
+// memra-kernel: attn_cl_merge_hd64_g8_f16(PPPiiiiPPii)
 ATTN_MERGE(attn_cl_merge_hd64_g8_f16, 64, 8, false, true)
-// memra-kernel: attn_cl_merge_hd64_g8_q8_0(PPPiiiiPPi)
+// memra-kernel: attn_cl_merge_hd64_g8_q8_0(PPPiiiiPPii)
 ATTN_MERGE(attn_cl_merge_hd64_g8_q8_0, 64, 8, true, true)
-// memra-kernel: attn_cl_merge_hd128_g1_f16(PPPiiiiPPi)
+// memra-kernel: attn_cl_merge_hd128_g1_f16(PPPiiiiPPii)
 ATTN_MERGE(attn_cl_merge_hd128_g1_f16, 128, 1, false, true)
-// memra-kernel: attn_cl_merge_hd128_g1_q8_0(PPPiiiiPPi)
+// memra-kernel: attn_cl_merge_hd128_g1_q8_0(PPPiiiiPPii)
 ATTN_MERGE(attn_cl_merge_hd128_g1_q8_0, 128, 1, true, true)
-// memra-kernel: attn_cl_merge_hd128_g2_f16(PPPiiiiPPi)
+// memra-kernel: attn_cl_merge_hd128_g2_f16(PPPiiiiPPii)
 ATTN_MERGE(attn_cl_merge_hd128_g2_f16, 128, 2, false, true)
-// memra-kernel: attn_cl_merge_hd128_g2_q8_0(PPPiiiiPPi)
+// memra-kernel: attn_cl_merge_hd128_g2_q8_0(PPPiiiiPPii)
 ATTN_MERGE(attn_cl_merge_hd128_g2_q8_0, 128, 2, true, true)
-// memra-kernel: attn_cl_merge_hd128_g4_f16(PPPiiiiPPi)
+// memra-kernel: attn_cl_merge_hd128_g4_f16(PPPiiiiPPii)
 ATTN_MERGE(attn_cl_merge_hd128_g4_f16, 128, 4, false, true)
-// memra-kernel: attn_cl_merge_hd128_g4_q8_0(PPPiiiiPPi)
+// memra-kernel: attn_cl_merge_hd128_g4_q8_0(PPPiiiiPPii)
 ATTN_MERGE(attn_cl_merge_hd128_g4_q8_0, 128, 4, true, true)
-// memra-kernel: attn_cl_merge_hd128_g8_f16(PPPiiiiPPi)
+// memra-kernel: attn_cl_merge_hd128_g8_f16(PPPiiiiPPii)
 ATTN_MERGE(attn_cl_merge_hd128_g8_f16, 128, 8, false, true)
-// memra-kernel: attn_cl_merge_hd128_g8_q8_0(PPPiiiiPPi)
+// memra-kernel: attn_cl_merge_hd128_g8_q8_0(PPPiiiiPPii)
 ATTN_MERGE(attn_cl_merge_hd128_g8_q8_0, 128, 8, true, true)
-// memra-kernel: attn_cl_merge_hd256_g1_f16(PPPiiiiPPi)
+// memra-kernel: attn_cl_merge_hd256_g1_f16(PPPiiiiPPii)
 ATTN_MERGE(attn_cl_merge_hd256_g1_f16, 256, 1, false, true)
-// memra-kernel: attn_cl_merge_hd256_g1_q8_0(PPPiiiiPPi)
+// memra-kernel: attn_cl_merge_hd256_g1_q8_0(PPPiiiiPPii)
 ATTN_MERGE(attn_cl_merge_hd256_g1_q8_0, 256, 1, true, true)
-// memra-kernel: attn_cl_merge_hd256_g2_f16(PPPiiiiPPi)
+// memra-kernel: attn_cl_merge_hd256_g2_f16(PPPiiiiPPii)
 ATTN_MERGE(attn_cl_merge_hd256_g2_f16, 256, 2, false, true)
-// memra-kernel: attn_cl_merge_hd256_g2_q8_0(PPPiiiiPPi)
+// memra-kernel: attn_cl_merge_hd256_g2_q8_0(PPPiiiiPPii)
 ATTN_MERGE(attn_cl_merge_hd256_g2_q8_0, 256, 2, true, true)
-// memra-kernel: attn_cl_merge_hd256_g4_f16(PPPiiiiPPi)
+// memra-kernel: attn_cl_merge_hd256_g4_f16(PPPiiiiPPii)
 ATTN_MERGE(attn_cl_merge_hd256_g4_f16, 256, 4, false, true)
-// memra-kernel: attn_cl_merge_hd256_g4_q8_0(PPPiiiiPPi)
+// memra-kernel: attn_cl_merge_hd256_g4_q8_0(PPPiiiiPPii)
 ATTN_MERGE(attn_cl_merge_hd256_g4_q8_0, 256, 4, true, true)
-// memra-kernel: attn_cl_merge_hd256_g8_f16(PPPiiiiPPi)
+// memra-kernel: attn_cl_merge_hd256_g8_f16(PPPiiiiPPii)
 ATTN_MERGE(attn_cl_merge_hd256_g8_f16, 256, 8, false, true)
-// memra-kernel: attn_cl_merge_hd256_g8_q8_0(PPPiiiiPPi)
+// memra-kernel: attn_cl_merge_hd256_g8_q8_0(PPPiiiiPPii)
 ATTN_MERGE(attn_cl_merge_hd256_g8_q8_0, 256, 8, true, true)

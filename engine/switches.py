@@ -16,6 +16,13 @@ def attn_cluster() -> bool:
     return os.environ.get("MEMRA_ATTN_CLUSTER", "1") != "0"
 
 
+def attn_max_splits() -> int | None:
+    """MEMRA_ATTN_MAX_SPLITS=N: the most splits of a long decode/verify row on the cluster path
+    (ops.attn_max_splits; clamped to one cluster .. 64); None: the model's default."""
+    forced = os.environ.get("MEMRA_ATTN_MAX_SPLITS")
+    return int(forced) if forced else None
+
+
 def batched_rows() -> int | None:
     """MEMRA_BATCHED_R=2|4: rows per warp of the batched (verify) matvec; None: chosen per shape."""
     forced = os.environ.get("MEMRA_BATCHED_R")

@@ -16,12 +16,12 @@ import numpy as np
 
 from memra_engine.gpu.graph import CudaGraph
 from memra_engine.gpu.memory import VramPool
-from memra_engine.gpu.ops import attention_launch, attn_slots, attn_splits, kv_bucket
+from memra_engine.gpu.ops import attention_launch, attn_max_splits, attn_slots, attn_splits, kv_bucket
 from memra_engine.gpu.runtime import GpuRuntime
 
 SHAPES = {"smollm2 hd64 9/3": (9, 3, 64), "gemma3 hd256 4/1": (4, 1, 256), "qwen3 hd128 16/8": (16, 8, 128),
           "llama-8b hd128 32/8": (32, 8, 128), "qwen3-moe hd128 32/4": (32, 4, 128)}
-KEYS = (1, 33, 129, 513, 1025, 2049, 4097)
+KEYS = (1, 33, 129, 513, 1025, 2049, 3073, 4097, 4224, 8192)
 N_LAYERS = 30  # the cold rows: SmolLM2's layer count
 REPS = 50
 
@@ -60,7 +60,7 @@ def run(rt) -> None:
     floor = time_launches(rt, lambda: rt.launch("add_f32", 1, 32, (one, one, one, 1)))
     print(f"floor (add_f32 of 1 element): {floor:.2f} µs per launch")
     print(f"{'shape':28s}" + "".join(f"{k:>9d}" for k in KEYS) + "   keys")
-    n_ctx = 4200
+    n_ctx = 8200
     paths = (False, True) if rt.cluster_attention else (False,)
     for name, (H, n_kv, hd) in SHAPES.items():
         kc = put(rng.standard_normal((n_kv, n_ctx, hd)).astype(np.float16))
@@ -70,14 +70,14 @@ def run(rt) -> None:
         for cluster in paths:
             row = []
             for n in KEYS:
-                S = attn_splits(kv_bucket(n), hd, cluster)
+                S = attn_splits(kv_bucket(n), hd, cluster, "f16", attn_max_splits(n_kv, H // n_kv, hd))
                 slots = attn_slots(S, cluster, hd)
                 opart = put(np.zeros(slots * H * hd, np.float32))
                 ml = put(np.zeros(slots * H * 2, np.float32))
                 pos = put(np.array([n - 1], np.int32))
                 row.append(time_launches(rt, lambda: attention_launch(
                     rt, q, H * hd, kc, vc, 0, 0, opart, ml, pos, 1, H, n_kv, hd, n_ctx, 0, 0.125, 0.0, out,
-                    0, 0, S, "f16", cluster)))
+                    0, 0, S, "f16", cluster, max_splits=attn_max_splits(n_kv, H // n_kv, hd))))
             label = f"{name} {'cluster' if cluster else 'split'}"
             print(f"{label:28s}" + "".join(f"{x:9.2f}" for x in row) + "   µs")
     if rt.cluster_attention:
@@ -96,7 +96,7 @@ def taken_apart(rt, put, rng, n_ctx, name, q_shape) -> None:
     for label, (merge, n_caches) in rows.items():
         row = []
         for n in KEYS:
-            S = attn_splits(kv_bucket(n), hd, True)
+            S = attn_splits(kv_bucket(n), hd, True, "f16", attn_max_splits(n_kv, H // n_kv, hd))
             opart = put(np.zeros(attn_slots(S, True, hd) * H * hd, np.float32))
             ml = put(np.zeros(attn_slots(S, True, hd) * H * 2, np.float32))
             pos = put(np.array([n - 1], np.int32))
@@ -105,7 +105,7 @@ def taken_apart(rt, put, rng, n_ctx, name, q_shape) -> None:
             def body():
                 kc, vc = caches[next(turn) % n_caches]
                 attention_launch(rt, q, H * hd, kc, vc, 0, 0, opart, ml, pos, 1, H, n_kv, hd, n_ctx, 0, 0.125, 0.0,
-                                 out, 0, 0, S, "f16", True, merge=merge)
+                                 out, 0, 0, S, "f16", True, merge=merge, max_splits=attn_max_splits(n_kv, H // n_kv, hd))
 
             row.append(time_launches(rt, body))
         print(f"{name.split()[0] + ' cl ' + label:28s}" + "".join(f"{x:9.2f}" for x in row) + "   µs")

@@ -16,7 +16,8 @@ import pytest
 from memra_engine.gpu import build, quant_ops
 from memra_engine.gpu.kv_cache import GpuKvCache
 from memra_engine.gpu.ops import (ATTN_MAX_SPLITS, ATTN_MAX_SPLITS_CL, Arena, DArray, GpuOps, attention_launch,
-                                  attn_plan, attn_row_splits, attn_slots, attn_splits, kv_bucket)
+                                  attn_max_splits, attn_plan, attn_row_splits, attn_slots, attn_splits,
+                                  kv_bucket)
 from memra_engine.gpu.sampler import GpuSampler, candidate_passes
 from memra_engine.gpu.weights import GpuWeights
 from memra_engine.model import arch_module
@@ -193,19 +194,43 @@ def test_cluster_split_rule():
                 assert splits <= plan.cluster and -(-chunks // splits) <= plan.cl_chunks, (n, hd, kv)
 
 
+def test_a_split_cap_bounds_long_rows(monkeypatch):
+    """A model's cap (attn_max_splits) bounds a long row's splits on the cluster path, clamped to one
+    cluster .. 64; short rows and the split path ignore it; MEMRA_ATTN_MAX_SPLITS sets it."""
+    assert attn_row_splits(4224, 128, True) == 44  # 132 chunks of 32: splits of 3
+    assert attn_row_splits(4224, 128, True, "f16", 40) == 33  # splits of 4
+    assert attn_row_splits(4224, 128, True, "f16", 32) == 27  # splits of 5
+    assert attn_row_splits(4224, 128, True, "f16", 1) == attn_row_splits(4224, 128, True, "f16", 8) == 8
+    assert attn_row_splits(4224, 128, True, "f16", 500) == 44
+    assert attn_row_splits(200, 128, True, "f16", 8) == attn_row_splits(200, 128, True)
+    assert attn_row_splits(4224, 128, False, "f16", 8) == attn_row_splits(4224, 128, False)
+    for cap in (8, 24, 40, 64):
+        for n in range(1, 20_000, 13):
+            assert attn_row_splits(n, 128, True, "f16", cap) <= max(cap, 8)
+        assert attn_splits(kv_bucket(8192), 128, True, "f16", cap) % 8 == 0
+    # the models' caps: 40 splits where a row's clusters over all kv heads would pass 40 (the 8B,
+    # qwen3-moe, qwen3), the most for few kv heads (gemma3) and for hd64 f16 (clusters of 16)
+    assert attn_max_splits(8, 4, 128) == 40 and attn_max_splits(4, 8, 128) == 40 and attn_max_splits(8, 2, 128) == 40
+    assert attn_max_splits(1, 4, 256) == 64 and attn_max_splits(4, 2, 256) == 64 and attn_max_splits(8, 4, 64) == 64
+    assert attn_max_splits(16, 4, 128) == 16 and attn_max_splits(64, 1, 128) == 8 and attn_max_splits(8, 4, 64, "q8_0") == 40
+    monkeypatch.setenv("MEMRA_ATTN_MAX_SPLITS", "24")
+    assert attn_max_splits(8, 4, 128) == 24
+
+
 @pytest.mark.parametrize("cluster", [False, True])
 @pytest.mark.parametrize("hd,kv_type", [(64, "f16"), (64, "q8_0"), (128, "f16"), (256, "f16")])
 def test_attention_grid_covers_every_row_of_its_bucket(hd, kv_type, cluster):
     """A graph captured for a KV bucket serves every row up to it: its grid.y must cover each
     row's split count (whole clusters on the cluster path), and the partial slots that many."""
     cs = attn_plan(hd, kv_type).cluster
-    for n in list(range(1, 3000)) + list(range(3000, 140_000, 997)):
-        S = attn_splits(kv_bucket(n), hd, cluster, kv_type)
-        need = attn_row_splits(n, hd, cluster, kv_type)
-        assert need <= S, (n, need, S)
-        if cluster:
-            assert S % cs == 0 and attn_slots(S, True, hd, kv_type) * cs >= need
-            assert attn_slots(S, True, hd, kv_type) <= 8  # attn_cl_merge merges at most 8
+    for cap in (ATTN_MAX_SPLITS_CL, 40, 16):  # the models' caps (attn_max_splits)
+        for n in list(range(1, 3000)) + list(range(3000, 140_000, 997)):
+            S = attn_splits(kv_bucket(n), hd, cluster, kv_type, cap)
+            need = attn_row_splits(n, hd, cluster, kv_type, cap)
+            assert need <= S, (n, need, S)
+            if cluster:
+                assert S % cs == 0 and attn_slots(S, True, hd, kv_type) * cs >= need
+                assert attn_slots(S, True, hd, kv_type) <= 8  # attn_cl_merge merges at most 8
 
 
 @pytest.mark.parametrize("cluster", [False, True])

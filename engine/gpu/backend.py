@@ -36,7 +36,7 @@ from memra_engine.gpu.expert_cache import ExpertCache
 from memra_engine.gpu.graph import CudaGraph
 from memra_engine.gpu.kv_cache import GpuKvCache
 from memra_engine.gpu.memory import MIB, OOM_HINT, OOM_HINT_Q8_0, VramPool
-from memra_engine.gpu.ops import Arena, DArray, GpuOps, attn_splits, kv_bucket
+from memra_engine.gpu.ops import Arena, DArray, GpuOps, attn_max_splits, attn_splits, kv_bucket
 from memra_engine.gpu.runtime import GpuRuntime
 from memra_engine.gpu.sampler import MAX_ROWS, OUT_DTYPE, RESULT_DTYPE, GpuSampler
 from memra_engine.gpu.weights import GpuWeights
@@ -490,7 +490,9 @@ class CudaBackend:
 
     def splits_for(self, n_keys: int) -> int:
         """The attention grid for rows of up to n_keys keys: a captured graph's key."""
-        return attn_splits(kv_bucket(n_keys), self.config.head_dim, self.rt.cluster_attention, self.kv_type)
+        return attn_splits(kv_bucket(n_keys), self.config.head_dim, self.rt.cluster_attention, self.kv_type,
+                           attn_max_splits(self.config.n_kv_head, self.config.n_head // self.config.n_kv_head,
+                                           self.config.head_dim, self.kv_type))
 
     def prefill_splits_for(self, n_keys: int) -> int:
         """The split-path grid that prefill forwards take (GpuOps.begin)."""

@@ -178,10 +178,35 @@ def attn_plan(head_dim: int, kv_type: str = "f16") -> AttnPlan:
     return AttnPlan(128, 8, 2)
 
 
-def attn_row_splits(n_keys: int, head_dim: int, cluster: bool = False, kv_type: str = "f16") -> int:
+# 4-warp attn_rows blocks resident at once on the cluster path: 40 clusters of 8 (H100, 132 SMs,
+# 3 blocks an SM at 157 registers). A long row's splits beyond that queue for a second wave: at
+# 4,224 keys the 8B (8 kv heads) ran 44 splits of 3 chunks a row, 48 clusters, attention + merge
+# 17.8 µs a layer; capped at 40 splits (33 of 4 chunks, 40 clusters) 13.2 µs (docs/gpu-log.md,
+# session 47).
+ATTN_CL_BLOCKS = 320
+
+
+def attn_max_splits(n_kv: int, group: int, head_dim: int, kv_type: str = "f16") -> int:
+    """max_cl of attention.cu's split rule: the most splits a long decode/verify row takes on the
+    cluster path, so that a row's clusters over every kv head (4-head blocks) fit ATTN_CL_BLOCKS.
+    A model constant, never the grid's, so decode and verify rows split alike. hd64 f16 (8-warp
+    blocks in clusters of 16, rows of up to 8,192 keys in one cluster) keeps the most."""
+    forced = switches.attn_max_splits()
+    if forced:
+        return forced
+    plan = attn_plan(head_dim, kv_type)
+    if plan.cluster != 8:
+        return ATTN_MAX_SPLITS_CL
+    per_row = ATTN_CL_BLOCKS // (n_kv * -(-group // 4)) // plan.cluster * plan.cluster
+    return min(max(per_row, plan.cluster), ATTN_MAX_SPLITS_CL)
+
+
+def attn_row_splits(n_keys: int, head_dim: int, cluster: bool = False, kv_type: str = "f16",
+                    max_splits: int = ATTN_MAX_SPLITS_CL) -> int:
     """A row's split count (attention.cu's attn_splits_of_row). Split path: at most ATTN_MAX_SPLITS
     splits of chunk * 2^k keys. Cluster path: the chunks spread evenly over one cluster while a split
-    walks at most cl_chunks; longer rows take splits of cl_chunks (or more, for <= ATTN_MAX_SPLITS_CL)."""
+    walks at most cl_chunks; longer rows take splits of cl_chunks (or more, for <= max_splits,
+    clamped to one cluster .. ATTN_MAX_SPLITS_CL)."""
     chunk = attn_chunk(head_dim)
     if not cluster:
         split_len = chunk
@@ -189,20 +214,23 @@ def attn_row_splits(n_keys: int, head_dim: int, cluster: bool = False, kv_type: 
             split_len *= 2
         return -(-n_keys // split_len)
     plan = attn_plan(head_dim, kv_type)
+    max_splits = min(max(max_splits, plan.cluster), ATTN_MAX_SPLITS_CL)
     chunks = -(-n_keys // chunk)
     per = -(-chunks // plan.cluster)
     if per > plan.cl_chunks:
-        per = max(plan.cl_chunks, -(-chunks // ATTN_MAX_SPLITS_CL))
+        per = max(plan.cl_chunks, -(-chunks // max_splits))
     return -(-chunks // per)
 
 
 @functools.lru_cache(maxsize=None)
-def attn_splits(bucket: int, head_dim: int, cluster: bool = False, kv_type: str = "f16") -> int:
+def attn_splits(bucket: int, head_dim: int, cluster: bool = False, kv_type: str = "f16",
+                max_splits: int = ATTN_MAX_SPLITS_CL) -> int:
     """grid.y: the most splits any row of up to `bucket` keys uses (a row's split count is not
     monotonic in its length on either path: take the max), in whole clusters on the cluster path.
     `bucket` may also be a sliding window: no row of such a layer has more keys."""
     chunk = attn_chunk(head_dim)
-    most = max(attn_row_splits(c * chunk, head_dim, cluster, kv_type) for c in range(1, -(-bucket // chunk) + 1))
+    most = max(attn_row_splits(c * chunk, head_dim, cluster, kv_type, max_splits)
+               for c in range(1, -(-bucket // chunk) + 1))
     if not cluster:
         return most
     cs = attn_plan(head_dim, kv_type).cluster
@@ -254,24 +282,26 @@ def prefill_attention_launch(rt, q, q_ld, kc, vc, positions, T, n_head, n_kv, he
 
 def attention_launch(rt, q, q_ld, kc, vc, kd, vd, opart, ml, positions, T, n_head, n_kv, head_dim,
                      n_ctx, window, scale, softcap, out, xq, xq_stride, n_splits, kv_type="f16",
-                     cluster=False, merge=True, group_tile: int | None = None) -> None:
+                     cluster=False, merge=True, group_tile: int | None = None,
+                     max_splits: int = ATTN_MAX_SPLITS_CL) -> None:
     """attn_hd*_g*_* then attn_merge_hd*_g* (rows with several splits), or on sm_90+ attn_cl_*
     (clusters of splits merge themselves, attn_plan) then attn_cl_merge_* (rows of several clusters):
     decode, verify and prefill rows alike (see attention.cu). merge=False: the attention kernel
     alone (scripts/bench_attention.py times the two apart). group_tile: force the kernel instance
-    (tests: every instance gives the same bits)."""
+    (tests: every instance gives the same bits). max_splits: the model's attn_max_splits (n_splits
+    must come from attn_splits with the same value)."""
     group = n_head // n_kv
     G = group_tile or attn_group_tile(group, head_dim, n_kv * -(-group // 8) * n_splits * T)
     grid = (n_kv * -(-group // G), n_splits, T)
     kind = "attn_cl" if cluster else "attn"
     rt.launch(f"{kind}_hd{head_dim}_g{G}_{kv_type}", grid, attn_plan(head_dim, kv_type).threads,
               (q, q_ld, kc, vc, kd, vd, opart, ml, positions, n_head, n_kv, n_ctx, int(window),
-               np.float32(scale), np.float32(softcap), out, xq, xq_stride))
+               np.float32(scale), np.float32(softcap), out, xq, xq_stride, max_splits))
     slots = attn_slots(n_splits, cluster, head_dim, kv_type)
     if slots > 1 and merge:
         merge_name = f"attn_cl_merge_hd{head_dim}_g{G}_{kv_type}" if cluster else f"attn_merge_hd{head_dim}_g{G}"
         rt.launch(merge_name, (grid[0], head_dim // ATTN_MERGE_DIMS, T), 128,
-                  (opart, ml, positions, n_head, n_kv, slots, int(window), out, xq, xq_stride))
+                  (opart, ml, positions, n_head, n_kv, slots, int(window), out, xq, xq_stride, max_splits))
 
 
 class GpuOps:
@@ -280,6 +310,8 @@ class GpuOps:
         cluster: attention on the cluster path (GpuRuntime.cluster_attention)."""
         self.rt = _DryRuntime() if dry else rt
         self.cfg, self.kv, self.arena, self.dry, self.cluster = cfg, kv, arena, dry, cluster
+        self.attn_max_splits = attn_max_splits(cfg.n_kv_head, cfg.n_head // cfg.n_kv_head, cfg.head_dim,
+                                               kv.kv_type)
         self.history_ptr = 0  # device token history the embed kernel records into (0: none)
         # MoE routing log: in a forward of T tokens moe_topk also writes layer l's ids at
         # moe_log_ptr + 4 * k * T * l, so the forward's log is one block of n_layer * T * k ints
@@ -539,7 +571,7 @@ class GpuOps:
             raise ValueError("a prefill forward on the cluster path needs begin(..., prefill_splits)")
         slots = attn_slots(S, cluster, hd, self.kv.kv_type)  # sizes the partials every layer shares
         if window > 0:  # a sliding-window layer's rows have at most `window` keys: fewer splits, often no merge
-            S = min(S, attn_splits(window, hd, cluster, self.kv.kv_type))
+            S = min(S, attn_splits(window, hd, cluster, self.kv.kv_type, self.attn_max_splits))
         key = (T, slots, n_head, hd)
         if key not in self._attn_parts:
             self._attn_parts[key] = (self.new((T, slots, n_head, hd), forward_wide=True),
@@ -550,7 +582,7 @@ class GpuOps:
         kd, vd = self.kv.layer_scale_ptrs(layer)
         attention_launch(self.rt, q.ptr, q.ld, kc, vc, kd, vd, opart.ptr, ml.ptr, positions.ptr,
                          T, n_head, n_kv, hd, self.kv.n_ctx, window, scale, softcap, y.ptr, xq, stride, S,
-                         self.kv.kv_type, cluster)
+                         self.kv.kv_type, cluster, max_splits=self.attn_max_splits)
         return y
 
     def _write_kv(self, layer: int, q: DArray, k: DArray, v: DArray, positions: DArray) -> None:

@@ -50,20 +50,21 @@ def attention_ref(q, kc, vc, pos, scale, window, softcap):
 
 
 def launch_attention(gpu, q, kc, vc, ppos, pos, T, H, n_kv, hd, n_ctx, window=0, softcap=0.0, n_splits=None,
-                     xq=0, xq_stride=0, kd=0, vd=0, kv_type="f16", cluster=False, group_tile=None):
+                     xq=0, xq_stride=0, kd=0, vd=0, kv_type="f16", cluster=False, group_tile=None,
+                     max_splits=ATTN_MAX_SPLITS_CL):
     """Attention and its merge launch; returns out [T, H*hd]."""
-    S = n_splits or attn_splits(kv_bucket(int(pos.max()) + 1), hd, cluster, kv_type)
+    S = n_splits or attn_splits(kv_bucket(int(pos.max()) + 1), hd, cluster, kv_type, max_splits)
     slots = attn_slots(S, cluster, hd, kv_type)
     opart, ml = gpu.empty(T * slots * H * hd), gpu.empty(T * slots * H * 2)
     out = gpu.empty(T * H * hd)
     attention_launch(gpu.rt, gpu.put(q), H * hd, kc, vc, kd, vd, opart, ml, ppos, T, H, n_kv, hd, n_ctx,
                      window, 1 / np.sqrt(hd), softcap, out, xq, xq_stride, S, kv_type, cluster,
-                     group_tile=group_tile)
+                     group_tile=group_tile, max_splits=max_splits)
     return gpu.get(out, (T, H * hd))
 
 
 def run_attention(gpu, q, k_new, v_new, kc0, vc0, pos, window=0, softcap=0.0, n_splits=None, xq=0, xq_stride=0,
-                  cluster=False):
+                  cluster=False, max_splits=ATTN_MAX_SPLITS_CL):
     """Write k_new/v_new at pos through kv_write_f16, then attend (xq: q8_1 output too)."""
     T, H, hd = q.shape
     n_kv, n_ctx, _ = kc0.shape
@@ -72,7 +73,7 @@ def run_attention(gpu, q, k_new, v_new, kc0, vc0, pos, window=0, softcap=0.0, n_
     gpu.rt.launch("kv_write_f16", (T, n_kv), min(128, hd),
                   (gpu.put(k_new), gpu.put(v_new), kc, vc, ppos, n_kv * hd, n_kv * hd, hd, n_ctx))
     out = launch_attention(gpu, q, kc, vc, ppos, pos, T, H, n_kv, hd, n_ctx, window, softcap, n_splits, xq, xq_stride,
-                           cluster=cluster)
+                           cluster=cluster, max_splits=max_splits)
     return out, gpu.get(kc, kc0.shape, np.float16), gpu.get(vc, vc0.shape, np.float16)
 
 
@@ -98,6 +99,31 @@ def test_decode_row(gpu, cluster, hd, H, n_kv, p):
     assert np.array_equal(kc_dev[:, p], k_new.reshape(n_kv, hd).astype(np.float16))
     ref = attention_ref(q, kc_dev, vc_dev, pos, 1 / np.sqrt(hd), 0, 0.0)
     assert rel_err(out, ref) < 1e-4
+
+
+@pytest.mark.parametrize("max_splits", [8, 24, 32, 40])
+@pytest.mark.parametrize("hd,H,n_kv", [(128, 32, 8), (64, 9, 3), (256, 4, 1)])
+def test_a_model_split_cap_keeps_rows_exact_and_grid_independent(gpu, cluster, hd, H, n_kv, max_splits):
+    """attn_max_splits caps a long row's splits on the cluster path (the split path ignores it): rows
+    past one cluster match the reference, give the same bits in a larger grid, and a row alone
+    equals the same row in a batch (verify) under the same cap."""
+    rng = np.random.default_rng(max_splits * 10 + hd)
+    q, kc, vc, k_new, v_new = random_case(rng, 3, H, n_kv, hd, 8600)
+    pos = np.array([1000, 4300, 8500])
+    if cluster:
+        assert attn_row_splits(8501, hd, True, "f16", max_splits) <= max(max_splits, attn_plan(hd).cluster)
+    base, kc_dev, vc_dev = run_attention(gpu, q, k_new, v_new, kc, vc, pos, cluster=cluster, max_splits=max_splits)
+    ref = attention_ref(q, kc_dev, vc_dev, pos, 1 / np.sqrt(hd), 0, 0.0)
+    assert rel_err(base, ref) < 1e-4
+    S = attn_splits(kv_bucket(8501), hd, cluster, "f16", max_splits)
+    limit = ATTN_MAX_SPLITS_CL if cluster else ATTN_MAX_SPLITS
+    wider = min(S + (attn_plan(hd).cluster if cluster else 1), limit)
+    other, _, _ = run_attention(gpu, q, k_new, v_new, kc_dev, vc_dev, pos, n_splits=wider, cluster=cluster,
+                                max_splits=max_splits)
+    assert np.array_equal(base, other)
+    alone, _, _ = run_attention(gpu, q[1:2], k_new[1:2], v_new[1:2], kc_dev, vc_dev, pos[1:2], cluster=cluster,
+                                max_splits=max_splits)
+    assert np.array_equal(alone[0], base[1])
 
 
 @pytest.mark.parametrize("hd", [64, 128, 256])
