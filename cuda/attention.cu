@@ -128,7 +128,7 @@ __device__ __forceinline__ AttnHeads attn_heads(int n_head, int n_kv) {
 // over one cluster while a split walks at most cl_chunks of them (hd256: gemma3's 512-key sliding
 // window in one cluster; hd64: up to 8192 keys); longer rows get splits of cl_chunks (or more, so
 // that at most max_cl, clamped to cs .. ATTN_MAX_SPLITS_CL) over several clusters. max_cl is the
-// model's (ops.attn_max_splits: from its kv head count, never the grid), so a row's split depends
+// model's (ops.attn_max_splits: from its kv heads and group, never the grid), so a row's split depends
 // on its position only (bit-identical rows across grids, decode and verify alike).
 __device__ __forceinline__ int attn_splits_of_row(int p, int window, int chunk, bool cluster, int cs, int cl_chunks,
                                                   int max_cl, int& start, int& split_len) {
