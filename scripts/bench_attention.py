@@ -67,17 +67,18 @@ def run(rt) -> None:
         vc = put(rng.standard_normal((n_kv, n_ctx, hd)).astype(np.float16))
         q = put(rng.standard_normal(H * hd).astype(np.float32))
         out = put(np.zeros(H * hd, np.float32))
+        cap = attn_max_splits(n_kv, H // n_kv, hd)
         for cluster in paths:
             row = []
             for n in KEYS:
-                S = attn_splits(kv_bucket(n), hd, cluster, "f16", attn_max_splits(n_kv, H // n_kv, hd))
+                S = attn_splits(kv_bucket(n), hd, cluster, "f16", cap)
                 slots = attn_slots(S, cluster, hd)
                 opart = put(np.zeros(slots * H * hd, np.float32))
                 ml = put(np.zeros(slots * H * 2, np.float32))
                 pos = put(np.array([n - 1], np.int32))
                 row.append(time_launches(rt, lambda: attention_launch(
                     rt, q, H * hd, kc, vc, 0, 0, opart, ml, pos, 1, H, n_kv, hd, n_ctx, 0, 0.125, 0.0, out,
-                    0, 0, S, "f16", cluster, max_splits=attn_max_splits(n_kv, H // n_kv, hd))))
+                    0, 0, S, "f16", cluster, max_splits=cap)))
             label = f"{name} {'cluster' if cluster else 'split'}"
             print(f"{label:28s}" + "".join(f"{x:9.2f}" for x in row) + "   µs")
     if rt.cluster_attention:
@@ -93,10 +94,11 @@ def taken_apart(rt, put, rng, n_ctx, name, q_shape) -> None:
     out = put(np.zeros(H * hd, np.float32))
     rows = {"attention+merge, hot": (True, 1), "attention+merge, cold": (True, N_LAYERS),
             "attention only, hot": (False, 1), "attention only, cold": (False, N_LAYERS)}
+    cap = attn_max_splits(n_kv, H // n_kv, hd)
     for label, (merge, n_caches) in rows.items():
         row = []
         for n in KEYS:
-            S = attn_splits(kv_bucket(n), hd, True, "f16", attn_max_splits(n_kv, H // n_kv, hd))
+            S = attn_splits(kv_bucket(n), hd, True, "f16", cap)
             opart = put(np.zeros(attn_slots(S, True, hd) * H * hd, np.float32))
             ml = put(np.zeros(attn_slots(S, True, hd) * H * 2, np.float32))
             pos = put(np.array([n - 1], np.int32))
@@ -105,7 +107,7 @@ def taken_apart(rt, put, rng, n_ctx, name, q_shape) -> None:
             def body():
                 kc, vc = caches[next(turn) % n_caches]
                 attention_launch(rt, q, H * hd, kc, vc, 0, 0, opart, ml, pos, 1, H, n_kv, hd, n_ctx, 0, 0.125, 0.0,
-                                 out, 0, 0, S, "f16", True, merge=merge, max_splits=attn_max_splits(n_kv, H // n_kv, hd))
+                                 out, 0, 0, S, "f16", True, merge=merge, max_splits=cap)
 
             row.append(time_launches(rt, body))
         print(f"{name.split()[0] + ' cl ' + label:28s}" + "".join(f"{x:9.2f}" for x in row) + "   µs")

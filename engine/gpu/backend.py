@@ -70,6 +70,8 @@ class CudaBackend:
         if cfg.head_dim not in HEAD_DIMS:
             raise UnsupportedModelError(f"head dimension {cfg.head_dim} has no CUDA attention kernel (have {HEAD_DIMS})")
         self.n_ctx, self.n_past, self.use_graphs = n_ctx, 0, use_graphs
+        # the attention split cap is a model constant: derived once, shared with GpuOps
+        self.attn_max_splits = attn_max_splits(cfg.n_kv_head, cfg.n_head // cfg.n_kv_head, cfg.head_dim, self.kv_type)
         self.forward = arch_module(cfg.arch).forward
         self.graphs: dict[tuple, CudaGraph] = {}
         self.run_ahead = True   # decode_sample queues steps ahead; masked steps queue the next forward
@@ -108,7 +110,8 @@ class CudaBackend:
         self.weights = weights.upload(rt, self.pool)
         self.kv = GpuKvCache(self.pool, cfg.n_layer, cfg.n_kv_head, self.n_ctx, cfg.head_dim, self.kv_type)
         scratch = self.pool.alloc("scratch", regions["scratch"], "arena")
-        self.ops = GpuOps(rt, cfg, self.kv, Arena(scratch.ptr, scratch_parts), cluster=rt.cluster_attention)
+        self.ops = GpuOps(rt, cfg, self.kv, Arena(scratch.ptr, scratch_parts), cluster=rt.cluster_attention,
+                          split_cap=self.attn_max_splits)
         alloc = lambda n, name: self.pool.alloc("graph", n, name).ptr  # noqa: E731
         if n_slots:
             log = alloc(4 * cfg.n_layer * PREFILL_CHUNK * cfg.n_expert_used, "routing log")
@@ -180,7 +183,8 @@ class CudaBackend:
         dry_weights = GpuWeights(g, cfg).upload(None, None, dry=True)
         kv = GpuKvCache(None, cfg.n_layer, cfg.n_kv_head, self.n_ctx, cfg.head_dim, self.kv_type)
         arena = Arena.unbounded()
-        ops = GpuOps(None, cfg, kv, arena, dry=True, cluster=self.rt.cluster_attention)
+        ops = GpuOps(None, cfg, kv, arena, dry=True, cluster=self.rt.cluster_attention,
+                     split_cap=self.attn_max_splits)
         for T, last_only in ((min(PREFILL_CHUNK, self.n_ctx), True), (min(ALL_LOGITS_CHUNK, self.n_ctx), False)):
             ops.begin(self.splits_for(self.n_ctx), prefill_splits=self.prefill_splits_for(self.n_ctx))
             tokens = DArray(0, (T,), 1)
@@ -491,8 +495,7 @@ class CudaBackend:
     def splits_for(self, n_keys: int) -> int:
         """The attention grid for rows of up to n_keys keys: a captured graph's key."""
         return attn_splits(kv_bucket(n_keys), self.config.head_dim, self.rt.cluster_attention, self.kv_type,
-                           attn_max_splits(self.config.n_kv_head, self.config.n_head // self.config.n_kv_head,
-                                           self.config.head_dim, self.kv_type))
+                           self.attn_max_splits)
 
     def prefill_splits_for(self, n_keys: int) -> int:
         """The split-path grid that prefill forwards take (GpuOps.begin)."""

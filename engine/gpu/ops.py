@@ -305,13 +305,15 @@ def attention_launch(rt, q, q_ld, kc, vc, kd, vd, opart, ml, positions, T, n_hea
 
 
 class GpuOps:
-    def __init__(self, rt, cfg, kv, arena: Arena, dry: bool = False, cluster: bool = False):
+    def __init__(self, rt, cfg, kv, arena: Arena, dry: bool = False, cluster: bool = False,
+                 split_cap: int | None = None):
         """kv: engine.gpu.kv_cache.GpuKvCache (pointers per layer). rt None with dry=True.
-        cluster: attention on the cluster path (GpuRuntime.cluster_attention)."""
+        cluster: attention on the cluster path (GpuRuntime.cluster_attention). split_cap: the model's
+        attn_max_splits (the backend's, which also sizes the graphs' grids); None: derived here."""
         self.rt = _DryRuntime() if dry else rt
         self.cfg, self.kv, self.arena, self.dry, self.cluster = cfg, kv, arena, dry, cluster
-        self.attn_max_splits = attn_max_splits(cfg.n_kv_head, cfg.n_head // cfg.n_kv_head, cfg.head_dim,
-                                               kv.kv_type)
+        self.attn_max_splits = split_cap or attn_max_splits(cfg.n_kv_head, cfg.n_head // cfg.n_kv_head,
+                                                            cfg.head_dim, kv.kv_type)
         self.history_ptr = 0  # device token history the embed kernel records into (0: none)
         # MoE routing log: in a forward of T tokens moe_topk also writes layer l's ids at
         # moe_log_ptr + 4 * k * T * l, so the forward's log is one block of n_layer * T * k ints
