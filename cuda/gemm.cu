@@ -149,6 +149,69 @@ struct PipeTile {
     static constexpr int SMEM = SMEM_PIPE > BM * LDC * 4 ? SMEM_PIPE : BM * LDC * 4;
 };
 
+// K step ks's f16 x tile (BM tokens x GEMM_BK values) into xs, by threads tid of nthreads: zero
+// past n_tokens and cols. ROUTED: tile row tt is x row slot_of[tt] / x_div (the MoE slots).
+template <int BM, bool ROUTED>
+__device__ __forceinline__ void copy_x_step(half* xs, const half* __restrict__ xh, int ldx, int t0, int n_tokens,
+                                            int cols, int ks, const int* slot_of, int x_div, int tid, int nthreads) {
+    const int k0 = ks * GEMM_BK;
+    for (int i = tid; i < BM * (GEMM_BK / 8); i += nthreads) {
+        const int tt = i / (GEMM_BK / 8), k = k0 + (i % (GEMM_BK / 8)) * 8, t = t0 + tt;
+        const bool ok = t < n_tokens && k < cols;
+        const half* src = ok ? xh + (size_t)(ROUTED ? slot_of[tt] / x_div : t) * ldx + k : xh;
+        cp_async16(xs + tt * GEMM_LDS + (k - k0), src, ok ? 16 : 0);
+    }
+}
+
+// K step ks's raw weight bytes for BN rows into rq (q bytes, G::QROW a row) and rq + BN * QROW (meta,
+// G::MROW a row): the blocks the step touches, as they lie in the repacked planes.
+template <class T, class G, int BN>
+__device__ __forceinline__ void copy_w_step(uint8_t* rq, const uint8_t* __restrict__ wq, const uint8_t* __restrict__ wm,
+                                            int r0, int rows, int nb, int ks, int tid, int nthreads) {
+    const int b0 = ks * GEMM_BK / T::QK;
+    for (int i = tid; i < BN * (G::QROW / 16); i += nthreads) {
+        const int rr = i / (G::QROW / 16), c = i % (G::QROW / 16), r = r0 + rr;
+        const bool ok = r < rows && b0 + (16 * c) / T::QB < nb;
+        const uint8_t* src = ok ? wq + ((size_t)r * nb + b0) * T::QB + 16 * c : wq;
+        cp_async16(rq + rr * G::QROW + 16 * c, src, ok ? 16 : 0);
+    }
+    if constexpr (G::MCH > 0) {
+        uint8_t* rm = rq + BN * G::QROW;
+        const size_t meta_bytes = (size_t)rows * nb * T::MB;
+        for (int i = tid; i < BN * G::MCH; i += nthreads) {
+            const int rr = i / G::MCH, c = i % G::MCH, r = r0 + rr;
+            if (r >= rows) continue;
+            const size_t off = (((size_t)r * nb + b0) * T::MB & ~(size_t)3) + 4 * c;
+            // a word that starts inside the plane (its last, for Q6_K's odd block counts, may
+            // end up to 3 bytes past it: still inside the pool's 256-aligned allocation)
+            if (off < meta_bytes) cp_async4(rm + rr * G::MROW + 4 * c, wm + off);
+        }
+    }
+}
+
+// K step ks's weight tile, dequantized from the raw bytes in rq to f16 rows of ws (zero past rows
+// and the last block), unit by unit with the type's own dequant.
+template <class T, class G, int BN>
+__device__ __forceinline__ void dequant_step(half* ws, const uint8_t* rq, int r0, int rows, int nb, int ks, int tid,
+                                             int nthreads) {
+    constexpr int UPT = GEMM_BK / T::UE;
+    const int k0 = ks * GEMM_BK, b0 = k0 / T::QK;
+    const uint8_t* rm = rq + BN * G::QROW;
+    for (int i = tid; i < BN * UPT; i += nthreads) {
+        const int rr = i / UPT, uu = i % UPT, r = r0 + rr;
+        const int gu = k0 / T::UE + uu;
+        const int b = gu / T::UNITS, j = gu % T::UNITS;
+        half* row = ws + rr * GEMM_LDS;
+        if (r < rows && b < nb) {
+            const int moff = (int)((((size_t)r * nb + b0) * T::MB) & 3);
+            T::dequant(rq + rr * G::QROW + (b - b0) * T::QB, rm + rr * G::MROW + moff + (b - b0) * T::MB, j,
+                       row + b * T::QK - k0);
+        } else {
+            for (int e = 0; e < T::UE; e += 8) *reinterpret_cast<int4*>(row + uu * T::UE + e) = make_int4(0, 0, 0, 0);
+        }
+    }
+}
+
 template <class T, class G, int BM, int BN, int WN, bool ROUTED = false>
 __device__ __forceinline__ void gemm_pipe(const uint8_t* __restrict__ wq, const uint8_t* __restrict__ wm,
                                           const half* __restrict__ xh, int ldx, float* __restrict__ y,
@@ -158,11 +221,9 @@ __device__ __forceinline__ void gemm_pipe(const uint8_t* __restrict__ wq, const 
     uint8_t* smem = reinterpret_cast<uint8_t*>(gemm_smem);
     half* ws = reinterpret_cast<half*>(smem + 2 * G::STAGE);
     __shared__ int slot_of[ROUTED ? BM : 1];
-    constexpr int UPT = GEMM_BK / T::UE;
     const int tid = threadIdx.x, warp = tid >> 5;
     const int t0 = blockIdx.y * BM, r0 = blockIdx.x * BN;
     const int nb = (cols + T::QK - 1) / T::QK;
-    const size_t meta_bytes = (size_t)rows * nb * T::MB;
     const int wt = (warp / WN) * (BM / (G::THREADS / 32 / WN)), wr = (warp % WN) * (BN / WN);
     const int nsteps = (cols + GEMM_BK - 1) / GEMM_BK;
 
@@ -171,32 +232,10 @@ __device__ __forceinline__ void gemm_pipe(const uint8_t* __restrict__ wq, const 
         __syncthreads();
     }
     auto issue = [&](int ks, int s) {
-        const int k0 = ks * GEMM_BK, b0 = k0 / T::QK;
-        half* xs = reinterpret_cast<half*>(smem + s * G::STAGE);
-        uint8_t* rq = smem + s * G::STAGE + G::XS;
-        uint8_t* rm = rq + BN * G::QROW;
-        for (int i = tid; i < BM * (GEMM_BK / 8); i += G::THREADS) {
-            const int tt = i / (GEMM_BK / 8), k = k0 + (i % (GEMM_BK / 8)) * 8, t = t0 + tt;
-            const bool ok = t < n_tokens && k < cols;
-            const half* src = ok ? xh + (size_t)(ROUTED ? slot_of[tt] / x_div : t) * ldx + k : xh;
-            cp_async16(xs + tt * GEMM_LDS + (k - k0), src, ok ? 16 : 0);
-        }
-        for (int i = tid; i < BN * (G::QROW / 16); i += G::THREADS) {
-            const int rr = i / (G::QROW / 16), c = i % (G::QROW / 16), r = r0 + rr;
-            const bool ok = r < rows && b0 + (16 * c) / T::QB < nb;
-            const uint8_t* src = ok ? wq + ((size_t)r * nb + b0) * T::QB + 16 * c : wq;
-            cp_async16(rq + rr * G::QROW + 16 * c, src, ok ? 16 : 0);
-        }
-        if constexpr (G::MCH > 0) {
-            for (int i = tid; i < BN * G::MCH; i += G::THREADS) {
-                const int rr = i / G::MCH, c = i % G::MCH, r = r0 + rr;
-                if (r >= rows) continue;
-                const size_t off = (((size_t)r * nb + b0) * T::MB & ~(size_t)3) + 4 * c;
-                // a word that starts inside the plane (its last, for Q6_K's odd block counts, may
-                // end up to 3 bytes past it: still inside the pool's 256-aligned allocation)
-                if (off < meta_bytes) cp_async4(rm + rr * G::MROW + 4 * c, wm + off);
-            }
-        }
+        uint8_t* stage = smem + s * G::STAGE;
+        copy_x_step<BM, ROUTED>(reinterpret_cast<half*>(stage), xh, ldx, t0, n_tokens, cols, ks, slot_of, x_div, tid,
+                                G::THREADS);
+        copy_w_step<T, G, BN>(stage + G::XS, wq, wm, r0, rows, nb, ks, tid, G::THREADS);
     };
 
     wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[G::FM][G::FN];
@@ -208,26 +247,12 @@ __device__ __forceinline__ void gemm_pipe(const uint8_t* __restrict__ wq, const 
     issue(0, 0);
     cp_async_commit();
     for (int ks = 0; ks < nsteps; ++ks) {
-        const int s = ks & 1, k0 = ks * GEMM_BK, b0 = k0 / T::QK;
+        const int s = ks & 1;
         cp_async_wait_all();
         __syncthreads();  // step ks is in shared memory for all; step ks - 1's products are done
         if (ks + 1 < nsteps) issue(ks + 1, s ^ 1);
         cp_async_commit();
-        const uint8_t* rq = smem + s * G::STAGE + G::XS;
-        const uint8_t* rm = rq + BN * G::QROW;
-        for (int i = tid; i < BN * UPT; i += G::THREADS) {
-            const int rr = i / UPT, uu = i % UPT, r = r0 + rr;
-            const int gu = k0 / T::UE + uu;
-            const int b = gu / T::UNITS, j = gu % T::UNITS;
-            half* row = ws + rr * GEMM_LDS;
-            if (r < rows && b < nb) {
-                const int moff = (int)((((size_t)r * nb + b0) * T::MB) & 3);
-                T::dequant(rq + rr * G::QROW + (b - b0) * T::QB, rm + rr * G::MROW + moff + (b - b0) * T::MB, j,
-                           row + b * T::QK - k0);
-            } else {
-                for (int e = 0; e < T::UE; e += 8) *reinterpret_cast<int4*>(row + uu * T::UE + e) = make_int4(0, 0, 0, 0);
-            }
-        }
+        dequant_step<T, G, BN>(ws, smem + s * G::STAGE + G::XS, r0, rows, nb, ks, tid, G::THREADS);
         __syncthreads();
         const half* xs = reinterpret_cast<const half*>(smem + s * G::STAGE);
 #pragma unroll
@@ -258,6 +283,133 @@ __device__ __forceinline__ void gemm_pipe(const uint8_t* __restrict__ wq, const 
         const int t = t0 + tt, r = r0 + rr;
         if (t < n_tokens && r < rows) y[(size_t)(ROUTED ? slot_of[tt] : t) * rows + r] = cs[tt * G::LDC + rr];
     }
+}
+
+// ---- the warp-specialized tile (gemm5_<type>, sm_90) --------------------------------------------
+// gemm3's operands and per-type dequant, with the two kinds of work on different warps so that
+// they overlap instead of taking turns between barriers: 4 producer warps copy each K step's raw
+// weight bytes in (cp.async, two steps ahead) and dequantize them into one of two f16 w buffers,
+// while 4 consumer warps, 64 tokens x 64 rows each, multiply the step before on mma.sync m16n8k16
+// fed by ldmatrix, and copy their own x tiles two steps ahead. Named barriers pass the w buffers
+// back and forth: FULL + b (dequantized, consumers wait), EMPTY + b (multiplied, producers wait).
+// 128 tokens x 128 rows a block, blockIdx.x the token tile, so a weight tile's token tiles run side
+// by side and its bytes come from DRAM once. y is stored from the accumulators. Shared memory
+// (2 x tiles, 2 raw steps, 2 w tiles: 176 KB for Q4_K, 200 KB for f16) needs sm_90.
+#define WS_BM 128
+#define WS_BN 128
+#define WS_PROD 128  // producer threads: warps 0-3
+#define WS_CONS 128  // consumer threads: warps 4-7, 2 along tokens x 2 along rows
+enum { WS_BAR_PROD = 1, WS_BAR_CONS = 2, WS_BAR_FULL = 3, WS_BAR_EMPTY = 5 };
+
+template <class T>
+struct WsTile {
+    typedef PipeTile<T, WS_BM, WS_BN, 2, 2> P;  // its per-row raw layout (QROW, MCH, MROW)
+    static constexpr int QROW = P::QROW, MCH = P::MCH, MROW = P::MROW;
+    static constexpr int XS = P::XS, RAW = P::RAW, WS = P::WS;
+    static constexpr int SMEM = 2 * (XS + RAW + WS);
+};
+
+template <class T>
+__device__ __forceinline__ void gemm_ws(const uint8_t* __restrict__ wq, const uint8_t* __restrict__ wm,
+                                        const half* __restrict__ xh, int ldx, float* __restrict__ y,
+                                        int rows, int cols, int n_tokens) {
+    typedef WsTile<T> G;
+    constexpr int ALL = WS_PROD + WS_CONS;
+    extern __shared__ int4 gemm_smem[];
+    uint8_t* smem = reinterpret_cast<uint8_t*>(gemm_smem);
+    half* xbuf = reinterpret_cast<half*>(smem);                       // 2 x tiles
+    uint8_t* rbuf = smem + 2 * G::XS;                                 // 2 raw steps
+    half* wbuf = reinterpret_cast<half*>(smem + 2 * (G::XS + G::RAW));  // 2 w tiles
+    const int tid = threadIdx.x, lane = tid & 31;
+    const int t0 = blockIdx.x * WS_BM, r0 = blockIdx.y * WS_BN;
+    const int nb = (cols + T::QK - 1) / T::QK;
+    const int nsteps = (cols + GEMM_BK - 1) / GEMM_BK;
+
+    if (tid < WS_PROD) {
+        copy_w_step<T, G, WS_BN>(rbuf, wq, wm, r0, rows, nb, 0, tid, WS_PROD);
+        cp_async_commit();
+        if (nsteps > 1) copy_w_step<T, G, WS_BN>(rbuf + G::RAW, wq, wm, r0, rows, nb, 1, tid, WS_PROD);
+        cp_async_commit();
+        for (int ks = 0; ks < nsteps; ++ks) {
+            const int b = ks & 1;
+            cp_async_wait<1>();
+            bar_sync(WS_BAR_PROD, WS_PROD);                          // step ks's raw bytes are in
+            if (ks >= 2) bar_sync(WS_BAR_EMPTY + b, ALL);            // step ks - 2 multiplied
+            dequant_step<T, G, WS_BN>(wbuf + b * (G::WS / 2), rbuf + b * G::RAW, r0, rows, nb, ks, tid, WS_PROD);
+            bar_arrive(WS_BAR_FULL + b, ALL);
+            bar_sync(WS_BAR_PROD, WS_PROD);                          // every producer is done with rbuf[b]
+            if (ks + 2 < nsteps) copy_w_step<T, G, WS_BN>(rbuf + b * G::RAW, wq, wm, r0, rows, nb, ks + 2, tid, WS_PROD);
+            cp_async_commit();
+        }
+        return;
+    }
+
+    const int ct = tid - WS_PROD, cw = ct >> 5;
+    const int wt = (cw >> 1) * 64, wr = (cw & 1) * 64;  // this warp's 64 tokens x 64 rows
+    copy_x_step<WS_BM, false>(xbuf, xh, ldx, t0, n_tokens, cols, 0, nullptr, 1, ct, WS_CONS);
+    cp_async_commit();
+    if (nsteps > 1) copy_x_step<WS_BM, false>(xbuf + G::XS / 2, xh, ldx, t0, n_tokens, cols, 1, nullptr, 1, ct, WS_CONS);
+    cp_async_commit();
+
+    float acc[4][8][4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
+    // ldmatrix rows: A (tokens x k) matrices 0-3 = rows 0-7 | 8-15 at k 0, then at k 8;
+    // B (rows x k) = rows 0-7 at k 0 | k 8, then rows 8-15 at k 0 | k 8 (two n8 tiles' b0, b1)
+    const int a_off = (wt + (lane & 15)) * GEMM_LDS + (lane >> 4) * 8;
+    const int b_off = (wr + (lane & 7) + ((lane >> 4) << 3)) * GEMM_LDS + ((lane >> 3) & 1) * 8;
+    for (int ks = 0; ks < nsteps; ++ks) {
+        const int b = ks & 1;
+        cp_async_wait<1>();
+        bar_sync(WS_BAR_FULL + b, ALL);  // w tile dequantized; every consumer's x copies are in
+        const half* xs = xbuf + b * (G::XS / 2);
+        const half* ws = wbuf + b * (G::WS / 2);
+#pragma unroll
+        for (int kk = 0; kk < GEMM_BK; kk += 16) {
+            uint32_t af[4][4], bf[4][4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) ldsm_x4(af[i], xs + a_off + 16 * i * GEMM_LDS + kk);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) ldsm_x4(bf[j], ws + b_off + 16 * j * GEMM_LDS + kk);
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    mma_16816(acc[i][2 * j], af[i][0], af[i][1], af[i][2], af[i][3], bf[j][0], bf[j][1]);
+                    mma_16816(acc[i][2 * j + 1], af[i][0], af[i][1], af[i][2], af[i][3], bf[j][2], bf[j][3]);
+                }
+        }
+        if (ks + 2 < nsteps) bar_arrive(WS_BAR_EMPTY + b, ALL);
+        bar_sync(WS_BAR_CONS, WS_CONS);  // every consumer is done with xbuf[b]
+        if (ks + 2 < nsteps)
+            copy_x_step<WS_BM, false>(xbuf + b * (G::XS / 2), xh, ldx, t0, n_tokens, cols, ks + 2, nullptr, 1, ct, WS_CONS);
+        cp_async_commit();
+    }
+    // accumulator (i, j): rows t = 16 i + lane / 4 (+ 8 for e >= 2), columns r = 8 j + 2 (lane % 4) (+ 1)
+    const bool pairs = (rows & 1) == 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int t = t0 + wt + 16 * i + (lane >> 2) + 8 * h;
+            if (t >= n_tokens) continue;
+            float* yt = y + (size_t)t * rows;
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                const int r = r0 + wr + 8 * j + 2 * (lane & 3);
+                const float v0 = acc[i][j][2 * h], v1 = acc[i][j][2 * h + 1];
+                if (pairs && r + 1 < rows) {
+                    *reinterpret_cast<float2*>(yt + r) = make_float2(v0, v1);
+                } else {
+                    if (r < rows) yt[r] = v0;
+                    if (r + 1 < rows) yt[r + 1] = v1;
+                }
+            }
+        }
 }
 
 // f32_to_f16_rows(x, y, cols, ldy, n): y[t][c] = f16(x[t][c]) for c < cols, 0 for cols <= c < ldy
@@ -362,6 +514,15 @@ template <class T> using Pipe4 = PipeTile<T, 64, 128, 2, 2>;
         gemm_pipe<TYPE##_t, Pipe4<TYPE##_t>, 64, 128, 2>(wq, wm, xh, ldx, y, rows, cols, n_tokens);         \
     }
 
+// gemm5_<type>(wq, wm, xh, y, rows, cols, n_tokens, ldx): the warp-specialized tile; grid
+// (ceil(n_tokens/128), ceil(rows/128)) (token tiles first), block 256, dynamic shared WsTile::SMEM.
+#define GEMM_WS_ENTRY(TYPE)                                                                                 \
+    extern "C" __global__ __launch_bounds__(256, 1) void gemm5_##TYPE(                                      \
+        const uint8_t* wq, const uint8_t* wm, const half* xh, float* y, int rows, int cols, int n_tokens,   \
+        int ldx) { pdl_entry();                                                                             \
+        gemm_ws<TYPE##_t>(wq, wm, xh, ldx, y, rows, cols, n_tokens);                                        \
+    }
+
 GEMM_ENTRY(f32)
 
 // moe_gemm4_<type>(table, meta_offset, offsets, order, xh, y, rows, cols, top_k, x_per_slot, ldx): the
@@ -396,6 +557,20 @@ GEMM_PIPE_ENTRY(q3_K)
 GEMM_PIPE_ENTRY(iq4_xs)
 GEMM_PIPE_ENTRY(f16)
 GEMM_PIPE_ENTRY(bf16)
+
+GEMM_WS_ENTRY(q4_0)
+GEMM_WS_ENTRY(q4_1)
+GEMM_WS_ENTRY(q5_0)
+GEMM_WS_ENTRY(q5_1)
+GEMM_WS_ENTRY(q8_0)
+GEMM_WS_ENTRY(q4_K)
+GEMM_WS_ENTRY(q5_K)
+GEMM_WS_ENTRY(q6_K)
+GEMM_WS_ENTRY(q2_K)
+GEMM_WS_ENTRY(q3_K)
+GEMM_WS_ENTRY(iq4_xs)
+GEMM_WS_ENTRY(f16)
+GEMM_WS_ENTRY(bf16)
 
 MOE_GEMM_PIPE_ENTRY(q4_0)
 MOE_GEMM_PIPE_ENTRY(q4_1)
@@ -438,6 +613,19 @@ MOE_GEMM_PIPE_ENTRY(iq4_xs)
 // memra-kernel: gemm4_f16(PPPPiiii)
 // memra-kernel: gemm3_bf16(PPPPiiii)
 // memra-kernel: gemm4_bf16(PPPPiiii)
+// memra-kernel: gemm5_q4_0(PPPPiiii)
+// memra-kernel: gemm5_q4_1(PPPPiiii)
+// memra-kernel: gemm5_q5_0(PPPPiiii)
+// memra-kernel: gemm5_q5_1(PPPPiiii)
+// memra-kernel: gemm5_q8_0(PPPPiiii)
+// memra-kernel: gemm5_q4_K(PPPPiiii)
+// memra-kernel: gemm5_q5_K(PPPPiiii)
+// memra-kernel: gemm5_q6_K(PPPPiiii)
+// memra-kernel: gemm5_q2_K(PPPPiiii)
+// memra-kernel: gemm5_q3_K(PPPPiiii)
+// memra-kernel: gemm5_iq4_xs(PPPPiiii)
+// memra-kernel: gemm5_f16(PPPPiiii)
+// memra-kernel: gemm5_bf16(PPPPiiii)
 // memra-kernel: moe_gemm4_q4_0(PqPPPPiiiii)
 // memra-kernel: moe_gemm4_q4_1(PqPPPPiiiii)
 // memra-kernel: moe_gemm4_q5_0(PqPPPPiiiii)

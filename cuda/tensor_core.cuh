@@ -23,6 +23,14 @@ __device__ __forceinline__ void split_f16x2(float x, float y, uint32_t& hi, uint
     lo = *reinterpret_cast<const uint32_t*>(&l);
 }
 
+// Four 8x8 f16 matrices from shared memory (A fragments from rows of m x k, B fragments from rows
+// of n x k); lane l gives the address of row l % 8 of matrix l / 8.
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const half* p) {
+    const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+}
+
 // Four 8x8 f16 matrices from shared memory, transposed (B fragments from rows of k x n).
 __device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const half* p) {
     const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
@@ -41,3 +49,10 @@ __device__ __forceinline__ void cp_async4(void* dst, const void* src) {
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
+// All but this thread's newest N copy groups have landed.
+template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
+// Named barriers (0 is __syncthreads'): n threads in all take part, some waiting (sync), some only
+// signalling (arrive); the arrivals' earlier shared-memory writes are visible to the waiters after.
+__device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ void bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory"); }

@@ -154,7 +154,7 @@ def bench_gemm(rt, pool, quick: bool) -> list[dict]:
             xh = pool.alloc("scratch", quant_ops.f16_nbytes(cols, GEMM_TOKENS), "xh")
             y = pool.alloc("scratch", GEMM_TOKENS * rows * 4, "y")
             res = {"type": ggml_type.name, "rows": rows, "cols": cols, "tokens": GEMM_TOKENS}
-            tiles = quant_ops.gemm_tiles(w)
+            tiles = quant_ops.gemm_tiles(w, rt.max_shared)
             for prefix in tiles:
                 # the pipelined tiles' time includes x's f16 conversion (one launch per GEMM here;
                 # in a model one conversion serves every weight that reads x)
@@ -166,7 +166,7 @@ def bench_gemm(rt, pool, quick: bool) -> list[dict]:
                 t = time_graph(rt, [run] * 5, reps=5)
                 res[f"us_{prefix}"] = t * 1e6
                 res[f"tflops_{prefix}"] = 2 * GEMM_TOKENS * rows * cols / t / 1e12
-            res["default"] = quant_ops.gemm_variant(w, GEMM_TOKENS)
+            res["default"] = quant_ops.gemm_variant(w, GEMM_TOKENS, rt.max_shared)
             res["tflops"] = max(res[f"tflops_{p}"] for p in tiles)
             out.append(res)
             print(f"gemm {ggml_type.name:5s} {rows:6d}x{cols:<6d} T={GEMM_TOKENS}: " + "  ".join(

@@ -37,6 +37,8 @@ MODELS = {
 class RecordingRuntime:
     """Checks each launch against the parsed kernel signature instead of launching."""
 
+    max_shared = 227 * 1024  # an H100's opt-in limit
+
     def __init__(self):
         self.calls: list[tuple[str, tuple]] = []  # (kernel, args) in launch order
         self.grids: list[tuple] = []  # each kernel launch's grid, in the same order

@@ -225,6 +225,8 @@ def test_q8_0_oom_hint_does_not_suggest_q8_0():
 class RecordingRuntime:
     """Stands in for GpuRuntime: checks each launch against the kernel's declared signature."""
 
+    max_shared = 227 * 1024  # an H100's opt-in limit
+
     def __init__(self):
         from memra_engine.gpu import build
 

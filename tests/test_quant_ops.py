@@ -32,6 +32,7 @@ class RecordingRuntime:
     uploads: dict = field(default_factory=dict)
     launches: list = field(default_factory=list)
     smem_opt_in: dict = field(default_factory=dict)
+    max_shared: int = 227 * 1024  # an H100's opt-in limit
 
     def upload(self, ptr, host):
         self.uploads[ptr] = np.array(host, copy=True)
@@ -135,17 +136,35 @@ def test_fused_matvec_and_quantize_launches(ggml_type):
 def test_gemm_launches(ggml_type, rows, n_tokens):
     rt = RecordingRuntime()
     w, _ = upload(rt, ggml_type, rows, 256)
-    quant_ops.gemm(rt, w, 0x1000, 0x2000, n_tokens, 0x3000)
-    (launch,) = rt.launches
-    check_launch(launch)
-    name, grid, block, args, shared = launch
-    prefix = name.split("_")[0]
-    bm, bn, threads = quant_ops.GEMM_TILES[prefix]
-    smem = quant_ops.gemm_shared(prefix, w.layout)
-    assert smem <= 227 * 1024
-    assert grid[0] * bn >= rows and grid[1] * bm >= n_tokens and block == threads and shared == smem
-    if smem > quant_ops.SHARED_OPT_IN:
-        assert rt.smem_opt_in[name] == smem
+    tiles = quant_ops.gemm_tiles(w, rt.max_shared)
+    assert quant_ops.gemm_variant(w, n_tokens, rt.max_shared) in tiles
+    for variant in [None, *tiles]:
+        rt.launches.clear()
+        quant_ops.gemm(rt, w, 0x1000, 0x2000, n_tokens, 0x3000, variant=variant)
+        (launch,) = rt.launches
+        check_launch(launch)
+        name, grid, block, args, shared = launch
+        prefix = name.split("_")[0]
+        assert variant in (None, prefix)
+        bm, bn, threads = quant_ops.GEMM_TILES[prefix]
+        smem = quant_ops.gemm_shared(prefix, w.layout)
+        assert smem <= rt.max_shared
+        row_tiles, token_tiles = grid[::-1] if prefix in quant_ops.TOKEN_MAJOR_TILES else grid
+        assert row_tiles * bn >= rows and token_tiles * bm >= n_tokens and block == threads and shared == smem
+        if smem > quant_ops.SHARED_OPT_IN:
+            assert rt.smem_opt_in[name] == smem
+
+
+def test_gemm_tiles_fit_the_device_shared_memory():
+    """gemm5 needs an sm_90-class block (156-200 KB); a 99 KB GPU (sm_86/89) never gets it."""
+    rt = RecordingRuntime()
+    for ggml_type in supported_types():
+        w, _ = upload(rt, ggml_type, 4096, 256)
+        if w.layout.kernel_type == "f32":
+            continue  # f32 weights have only the unpipelined tiles
+        assert "gemm5" in quant_ops.gemm_tiles(w, 227 * 1024), ggml_type.name
+        assert "gemm5" not in quant_ops.gemm_tiles(w, 99 * 1024), ggml_type.name
+        assert 150 * 1024 < quant_ops.gemm_shared("gemm5", w.layout) <= 227 * 1024, ggml_type.name
 
 
 def test_q8_1_sizes():

@@ -751,7 +751,7 @@ class GpuOps:
     def _matmul_into(self, x: DArray, w: GpuWeight, y_ptr: int) -> None:
         T = x.rows
         if T > BATCHED_MATVEC_MAX:
-            tile = quant_ops.gemm_variant(w, T)
+            tile = quant_ops.gemm_variant(w, T, self.rt.max_shared)
             xh = self._f16_of(x, w.cols) if tile in quant_ops.PIPELINED_TILES else 0
             quant_ops.gemm(self.rt, w, x.ptr, y_ptr, T, xh, tile)
             return

@@ -354,22 +354,29 @@ def matvec_qkv_rope(rt, w: GpuWeight, xq_ptr: int, bias_ptr: int, q_out: int, kc
 
 
 # ---- GEMM (prefill) ----------------------------------------------------------------------------
-# kernel prefix -> (tokens per tile, rows per tile, threads); see gemm.cu. gemm3 and gemm4 are the
-# pipelined tiles, for every type but f32: they read x as f16 rows (to_f16). f32 weights have the
+# kernel prefix -> (tokens per tile, rows per tile, threads); see gemm.cu. gemm3, gemm4 and gemm5 are
+# the pipelined tiles, for every type but f32: they read x as f16 rows (to_f16). gemm5 is gemm3's
+# tile with the dequant on producer warps and the products on mma.sync (its grid takes token tiles
+# first); its ~176-205 KB of shared memory needs an sm_90-class GPU. f32 weights have the
 # unpipelined gemm and gemm2 over f32 x.
-GEMM_TILES = {"gemm": (64, 64, 128), "gemm2": (128, 128, 256), "gemm3": (128, 128, 256), "gemm4": (64, 128, 128)}
-PIPELINED_TILES = ("gemm3", "gemm4")
+GEMM_TILES = {"gemm": (64, 64, 128), "gemm2": (128, 128, 256), "gemm3": (128, 128, 256), "gemm4": (64, 128, 128),
+              "gemm5": (128, 128, 256)}
+PIPELINED_TILES = ("gemm3", "gemm4", "gemm5")
+TOKEN_MAJOR_TILES = ("gemm5",)  # grid (token tiles, row tiles)
 GEMM_LDS = 128 + 8  # the f16 tile row in halves (gemm.cu GEMM_LDS)
+SM90_SHARED = 227 * 1024  # the most dynamic shared memory a block of an H100/H200 may opt into
 
 
-def gemm_tiles(w: GpuWeight) -> list[str]:
-    """The tile shapes this weight's type has kernels for."""
+def gemm_tiles(w: GpuWeight, max_shared: int = SM90_SHARED) -> list[str]:
+    """The tile shapes this weight's type has kernels for, among those whose shared memory fits
+    max_shared (the device's opt-in limit per block, GpuRuntime.max_shared)."""
     f32 = w.layout.kernel_type == "f32"
-    return [p for p in GEMM_TILES if (p in PIPELINED_TILES) != f32]
+    return [p for p in GEMM_TILES
+            if (p in PIPELINED_TILES) != f32 and (p not in TOKEN_MAJOR_TILES or gemm_shared(p, w.layout) <= max_shared)]
 
 
 def gemm_shared(prefix: str, lay: WeightLayout) -> int:
-    """Dynamic shared bytes of a tile (gemm.cu GemmTile::SMEM, PipeTile::SMEM)."""
+    """Dynamic shared bytes of a tile (gemm.cu GemmTile::SMEM, PipeTile::SMEM, WsTile::SMEM)."""
     bm, bn, _ = GEMM_TILES[prefix]
     out = bm * (bn + 4) * 4  # the f32 y tile staged at the end
     if prefix not in PIPELINED_TILES:
@@ -377,13 +384,16 @@ def gemm_shared(prefix: str, lay: WeightLayout) -> int:
     nb_step = 1 if lay.block_values >= 128 else 128 // lay.block_values
     mch = (nb_step * lay.meta_bytes + 6) // 4 if lay.meta_bytes else 0
     raw = bn * (nb_step * lay.q_bytes + _align(4 * mch, 16))
+    if prefix in TOKEN_MAJOR_TILES:  # two x tiles, two raw steps, two w tiles; y from registers
+        return 2 * (bm * GEMM_LDS * 2 + raw + bn * GEMM_LDS * 2)
     return max(2 * (bm * GEMM_LDS * 2 + raw) + bn * GEMM_LDS * 2, out)
 
 
-def gemm_variant(w: GpuWeight, n_tokens: int) -> str:
+def gemm_variant(w: GpuWeight, n_tokens: int, max_shared: int = SM90_SHARED) -> str:
     """The tile shape for a prefill chunk (bench_kernels.py times them all; docs/gpu-log.md)."""
+    tiles = gemm_tiles(w, max_shared)
     forced = switches.gemm_tile()
-    if forced in gemm_tiles(w):
+    if forced in tiles:
         return forced
     if w.layout.kernel_type != "f32":
         return "gemm3" if n_tokens >= 256 and w.rows >= 2048 else "gemm4"
@@ -409,7 +419,7 @@ def gemm(rt, w: GpuWeight, x_ptr: int, y_ptr: int, n_tokens: int, xh_ptr: int = 
     """y[t, rows] = W @ x[t] on tensor cores (f16 operands, f32 accumulate), for prefill chunks.
     x is f32 [n_tokens, cols]; the weight is dequantized tile by tile in shared memory. The
     pipelined tiles read xh_ptr, x's f16 copy (to_f16), instead of x."""
-    prefix = variant or gemm_variant(w, n_tokens)
+    prefix = variant or gemm_variant(w, n_tokens, rt.max_shared)
     bm, bn, threads = GEMM_TILES[prefix]
     smem = gemm_shared(prefix, w.layout)
     name = f"{prefix}_{w.layout.kernel_type}"
@@ -417,6 +427,8 @@ def gemm(rt, w: GpuWeight, x_ptr: int, y_ptr: int, n_tokens: int, xh_ptr: int = 
         rt.set_max_dynamic_shared(name, smem)  # a function attribute, not a stream operation
     meta = w.meta_ptr if not w.layout.is_float else w.q_ptr
     grid = (-(-w.rows // bn), -(-n_tokens // bm))
+    if prefix in TOKEN_MAJOR_TILES:
+        grid = grid[::-1]
     if prefix in PIPELINED_TILES:
         if not xh_ptr:
             raise ValueError(f"{name} reads x as f16: pass xh_ptr (quant_ops.to_f16)")

@@ -42,6 +42,8 @@ class GpuRuntime:
         major, minor = self.device.compute_capability()
         self.arch = build.arch_for_capability(major, minor)  # raises below 8.0
         self.device_name = self.device.name()
+        # the most dynamic shared memory a block may opt into (227 KB on sm_90, 99 KB on sm_86/89)
+        self.max_shared = self.device.get_attribute(cuda.device_attribute.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
         self.context = self.device.make_context()
         try:
             self.stream = cuda.Stream()

@@ -41,7 +41,7 @@ def test_gemm_matches_numpy(gpu, ggml_type, rows, kind, tokens):
     quant_ops.to_f16(rt, xb.ptr, xh.ptr, cols, tokens)
     y = pool.alloc("scratch", tokens * rows * 4, "y")
     ref = x.astype(np.float64) @ dequantize_weight(ggml_type, data, rows, cols).T.astype(np.float64)
-    for variant in quant_ops.gemm_tiles(w):
+    for variant in quant_ops.gemm_tiles(w, rt.max_shared):
         rt.memset_u32(y.ptr, NAN_BITS, tokens * rows)
         quant_ops.gemm(rt, w, xb.ptr, y.ptr, tokens, xh.ptr, variant=variant)
         got = rt.download(y.ptr, (tokens, rows), np.float32)
