@@ -115,6 +115,24 @@ def run_forward(path, T: int, n_ctx: int = 300, cluster: bool = False, kv_type: 
     return rt.launches
 
 
+@pytest.mark.parametrize("T", [1, 300])
+def test_dry_forward_runs_on_the_stand_in_runtime(model_paths, T):
+    """The backend sizes its scratch with a dry forward on ops' own stand-in runtime, which must
+    answer everything a forward asks of GpuRuntime (a GEMM prefill's tile choice reads max_shared)."""
+    g = open_gguf(model_paths["tiny-llama"])
+    cfg = config_from_gguf(g)
+    weights = GpuWeights(g, cfg).upload(None, None, dry=True)
+    kv = GpuKvCache(None, cfg.n_layer, cfg.n_kv_head, 512, cfg.head_dim, "f16")
+    arena = Arena.unbounded()
+    ops = GpuOps(None, cfg, kv, arena, dry=True)
+    ops.begin(attn_splits(kv_bucket(512), cfg.head_dim, False, "f16"), history_ptr=4096,
+              prefill_splits=attn_splits(kv_bucket(512), cfg.head_dim, False, "f16"))
+    ids = DArray(1 << 20, (T,), 1)
+    arch_module(cfg.arch).forward(ops, weights, cfg, ids, ids, last_only=T == 1)
+    ops.flush()
+    assert max(arena.peaks) > 0
+
+
 @pytest.mark.parametrize("name", list(MODELS))
 @pytest.mark.parametrize("T", [1, 5, 40])  # decode, batched-matvec verify, GEMM prefill
 def test_every_launch_matches_its_kernel(model_paths, name, T):

@@ -140,6 +140,9 @@ class Arena:
 class _DryRuntime:
     """Stands in for GpuRuntime in a dry run: every call (launch, set_max_dynamic_shared, ...) is a no-op."""
 
+    # picks the prefill tiles; every pipelined tile needs the same scratch (x's f16 copy)
+    max_shared = quant_ops.SM90_SHARED
+
     def __getattr__(self, name):
         return lambda *args, **kwargs: None
 

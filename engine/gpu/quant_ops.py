@@ -396,7 +396,9 @@ def gemm_variant(w: GpuWeight, n_tokens: int, max_shared: int = SM90_SHARED) -> 
     if forced in tiles:
         return forced
     if w.layout.kernel_type != "f32":
-        return "gemm3" if n_tokens >= 256 and w.rows >= 2048 else "gemm4"
+        if n_tokens >= 256 and w.rows >= 2048:  # gemm5 where it fits: 1.1-1.3x gemm3 (docs/gpu-log.md)
+            return "gemm5" if "gemm5" in tiles else "gemm3"
+        return "gemm4"
     return "gemm2" if n_tokens >= 256 and w.rows >= 4096 else "gemm"
 
 
