@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Prefill beside llama.cpp, in two back-to-back device calls (issue 16's pp512 rows):
+#   PHASE=1: start llama.cpp's build (detached, niced), install memra, write the synthetic llama-8b
+#            (Q4_K_M and Q8_0) and llama-1b files, run test_gemm.py and the GEMM microbenchmark, then
+#            memra-bench pp512 with MEMRA_GEMM=gemm3 (the old default) and the default tile.
+#   PHASE=2: (the machine still warm) wait for the build, then llama-bench pp512 and memra-bench pp512
+#            on the same files, one after the other, and a short table.
+# Carry [".whl", "build/prebuilt"], with ../shared/device/llamacpp copied into .whl/.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/memra-out}
+mkdir -p "$OUT" /tmp/models
+t0=$(date +%s); el() { echo "[$(( $(date +%s) - t0 ))s]"; }
+files=(/tmp/models/llama-8b.gguf /tmp/models/llama-8b-q8_0.gguf /tmp/models/llama-1b.gguf)
+pp() { python3 -c "import json,sys; print(round(json.load(open(sys.argv[1]))['pp512_tok_s'], 1))" "$1" 2>/dev/null || echo "-"; }
+if [ "${PHASE:-1}" = 1 ]; then
+  [ -f /tmp/llama.cpp/build.log ] || { cp -r .whl/llamacpp /tmp/ && (setsid nohup nice -n 19 bash /tmp/llamacpp/build.sh > /dev/null 2>&1 < /dev/null &); }
+  MEMRA_TESTS=0 MEMRA_BENCH=0 bash scripts/device_run.sh > "$OUT/setup.log" 2>&1 || { tail -20 "$OUT/setup.log"; exit 1; }
+  echo "$(el) installed"
+  export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
+  ( [ -f "${files[0]}" ] || python3 -m memra_engine.model.synthetic "${files[0]}" --preset llama-8b --quiet --threads 8
+    [ -f "${files[1]}" ] || python3 -m memra_engine.model.synthetic "${files[1]}" --preset llama-8b --quant Q8_0 --quiet --threads 8
+    [ -f "${files[2]}" ] || python3 -m memra_engine.model.synthetic "${files[2]}" --preset llama-1b --quiet --threads 8
+  ) > "$OUT/synth.log" 2>&1 &
+  synth=$!
+  python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_gemm.py > "$OUT/test_gemm.log" 2>&1
+  echo "$(el) test_gemm: $(tail -1 "$OUT/test_gemm.log")"
+  grep -E "^FAILED|Error" "$OUT/test_gemm.log" | head -8
+  python3 scripts/bench_kernels.py --gemm-only > "$OUT/gemm.txt" 2>&1
+  grep "^gemm" "$OUT/gemm.txt"
+  wait $synth; echo "$(el) models written"
+  for f in "${files[@]}"; do
+    n=$(basename "$f" .gguf)
+    for tile in gemm3 default; do
+      if [ $tile = gemm3 ]; then env=MEMRA_GEMM=gemm3; else env=MEMRA_GEMM=; fi
+      env $env python3 -m memra_engine.bench "$f" --backend cuda --runs 3 --n-gen 8 --json > "$OUT/pp-$n-$tile.json" 2>> "$OUT/misc.log"
+      echo "$(el) $n $tile pp512 $(pp "$OUT/pp-$n-$tile.json")"
+    done
+  done
+else
+  export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
+  while ! grep -q "llama.cpp build rc" /tmp/llama.cpp/build.log 2>/dev/null; do sleep 5; done
+  echo "$(el) $(grep 'llama.cpp build rc' /tmp/llama.cpp/build.log)"
+  for f in "${files[@]}"; do
+    n=$(basename "$f" .gguf)
+    /tmp/llama.cpp/build/bin/llama-bench -m "$f" -p 512 -n 0 -r 5 -fa 1 -o json > "$OUT/llama-$n.json" 2>> "$OUT/misc.log"
+    python3 -m memra_engine.bench "$f" --backend cuda --runs 5 --n-gen 8 --json > "$OUT/pp2-$n.json" 2>> "$OUT/misc.log"
+    python3 - "$OUT/llama-$n.json" "$OUT/pp2-$n.json" "$n" <<'PY'
+import json, sys
+ll = json.load(open(sys.argv[1])); me = json.load(open(sys.argv[2]))
+l = [r["avg_ts"] for r in ll if r.get("n_prompt") == 512][0]
+m = me["pp512_tok_s"]
+print(f"{sys.argv[3]:<18} llama.cpp pp512 {l:9.1f}   memra pp512 {m:9.1f}   {m / l:.2f}x")
+PY
+  done
+fi
