@@ -290,27 +290,23 @@ __device__ __forceinline__ void gemm_pipe(const uint8_t* __restrict__ wq, const 
 // they overlap instead of taking turns between barriers: 4 producer warps copy each K step's raw
 // weight bytes in (cp.async, two steps ahead) and dequantize them into one of two f16 w buffers,
 // while 4 consumer warps, 64 tokens x 64 rows each, multiply the step before on mma.sync m16n8k16
-// fed by ldmatrix. The consumers also copy x two steps ahead into a third x buffer, a few copies
-// between each K slice's products (a separate copy loop stalled the tensor cores). Named barriers
-// pass the w buffers back and forth: FULL + b (dequantized, consumers wait), EMPTY + b
-// (multiplied, producers wait); FULL also orders the x buffers, as every consumer reaches it only
-// after its products of the step before. 128 tokens x 128 rows a block, blockIdx.x the token tile,
-// so a weight tile's token tiles run side by side and its bytes come from DRAM once. y is stored
-// from the accumulators. Shared memory (3 x tiles, 2 raw steps, 2 w tiles: 190-226 KB) needs an
-// sm_90-class GPU, and f16/bf16 weights (their raw step is 32 KB) do not fit: they keep gemm3.
+// fed by ldmatrix, and copy their own x tiles two steps ahead. Named barriers pass the w buffers
+// back and forth: FULL + b (dequantized, consumers wait), EMPTY + b (multiplied, producers wait).
+// 128 tokens x 128 rows a block, blockIdx.x the token tile, so a weight tile's token tiles run side
+// by side and its bytes come from DRAM once. y is stored from the accumulators. Shared memory
+// (2 x tiles, 2 raw steps, 2 w tiles: 176 KB for Q4_K, 200 KB for f16) needs sm_90.
 #define WS_BM 128
 #define WS_BN 128
 #define WS_PROD 128  // producer threads: warps 0-3
 #define WS_CONS 128  // consumer threads: warps 4-7, 2 along tokens x 2 along rows
-#define WS_XBUF 3
-enum { WS_BAR_PROD = 1, WS_BAR_FULL = 3, WS_BAR_EMPTY = 5 };
+enum { WS_BAR_PROD = 1, WS_BAR_CONS = 2, WS_BAR_FULL = 3, WS_BAR_EMPTY = 5 };
 
 template <class T>
 struct WsTile {
     typedef PipeTile<T, WS_BM, WS_BN, 2, 2> P;  // its per-row raw layout (QROW, MCH, MROW)
     static constexpr int QROW = P::QROW, MCH = P::MCH, MROW = P::MROW;
     static constexpr int XS = P::XS, RAW = P::RAW, WS = P::WS;
-    static constexpr int SMEM = WS_XBUF * XS + 2 * (RAW + WS);
+    static constexpr int SMEM = 2 * (XS + RAW + WS);
 };
 
 template <class T>
@@ -318,12 +314,12 @@ __device__ __forceinline__ void gemm_ws(const uint8_t* __restrict__ wq, const ui
                                         const half* __restrict__ xh, int ldx, float* __restrict__ y,
                                         int rows, int cols, int n_tokens) {
     typedef WsTile<T> G;
-    constexpr int ALL = WS_PROD + WS_CONS, XH = G::XS / 2;  // XH: halves a x tile
+    constexpr int ALL = WS_PROD + WS_CONS;
     extern __shared__ int4 gemm_smem[];
     uint8_t* smem = reinterpret_cast<uint8_t*>(gemm_smem);
-    half* xbuf = reinterpret_cast<half*>(smem);                                   // WS_XBUF x tiles
-    uint8_t* rbuf = smem + WS_XBUF * G::XS;                                       // 2 raw steps
-    half* wbuf = reinterpret_cast<half*>(smem + WS_XBUF * G::XS + 2 * G::RAW);   // 2 w tiles
+    half* xbuf = reinterpret_cast<half*>(smem);                       // 2 x tiles
+    uint8_t* rbuf = smem + 2 * G::XS;                                 // 2 raw steps
+    half* wbuf = reinterpret_cast<half*>(smem + 2 * (G::XS + G::RAW));  // 2 w tiles
     const int tid = threadIdx.x, lane = tid & 31;
     const int t0 = blockIdx.x * WS_BM, r0 = blockIdx.y * WS_BN;
     const int nb = (cols + T::QK - 1) / T::QK;
@@ -348,25 +344,13 @@ __device__ __forceinline__ void gemm_ws(const uint8_t* __restrict__ wq, const ui
         return;
     }
 
-    // x copies: thread ct moves 16-byte chunk ct % 16 of tile rows ct / 16 + 8 c, c = 0..15
     const int ct = tid - WS_PROD, cw = ct >> 5;
-    const int xrow = ct >> 4, xcol = 8 * (ct & 15);
-    const half* xsrc = xh + (size_t)(t0 + xrow) * ldx + xcol;
-    auto copy_x = [&](half* xs, int ks, int c) {
-        const int k = ks * GEMM_BK + xcol, tt = xrow + 8 * c;
-        const bool ok = t0 + tt < n_tokens && k < cols;
-        cp_async16(xs + tt * GEMM_LDS + xcol, ok ? xsrc + (size_t)(8 * c) * ldx + ks * GEMM_BK : xh, ok ? 16 : 0);
-    };
-#pragma unroll
-    for (int c = 0; c < 16; ++c) copy_x(xbuf, 0, c);
+    const int wt = (cw >> 1) * 64, wr = (cw & 1) * 64;  // this warp's 64 tokens x 64 rows
+    copy_x_step<WS_BM, false>(xbuf, xh, ldx, t0, n_tokens, cols, 0, nullptr, 1, ct, WS_CONS);
     cp_async_commit();
-    if (nsteps > 1) {
-#pragma unroll
-        for (int c = 0; c < 16; ++c) copy_x(xbuf + XH, 1, c);
-    }
+    if (nsteps > 1) copy_x_step<WS_BM, false>(xbuf + G::XS / 2, xh, ldx, t0, n_tokens, cols, 1, nullptr, 1, ct, WS_CONS);
     cp_async_commit();
 
-    const int wt = (cw >> 1) * 64, wr = (cw & 1) * 64;  // this warp's 64 tokens x 64 rows
     float acc[4][8][4];
 #pragma unroll
     for (int i = 0; i < 4; ++i)
@@ -378,22 +362,14 @@ __device__ __forceinline__ void gemm_ws(const uint8_t* __restrict__ wq, const ui
     // B (rows x k) = rows 0-7 at k 0 | k 8, then rows 8-15 at k 0 | k 8 (two n8 tiles' b0, b1)
     const int a_off = (wt + (lane & 15)) * GEMM_LDS + (lane >> 4) * 8;
     const int b_off = (wr + (lane & 7) + ((lane >> 4) << 3)) * GEMM_LDS + ((lane >> 3) & 1) * 8;
-    int xb = 0;  // ks % WS_XBUF
     for (int ks = 0; ks < nsteps; ++ks) {
         const int b = ks & 1;
-        const bool ahead = ks + 2 < nsteps;
-        half* xnext = xbuf + (xb == 0 ? 2 : xb - 1) * XH;  // (ks + 2) % 3
         cp_async_wait<1>();
-        bar_sync(WS_BAR_FULL + b, ALL);  // w tile dequantized; every consumer's x copies are in and
-                                         // every consumer is done with step ks - 1 (xnext's last reader)
-        const half* xs = xbuf + xb * XH;
+        bar_sync(WS_BAR_FULL + b, ALL);  // w tile dequantized; every consumer's x copies are in
+        const half* xs = xbuf + b * (G::XS / 2);
         const half* ws = wbuf + b * (G::WS / 2);
 #pragma unroll
         for (int kk = 0; kk < GEMM_BK; kk += 16) {
-            if (ahead) {
-                copy_x(xnext, ks + 2, kk / 8);
-                copy_x(xnext, ks + 2, kk / 8 + 1);
-            }
             uint32_t af[4][4], bf[4][4];
 #pragma unroll
             for (int i = 0; i < 4; ++i) ldsm_x4(af[i], xs + a_off + 16 * i * GEMM_LDS + kk);
@@ -407,9 +383,11 @@ __device__ __forceinline__ void gemm_ws(const uint8_t* __restrict__ wq, const ui
                     mma_16816(acc[i][2 * j + 1], af[i][0], af[i][1], af[i][2], af[i][3], bf[j][2], bf[j][3]);
                 }
         }
-        if (ahead) bar_arrive(WS_BAR_EMPTY + b, ALL);
+        if (ks + 2 < nsteps) bar_arrive(WS_BAR_EMPTY + b, ALL);
+        bar_sync(WS_BAR_CONS, WS_CONS);  // every consumer is done with xbuf[b]
+        if (ks + 2 < nsteps)
+            copy_x_step<WS_BM, false>(xbuf + b * (G::XS / 2), xh, ldx, t0, n_tokens, cols, ks + 2, nullptr, 1, ct, WS_CONS);
         cp_async_commit();
-        xb = xb == 2 ? 0 : xb + 1;
     }
     // accumulator (i, j): rows t = 16 i + lane / 4 (+ 8 for e >= 2), columns r = 8 j + 2 (lane % 4) (+ 1)
     const bool pairs = (rows & 1) == 0;

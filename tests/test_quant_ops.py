@@ -156,20 +156,15 @@ def test_gemm_launches(ggml_type, rows, n_tokens):
 
 
 def test_gemm_tiles_fit_the_device_shared_memory():
-    """gemm5 needs an sm_90-class block (190-226 KB of its 227): a 99 KB GPU (sm_86/89) never gets it,
-    nor do f16/bf16 weights, whose 32 KB raw step does not fit; those keep gemm3."""
+    """gemm5 needs an sm_90-class block (156-200 KB); a 99 KB GPU (sm_86/89) never gets it."""
     rt = RecordingRuntime()
     for ggml_type in supported_types():
         w, _ = upload(rt, ggml_type, 4096, 256)
         if w.layout.kernel_type == "f32":
             continue  # f32 weights have only the unpipelined tiles
-        smem = quant_ops.gemm_shared("gemm5", w.layout)
-        fits = w.layout.kernel_type not in ("f16", "bf16")
-        assert ("gemm5" in quant_ops.gemm_tiles(w, 227 * 1024)) == fits, ggml_type.name
-        assert (smem <= 227 * 1024) == fits and smem >= 190 * 1024, ggml_type.name
+        assert "gemm5" in quant_ops.gemm_tiles(w, 227 * 1024), ggml_type.name
         assert "gemm5" not in quant_ops.gemm_tiles(w, 99 * 1024), ggml_type.name
-        assert quant_ops.gemm_variant(w, 512, 227 * 1024) == ("gemm5" if fits else "gemm3"), ggml_type.name
-        assert quant_ops.gemm_variant(w, 512, 99 * 1024) == "gemm3", ggml_type.name
+        assert 150 * 1024 < quant_ops.gemm_shared("gemm5", w.layout) <= 227 * 1024, ggml_type.name
 
 
 def test_q8_1_sizes():

@@ -357,8 +357,8 @@ def matvec_qkv_rope(rt, w: GpuWeight, xq_ptr: int, bias_ptr: int, q_out: int, kc
 # kernel prefix -> (tokens per tile, rows per tile, threads); see gemm.cu. gemm3, gemm4 and gemm5 are
 # the pipelined tiles, for every type but f32: they read x as f16 rows (to_f16). gemm5 is gemm3's
 # tile with the dequant on producer warps and the products on mma.sync (its grid takes token tiles
-# first); its 190-226 KB of shared memory needs an sm_90-class GPU, and f16/bf16 weights (a 32 KB
-# raw step) do not fit even there. f32 weights have the unpipelined gemm and gemm2 over f32 x.
+# first); its ~176-205 KB of shared memory needs an sm_90-class GPU. f32 weights have the
+# unpipelined gemm and gemm2 over f32 x.
 GEMM_TILES = {"gemm": (64, 64, 128), "gemm2": (128, 128, 256), "gemm3": (128, 128, 256), "gemm4": (64, 128, 128),
               "gemm5": (128, 128, 256)}
 PIPELINED_TILES = ("gemm3", "gemm4", "gemm5")
@@ -384,8 +384,8 @@ def gemm_shared(prefix: str, lay: WeightLayout) -> int:
     nb_step = 1 if lay.block_values >= 128 else 128 // lay.block_values
     mch = (nb_step * lay.meta_bytes + 6) // 4 if lay.meta_bytes else 0
     raw = bn * (nb_step * lay.q_bytes + _align(4 * mch, 16))
-    if prefix in TOKEN_MAJOR_TILES:  # three x tiles, two raw steps, two w tiles; y from registers
-        return 3 * bm * GEMM_LDS * 2 + 2 * (raw + bn * GEMM_LDS * 2)
+    if prefix in TOKEN_MAJOR_TILES:  # two x tiles, two raw steps, two w tiles; y from registers
+        return 2 * (bm * GEMM_LDS * 2 + raw + bn * GEMM_LDS * 2)
     return max(2 * (bm * GEMM_LDS * 2 + raw) + bn * GEMM_LDS * 2, out)
 
 
