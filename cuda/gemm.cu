@@ -346,9 +346,22 @@ __device__ __forceinline__ void gemm_ws(const uint8_t* __restrict__ wq, const ui
 
     const int ct = tid - WS_PROD, cw = ct >> 5;
     const int wt = (cw >> 1) * 64, wr = (cw & 1) * 64;  // this warp's 64 tokens x 64 rows
-    copy_x_step<WS_BM, false>(xbuf, xh, ldx, t0, n_tokens, cols, 0, nullptr, 1, ct, WS_CONS);
+    // x copies: thread ct moves 16-byte chunk ct % 16 of tile rows ct / 16 + 8 c, c = 0..15 (the
+    // addresses fixed but for the step, so the copies are a few instructions each)
+    const int xrow = ct >> 4, xcol = 8 * (ct & 15);
+    const half* xsrc = xh + (size_t)(t0 + xrow) * ldx + xcol;
+    auto copy_x = [&](half* xs, int ks) {
+        const bool kin = ks * GEMM_BK + xcol < cols;
+#pragma unroll
+        for (int c = 0; c < 16; ++c) {
+            const bool ok = kin && t0 + xrow + 8 * c < n_tokens;
+            cp_async16(xs + (xrow + 8 * c) * GEMM_LDS + xcol, ok ? xsrc + (size_t)(8 * c) * ldx + ks * GEMM_BK : xh,
+                       ok ? 16 : 0);
+        }
+    };
+    copy_x(xbuf, 0);
     cp_async_commit();
-    if (nsteps > 1) copy_x_step<WS_BM, false>(xbuf + G::XS / 2, xh, ldx, t0, n_tokens, cols, 1, nullptr, 1, ct, WS_CONS);
+    if (nsteps > 1) copy_x(xbuf + G::XS / 2, 1);
     cp_async_commit();
 
     float acc[4][8][4];
@@ -385,8 +398,7 @@ __device__ __forceinline__ void gemm_ws(const uint8_t* __restrict__ wq, const ui
         }
         if (ks + 2 < nsteps) bar_arrive(WS_BAR_EMPTY + b, ALL);
         bar_sync(WS_BAR_CONS, WS_CONS);  // every consumer is done with xbuf[b]
-        if (ks + 2 < nsteps)
-            copy_x_step<WS_BM, false>(xbuf + b * (G::XS / 2), xh, ldx, t0, n_tokens, cols, ks + 2, nullptr, 1, ct, WS_CONS);
+        if (ks + 2 < nsteps) copy_x(xbuf + b * (G::XS / 2), ks + 2);
         cp_async_commit();
     }
     // accumulator (i, j): rows t = 16 i + lane / 4 (+ 8 for e >= 2), columns r = 8 j + 2 (lane % 4) (+ 1)

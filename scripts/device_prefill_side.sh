@@ -5,7 +5,8 @@
 #            memra-bench pp512 with MEMRA_GEMM=gemm3 (the old default) and the default tile.
 #   PHASE=2: (the machine still warm) wait for the build, then llama-bench pp512 and memra-bench pp512
 #            on the same files, one after the other, and a short table.
-# Carry [".whl", "build/prebuilt"], with ../shared/device/llamacpp copied into .whl/.
+# LLAMA=0 skips the build in phase 1, SUITE=1 runs the whole GPU suite after it. Carry [".whl", "build/prebuilt"], with ../shared/device/llamacpp
+# copied into .whl/.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/memra-out}
@@ -14,7 +15,7 @@ t0=$(date +%s); el() { echo "[$(( $(date +%s) - t0 ))s]"; }
 files=(/tmp/models/llama-8b.gguf /tmp/models/llama-8b-q8_0.gguf /tmp/models/llama-1b.gguf)
 pp() { python3 -c "import json,sys; print(round(json.load(open(sys.argv[1]))['pp512_tok_s'], 1))" "$1" 2>/dev/null || echo "-"; }
 if [ "${PHASE:-1}" = 1 ]; then
-  [ -f /tmp/llama.cpp/build.log ] || { cp -r .whl/llamacpp /tmp/ && (setsid nohup nice -n 19 bash /tmp/llamacpp/build.sh > /dev/null 2>&1 < /dev/null &); }
+  [ "${LLAMA:-1}" = 0 ] || [ -f /tmp/llama.cpp/build.log ] || { cp -r .whl/llamacpp /tmp/ && (setsid nohup nice -n 19 bash /tmp/llamacpp/build.sh > /dev/null 2>&1 < /dev/null &); }
   MEMRA_TESTS=0 MEMRA_BENCH=0 bash scripts/device_run.sh > "$OUT/setup.log" 2>&1 || { tail -20 "$OUT/setup.log"; exit 1; }
   echo "$(el) installed"
   export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
@@ -37,6 +38,11 @@ if [ "${PHASE:-1}" = 1 ]; then
       echo "$(el) $n $tile pp512 $(pp "$OUT/pp-$n-$tile.json")"
     done
   done
+  if [ "${SUITE:-0}" != 0 ]; then  # SUITE=1: the whole GPU suite last
+    timeout 330 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu > "$OUT/pytest.log" 2>&1
+    echo "$(el) pytest -m gpu: $(tail -1 "$OUT/pytest.log")"
+    grep -E "^FAILED|^ERROR" "$OUT/pytest.log" | head -10
+  fi
 else
   export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
   while ! grep -q "llama.cpp build rc" /tmp/llama.cpp/build.log 2>/dev/null; do sleep 5; done
@@ -45,6 +51,8 @@ else
     n=$(basename "$f" .gguf)
     /tmp/llama.cpp/build/bin/llama-bench -m "$f" -p 512 -n 0 -r 5 -fa 1 -o json > "$OUT/llama-$n.json" 2>> "$OUT/misc.log"
     python3 -m memra_engine.bench "$f" --backend cuda --runs 5 --n-gen 8 --json > "$OUT/pp2-$n.json" 2>> "$OUT/misc.log"
+    MEMRA_GEMM=gemm3 python3 -m memra_engine.bench "$f" --backend cuda --runs 3 --n-gen 8 --json > "$OUT/pp3-$n.json" 2>> "$OUT/misc.log"
+    echo "$n gemm3 pp512 $(pp "$OUT/pp3-$n.json")"
     python3 - "$OUT/llama-$n.json" "$OUT/pp2-$n.json" "$n" <<'PY'
 import json, sys
 ll = json.load(open(sys.argv[1])); me = json.load(open(sys.argv[2]))
