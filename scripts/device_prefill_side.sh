@@ -5,7 +5,8 @@
 #            memra-bench pp512 with MEMRA_GEMM=gemm3 (the old default) and the default tile.
 #   PHASE=2: (the machine still warm) wait for the build, then llama-bench pp512 and memra-bench pp512
 #            on the same files, one after the other, and a short table.
-# LLAMA=0 skips the build in phase 1, SUITE=1 runs the whole GPU suite after it. Carry [".whl", "build/prebuilt"], with ../shared/device/llamacpp
+# LLAMA=0 skips the build in phase 1, SUITE=1 runs the whole GPU suite after it,
+# ONLY_8B=1 takes the Q4_K_M 8B alone, GEMM_QUICK=1 one GEMM shape a type. Carry [".whl", "build/prebuilt"], with ../shared/device/llamacpp
 # copied into .whl/.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -13,6 +14,7 @@ OUT=${OUT:-/tmp/memra-out}
 mkdir -p "$OUT" /tmp/models
 t0=$(date +%s); el() { echo "[$(( $(date +%s) - t0 ))s]"; }
 files=(/tmp/models/llama-8b.gguf /tmp/models/llama-8b-q8_0.gguf /tmp/models/llama-1b.gguf)
+[ "${ONLY_8B:-0}" != 0 ] && files=(/tmp/models/llama-8b.gguf)  # ONLY_8B=1: the Q4_K_M 8B alone
 pp() { python3 -c "import json,sys; print(round(json.load(open(sys.argv[1]))['pp512_tok_s'], 1))" "$1" 2>/dev/null || echo "-"; }
 if [ "${PHASE:-1}" = 1 ]; then
   [ "${LLAMA:-1}" = 0 ] || [ -f /tmp/llama.cpp/build.log ] || { cp -r .whl/llamacpp /tmp/ && (setsid nohup nice -n 19 bash /tmp/llamacpp/build.sh > /dev/null 2>&1 < /dev/null &); }
@@ -20,14 +22,14 @@ if [ "${PHASE:-1}" = 1 ]; then
   echo "$(el) installed"
   export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
   ( [ -f "${files[0]}" ] || python3 -m memra_engine.model.synthetic "${files[0]}" --preset llama-8b --quiet --threads 8
-    [ -f "${files[1]}" ] || python3 -m memra_engine.model.synthetic "${files[1]}" --preset llama-8b --quant Q8_0 --quiet --threads 8
-    [ -f "${files[2]}" ] || python3 -m memra_engine.model.synthetic "${files[2]}" --preset llama-1b --quiet --threads 8
+    [ ${#files[@]} = 1 ] || [ -f "${files[1]}" ] || python3 -m memra_engine.model.synthetic "${files[1]}" --preset llama-8b --quant Q8_0 --quiet --threads 8
+    [ ${#files[@]} = 1 ] || [ -f "${files[2]}" ] || python3 -m memra_engine.model.synthetic "${files[2]}" --preset llama-1b --quiet --threads 8
   ) > "$OUT/synth.log" 2>&1 &
   synth=$!
   python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_gemm.py > "$OUT/test_gemm.log" 2>&1
   echo "$(el) test_gemm: $(tail -1 "$OUT/test_gemm.log")"
   grep -E "^FAILED|Error" "$OUT/test_gemm.log" | head -8
-  python3 scripts/bench_kernels.py --gemm-only > "$OUT/gemm.txt" 2>&1
+  python3 scripts/bench_kernels.py --gemm-only ${GEMM_QUICK:+--quick} > "$OUT/gemm.txt" 2>&1
   grep "^gemm" "$OUT/gemm.txt"
   wait $synth; echo "$(el) models written"
   for f in "${files[@]}"; do
