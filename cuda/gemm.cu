@@ -297,8 +297,7 @@ __device__ __forceinline__ void gemm_pipe(const uint8_t* __restrict__ wq, const 
 // (2 x tiles, 2 raw steps, 2 w tiles: 176 KB for Q4_K, 200 KB for f16) needs sm_90.
 #define WS_BM 128
 #define WS_BN 128
-#define WS_PROD 128  // producer threads: warps 0-3
-#define WS_CONS 128  // consumer threads: warps 4-7, 2 along tokens x 2 along rows
+#define WS_CONS 128  // consumer threads: the last 4 warps, 2 along tokens x 2 along rows
 enum { WS_BAR_PROD = 1, WS_BAR_CONS = 2, WS_BAR_FULL = 3, WS_BAR_EMPTY = 5 };
 
 template <class T>
@@ -309,12 +308,14 @@ struct WsTile {
     static constexpr int SMEM = 2 * (XS + RAW + WS);
 };
 
-template <class T>
+// PW producer warps come first (gemm5: 4; gemm7: 8, where sm_90a's setmaxnreg moves registers from
+// the producers, which need few, to the consumers' 128 accumulators).
+template <class T, int PW>
 __device__ __forceinline__ void gemm_ws(const uint8_t* __restrict__ wq, const uint8_t* __restrict__ wm,
                                         const half* __restrict__ xh, int ldx, float* __restrict__ y,
                                         int rows, int cols, int n_tokens) {
     typedef WsTile<T> G;
-    constexpr int ALL = WS_PROD + WS_CONS;
+    constexpr int WS_PROD = 32 * PW, ALL = WS_PROD + WS_CONS;
     extern __shared__ int4 gemm_smem[];
     uint8_t* smem = reinterpret_cast<uint8_t*>(gemm_smem);
     half* xbuf = reinterpret_cast<half*>(smem);                       // 2 x tiles
@@ -325,6 +326,12 @@ __device__ __forceinline__ void gemm_ws(const uint8_t* __restrict__ wq, const ui
     const int nb = (cols + T::QK - 1) / T::QK;
     const int nsteps = (cols + GEMM_BK - 1) / GEMM_BK;
 
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    if constexpr (PW == 8) {  // 256 x 96 + 128 x 232 <= 64 K registers
+        if (tid < WS_PROD) asm volatile("setmaxnreg.dec.sync.aligned.u32 96;");
+        else asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+    }
+#endif
     if (tid < WS_PROD) {
         copy_w_step<T, G, WS_BN>(rbuf, wq, wm, r0, rows, nb, 0, tid, WS_PROD);
         cp_async_commit();
@@ -540,7 +547,12 @@ template <class T> using Pipe6 = PipeTile<T, 64, 64, 2, 2>;
     extern "C" __global__ __launch_bounds__(256, 1) void gemm5_##TYPE(                                      \
         const uint8_t* wq, const uint8_t* wm, const half* xh, float* y, int rows, int cols, int n_tokens,   \
         int ldx) { pdl_entry();                                                                             \
-        gemm_ws<TYPE##_t>(wq, wm, xh, ldx, y, rows, cols, n_tokens);                                        \
+        gemm_ws<TYPE##_t, 4>(wq, wm, xh, ldx, y, rows, cols, n_tokens);                                     \
+    }                                                                                                       \
+    extern "C" __global__ __launch_bounds__(384, 1) void gemm7_##TYPE(                                      \
+        const uint8_t* wq, const uint8_t* wm, const half* xh, float* y, int rows, int cols, int n_tokens,   \
+        int ldx) { pdl_entry();                                                                             \
+        gemm_ws<TYPE##_t, 8>(wq, wm, xh, ldx, y, rows, cols, n_tokens);                                     \
     }
 
 GEMM_ENTRY(f32)
@@ -647,18 +659,31 @@ MOE_GEMM_PIPE_ENTRY(iq4_xs)
 // memra-kernel: gemm4_bf16(PPPPiiii)
 // memra-kernel: gemm6_bf16(PPPPiiii)
 // memra-kernel: gemm5_q4_0(PPPPiiii)
+// memra-kernel: gemm7_q4_0(PPPPiiii)
 // memra-kernel: gemm5_q4_1(PPPPiiii)
+// memra-kernel: gemm7_q4_1(PPPPiiii)
 // memra-kernel: gemm5_q5_0(PPPPiiii)
+// memra-kernel: gemm7_q5_0(PPPPiiii)
 // memra-kernel: gemm5_q5_1(PPPPiiii)
+// memra-kernel: gemm7_q5_1(PPPPiiii)
 // memra-kernel: gemm5_q8_0(PPPPiiii)
+// memra-kernel: gemm7_q8_0(PPPPiiii)
 // memra-kernel: gemm5_q4_K(PPPPiiii)
+// memra-kernel: gemm7_q4_K(PPPPiiii)
 // memra-kernel: gemm5_q5_K(PPPPiiii)
+// memra-kernel: gemm7_q5_K(PPPPiiii)
 // memra-kernel: gemm5_q6_K(PPPPiiii)
+// memra-kernel: gemm7_q6_K(PPPPiiii)
 // memra-kernel: gemm5_q2_K(PPPPiiii)
+// memra-kernel: gemm7_q2_K(PPPPiiii)
 // memra-kernel: gemm5_q3_K(PPPPiiii)
+// memra-kernel: gemm7_q3_K(PPPPiiii)
 // memra-kernel: gemm5_iq4_xs(PPPPiiii)
+// memra-kernel: gemm7_iq4_xs(PPPPiiii)
 // memra-kernel: gemm5_f16(PPPPiiii)
+// memra-kernel: gemm7_f16(PPPPiiii)
 // memra-kernel: gemm5_bf16(PPPPiiii)
+// memra-kernel: gemm7_bf16(PPPPiiii)
 // memra-kernel: moe_gemm4_q4_0(PqPPPPiiiii)
 // memra-kernel: moe_gemm4_q4_1(PqPPPPiiiii)
 // memra-kernel: moe_gemm4_q5_0(PqPPPPiiiii)

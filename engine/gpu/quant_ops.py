@@ -361,9 +361,9 @@ def matvec_qkv_rope(rt, w: GpuWeight, xq_ptr: int, bias_ptr: int, q_out: int, kc
 # GPUs whose blocks get 99 KB (sm_86, sm_89), where gemm3 and, for most types, gemm4 do not fit.
 # f32 weights have the unpipelined gemm and gemm2 over f32 x.
 GEMM_TILES = {"gemm": (64, 64, 128), "gemm2": (128, 128, 256), "gemm3": (128, 128, 256), "gemm4": (64, 128, 128),
-              "gemm5": (128, 128, 256), "gemm6": (64, 64, 128)}
-PIPELINED_TILES = ("gemm3", "gemm4", "gemm5", "gemm6")
-TOKEN_MAJOR_TILES = ("gemm5",)  # grid (token tiles, row tiles)
+              "gemm5": (128, 128, 256), "gemm6": (64, 64, 128), "gemm7": (128, 128, 384)}
+PIPELINED_TILES = ("gemm3", "gemm4", "gemm5", "gemm6", "gemm7")
+TOKEN_MAJOR_TILES = ("gemm5", "gemm7")  # grid (token tiles, row tiles); gemm7: gemm5 with 8 producer warps
 GEMM_LDS = 128 + 8  # the f16 tile row in halves (gemm.cu GEMM_LDS)
 SM90_SHARED = 227 * 1024  # the most dynamic shared memory a block of an H100/H200 may opt into
 
