@@ -371,8 +371,7 @@ def gemm_tiles(w: GpuWeight, max_shared: int = SM90_SHARED) -> list[str]:
     """The tile shapes this weight's type has kernels for, among those whose shared memory fits
     max_shared (the device's opt-in limit per block, GpuRuntime.max_shared)."""
     f32 = w.layout.kernel_type == "f32"
-    return [p for p in GEMM_TILES
-            if (p in PIPELINED_TILES) != f32 and (p not in TOKEN_MAJOR_TILES or gemm_shared(p, w.layout) <= max_shared)]
+    return [p for p in GEMM_TILES if (p in PIPELINED_TILES) != f32 and gemm_shared(p, w.layout) <= max_shared]
 
 
 def gemm_shared(prefix: str, lay: WeightLayout) -> int:
