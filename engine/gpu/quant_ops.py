@@ -397,8 +397,9 @@ def gemm_variant(w: GpuWeight, n_tokens: int, max_shared: int = SM90_SHARED) -> 
         return forced
     big = n_tokens >= 256 and w.rows >= 2048
     if w.layout.kernel_type != "f32":
-        # gemm5 where it fits (1.1-1.3x gemm3, docs/gpu-log.md); gemm6 where no other does (99 KB GPUs)
-        order = ("gemm5", "gemm3", "gemm4", "gemm6") if big else ("gemm4", "gemm6")
+        # gemm7 where it fits (1.3-1.5x gemm3, 1.05-1.25x gemm5: H100, docs/gpu-log.md session 49);
+        # gemm6 where no other does (99 KB GPUs)
+        order = ("gemm7", "gemm5", "gemm3", "gemm4", "gemm6") if big else ("gemm4", "gemm6")
     else:
         order = ("gemm2", "gemm") if n_tokens >= 256 and w.rows >= 4096 else ("gemm", "gemm2")
     for p in order:
