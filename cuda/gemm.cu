@@ -297,8 +297,7 @@ __device__ __forceinline__ void gemm_pipe(const uint8_t* __restrict__ wq, const 
 // (2 x tiles, 2 raw steps, 2 w tiles: 176 KB for Q4_K, 200 KB for f16) needs sm_90.
 #define WS_BM 128
 #define WS_BN 128
-#define WS_PROD 128  // producer threads: warps 0-3
-#define WS_CONS 128  // consumer threads: warps 4-7, 2 along tokens x 2 along rows
+#define WS_CONS 128  // consumer threads: the last 4 warps, 2 along tokens x 2 along rows
 enum { WS_BAR_PROD = 1, WS_BAR_CONS = 2, WS_BAR_FULL = 3, WS_BAR_EMPTY = 5 };
 
 template <class T>
@@ -309,12 +308,14 @@ struct WsTile {
     static constexpr int SMEM = 2 * (XS + RAW + WS);
 };
 
-template <class T>
+// PW producer warps come first (gemm5: 4; gemm7: 8, where sm_90a's setmaxnreg moves registers from
+// the producers, which need few, to the consumers' 128 accumulators).
+template <class T, int PW>
 __device__ __forceinline__ void gemm_ws(const uint8_t* __restrict__ wq, const uint8_t* __restrict__ wm,
                                         const half* __restrict__ xh, int ldx, float* __restrict__ y,
                                         int rows, int cols, int n_tokens) {
     typedef WsTile<T> G;
-    constexpr int ALL = WS_PROD + WS_CONS;
+    constexpr int WS_PROD = 32 * PW, ALL = WS_PROD + WS_CONS;
     extern __shared__ int4 gemm_smem[];
     uint8_t* smem = reinterpret_cast<uint8_t*>(gemm_smem);
     half* xbuf = reinterpret_cast<half*>(smem);                       // 2 x tiles
@@ -325,6 +326,12 @@ __device__ __forceinline__ void gemm_ws(const uint8_t* __restrict__ wq, const ui
     const int nb = (cols + T::QK - 1) / T::QK;
     const int nsteps = (cols + GEMM_BK - 1) / GEMM_BK;
 
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    if constexpr (PW == 8) {  // 256 x 96 + 128 x 232 <= 64 K registers
+        if (tid < WS_PROD) asm volatile("setmaxnreg.dec.sync.aligned.u32 96;");
+        else asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+    }
+#endif
     if (tid < WS_PROD) {
         copy_w_step<T, G, WS_BN>(rbuf, wq, wm, r0, rows, nb, 0, tid, WS_PROD);
         cp_async_commit();
@@ -346,9 +353,22 @@ __device__ __forceinline__ void gemm_ws(const uint8_t* __restrict__ wq, const ui
 
     const int ct = tid - WS_PROD, cw = ct >> 5;
     const int wt = (cw >> 1) * 64, wr = (cw & 1) * 64;  // this warp's 64 tokens x 64 rows
-    copy_x_step<WS_BM, false>(xbuf, xh, ldx, t0, n_tokens, cols, 0, nullptr, 1, ct, WS_CONS);
+    // x copies: thread ct moves 16-byte chunk ct % 16 of tile rows ct / 16 + 8 c, c = 0..15 (the
+    // addresses fixed but for the step, so the copies are a few instructions each)
+    const int xrow = ct >> 4, xcol = 8 * (ct & 15);
+    const half* xsrc = xh + (size_t)(t0 + xrow) * ldx + xcol;
+    auto copy_x = [&](half* xs, int ks) {
+        const bool kin = ks * GEMM_BK + xcol < cols;
+#pragma unroll
+        for (int c = 0; c < 16; ++c) {
+            const bool ok = kin && t0 + xrow + 8 * c < n_tokens;
+            cp_async16(xs + (xrow + 8 * c) * GEMM_LDS + xcol, ok ? xsrc + (size_t)(8 * c) * ldx + ks * GEMM_BK : xh,
+                       ok ? 16 : 0);
+        }
+    };
+    copy_x(xbuf, 0);
     cp_async_commit();
-    if (nsteps > 1) copy_x_step<WS_BM, false>(xbuf + G::XS / 2, xh, ldx, t0, n_tokens, cols, 1, nullptr, 1, ct, WS_CONS);
+    if (nsteps > 1) copy_x(xbuf + G::XS / 2, 1);
     cp_async_commit();
 
     float acc[4][8][4];
@@ -385,8 +405,7 @@ __device__ __forceinline__ void gemm_ws(const uint8_t* __restrict__ wq, const ui
         }
         if (ks + 2 < nsteps) bar_arrive(WS_BAR_EMPTY + b, ALL);
         bar_sync(WS_BAR_CONS, WS_CONS);  // every consumer is done with xbuf[b]
-        if (ks + 2 < nsteps)
-            copy_x_step<WS_BM, false>(xbuf + b * (G::XS / 2), xh, ldx, t0, n_tokens, cols, ks + 2, nullptr, 1, ct, WS_CONS);
+        if (ks + 2 < nsteps) copy_x(xbuf + b * (G::XS / 2), ks + 2);
         cp_async_commit();
     }
     // accumulator (i, j): rows t = 16 i + lane / 4 (+ 8 for e >= 2), columns r = 8 j + 2 (lane % 4) (+ 1)
@@ -484,6 +503,9 @@ typedef GemmTile<128, 128, 2, 4> Tile2;
 //   gemm4_<type>: pipelined,  64 tokens x 128 rows, 4 warps of 32x64, two blocks an SM
 template <class T> using Pipe3 = PipeTile<T, 128, 128, 2, 4>;
 template <class T> using Pipe4 = PipeTile<T, 64, 128, 2, 2>;
+//   gemm6_<type>: pipelined,  64 tokens x  64 rows, 4 warps of 32x32: 61-83 KB of shared memory, for
+//                 GPUs whose blocks get at most 99 KB (sm_86, sm_89), where gemm3/gemm4 do not fit
+template <class T> using Pipe6 = PipeTile<T, 64, 64, 2, 2>;
 
 // gemm_f32(wq, wm, x, y, rows, cols, n_tokens): grid (ceil(rows/64), ceil(n_tokens/64)),
 // block 128, dynamic shared Tile1::SMEM; gemm2_<type>: grid (ceil(rows/128), ceil(n_tokens/128)),
@@ -499,7 +521,7 @@ template <class T> using Pipe4 = PipeTile<T, 64, 128, 2, 2>;
         gemm_tile<TYPE##_t, Tile2, 128, 128, 4>(wq, wm, x, y, rows, cols, n_tokens);                        \
     }
 
-// gemm3_<type>, gemm4_<type>(wq, wm, xh, y, rows, cols, n_tokens, ldx): the pipelined tiles; xh
+// gemm3_<type>, gemm4_<type>, gemm6_<type>(wq, wm, xh, y, rows, cols, n_tokens, ldx): the pipelined tiles; xh
 // f16 rows of stride ldx. grid (ceil(rows/128), ceil(n_tokens/BM)), block THREADS, dynamic shared
 // PipeTile::SMEM (quant_ops.gemm_shared). Not for f32 weights: their raw step (64 KB) does not fit.
 #define GEMM_PIPE_ENTRY(TYPE)                                                                               \
@@ -512,6 +534,11 @@ template <class T> using Pipe4 = PipeTile<T, 64, 128, 2, 2>;
         const uint8_t* wq, const uint8_t* wm, const half* xh, float* y, int rows, int cols, int n_tokens,   \
         int ldx) { pdl_entry();                                                                             \
         gemm_pipe<TYPE##_t, Pipe4<TYPE##_t>, 64, 128, 2>(wq, wm, xh, ldx, y, rows, cols, n_tokens);         \
+    }                                                                                                       \
+    extern "C" __global__ __launch_bounds__(128, 2) void gemm6_##TYPE(                                      \
+        const uint8_t* wq, const uint8_t* wm, const half* xh, float* y, int rows, int cols, int n_tokens,   \
+        int ldx) { pdl_entry();                                                                             \
+        gemm_pipe<TYPE##_t, Pipe6<TYPE##_t>, 64, 64, 2>(wq, wm, xh, ldx, y, rows, cols, n_tokens);          \
     }
 
 // gemm5_<type>(wq, wm, xh, y, rows, cols, n_tokens, ldx): the warp-specialized tile; grid
@@ -520,7 +547,12 @@ template <class T> using Pipe4 = PipeTile<T, 64, 128, 2, 2>;
     extern "C" __global__ __launch_bounds__(256, 1) void gemm5_##TYPE(                                      \
         const uint8_t* wq, const uint8_t* wm, const half* xh, float* y, int rows, int cols, int n_tokens,   \
         int ldx) { pdl_entry();                                                                             \
-        gemm_ws<TYPE##_t>(wq, wm, xh, ldx, y, rows, cols, n_tokens);                                        \
+        gemm_ws<TYPE##_t, 4>(wq, wm, xh, ldx, y, rows, cols, n_tokens);                                     \
+    }                                                                                                       \
+    extern "C" __global__ __launch_bounds__(384, 1) void gemm7_##TYPE(                                      \
+        const uint8_t* wq, const uint8_t* wm, const half* xh, float* y, int rows, int cols, int n_tokens,   \
+        int ldx) { pdl_entry();                                                                             \
+        gemm_ws<TYPE##_t, 8>(wq, wm, xh, ldx, y, rows, cols, n_tokens);                                     \
     }
 
 GEMM_ENTRY(f32)
@@ -589,43 +621,69 @@ MOE_GEMM_PIPE_ENTRY(iq4_xs)
 // memra-kernel: gemm2_f32(PPPPiii)
 // memra-kernel: gemm3_q4_0(PPPPiiii)
 // memra-kernel: gemm4_q4_0(PPPPiiii)
+// memra-kernel: gemm6_q4_0(PPPPiiii)
 // memra-kernel: gemm3_q4_1(PPPPiiii)
 // memra-kernel: gemm4_q4_1(PPPPiiii)
+// memra-kernel: gemm6_q4_1(PPPPiiii)
 // memra-kernel: gemm3_q5_0(PPPPiiii)
 // memra-kernel: gemm4_q5_0(PPPPiiii)
+// memra-kernel: gemm6_q5_0(PPPPiiii)
 // memra-kernel: gemm3_q5_1(PPPPiiii)
 // memra-kernel: gemm4_q5_1(PPPPiiii)
+// memra-kernel: gemm6_q5_1(PPPPiiii)
 // memra-kernel: gemm3_q8_0(PPPPiiii)
 // memra-kernel: gemm4_q8_0(PPPPiiii)
+// memra-kernel: gemm6_q8_0(PPPPiiii)
 // memra-kernel: gemm3_q4_K(PPPPiiii)
 // memra-kernel: gemm4_q4_K(PPPPiiii)
+// memra-kernel: gemm6_q4_K(PPPPiiii)
 // memra-kernel: gemm3_q5_K(PPPPiiii)
 // memra-kernel: gemm4_q5_K(PPPPiiii)
+// memra-kernel: gemm6_q5_K(PPPPiiii)
 // memra-kernel: gemm3_q6_K(PPPPiiii)
 // memra-kernel: gemm4_q6_K(PPPPiiii)
+// memra-kernel: gemm6_q6_K(PPPPiiii)
 // memra-kernel: gemm3_q2_K(PPPPiiii)
 // memra-kernel: gemm4_q2_K(PPPPiiii)
+// memra-kernel: gemm6_q2_K(PPPPiiii)
 // memra-kernel: gemm3_q3_K(PPPPiiii)
 // memra-kernel: gemm4_q3_K(PPPPiiii)
+// memra-kernel: gemm6_q3_K(PPPPiiii)
 // memra-kernel: gemm3_iq4_xs(PPPPiiii)
 // memra-kernel: gemm4_iq4_xs(PPPPiiii)
+// memra-kernel: gemm6_iq4_xs(PPPPiiii)
 // memra-kernel: gemm3_f16(PPPPiiii)
 // memra-kernel: gemm4_f16(PPPPiiii)
+// memra-kernel: gemm6_f16(PPPPiiii)
 // memra-kernel: gemm3_bf16(PPPPiiii)
 // memra-kernel: gemm4_bf16(PPPPiiii)
+// memra-kernel: gemm6_bf16(PPPPiiii)
 // memra-kernel: gemm5_q4_0(PPPPiiii)
+// memra-kernel: gemm7_q4_0(PPPPiiii)
 // memra-kernel: gemm5_q4_1(PPPPiiii)
+// memra-kernel: gemm7_q4_1(PPPPiiii)
 // memra-kernel: gemm5_q5_0(PPPPiiii)
+// memra-kernel: gemm7_q5_0(PPPPiiii)
 // memra-kernel: gemm5_q5_1(PPPPiiii)
+// memra-kernel: gemm7_q5_1(PPPPiiii)
 // memra-kernel: gemm5_q8_0(PPPPiiii)
+// memra-kernel: gemm7_q8_0(PPPPiiii)
 // memra-kernel: gemm5_q4_K(PPPPiiii)
+// memra-kernel: gemm7_q4_K(PPPPiiii)
 // memra-kernel: gemm5_q5_K(PPPPiiii)
+// memra-kernel: gemm7_q5_K(PPPPiiii)
 // memra-kernel: gemm5_q6_K(PPPPiiii)
+// memra-kernel: gemm7_q6_K(PPPPiiii)
 // memra-kernel: gemm5_q2_K(PPPPiiii)
+// memra-kernel: gemm7_q2_K(PPPPiiii)
 // memra-kernel: gemm5_q3_K(PPPPiiii)
+// memra-kernel: gemm7_q3_K(PPPPiiii)
 // memra-kernel: gemm5_iq4_xs(PPPPiiii)
+// memra-kernel: gemm7_iq4_xs(PPPPiiii)
 // memra-kernel: gemm5_f16(PPPPiiii)
+// memra-kernel: gemm7_f16(PPPPiiii)
 // memra-kernel: gemm5_bf16(PPPPiiii)
+// memra-kernel: gemm7_bf16(PPPPiiii)
 // memra-kernel: moe_gemm4_q4_0(PqPPPPiiiii)
 // memra-kernel: moe_gemm4_q4_1(PqPPPPiiiii)
 // memra-kernel: moe_gemm4_q5_0(PqPPPPiiiii)

@@ -47,7 +47,7 @@ def prefill_attention() -> bool:
 
 
 def gemm_tile() -> str | None:
-    """MEMRA_GEMM=gemm3|gemm4|gemm5 (f32 weights: gemm|gemm2): the prefill GEMM's tile; None: chosen per shape."""
+    """MEMRA_GEMM=gemm3|gemm4|gemm5|gemm6|gemm7 (f32 weights: gemm|gemm2): the prefill GEMM's tile; None: chosen per shape."""
     return os.environ.get("MEMRA_GEMM") or None
 
 

@@ -34,8 +34,8 @@ if [ "${PHASE:-1}" = 1 ]; then
   wait $synth; echo "$(el) models written"
   for f in "${files[@]}"; do
     n=$(basename "$f" .gguf)
-    for tile in gemm3 default; do
-      if [ $tile = gemm3 ]; then env=MEMRA_GEMM=gemm3; else env=MEMRA_GEMM=; fi
+    for tile in ${TILES:-gemm3 default}; do  # TILES="gemm3 default gemm7": any MEMRA_GEMM tiles beside the default
+      if [ $tile = default ]; then env=MEMRA_GEMM=; else env=MEMRA_GEMM=$tile; fi
       env $env python3 -m memra_engine.bench "$f" --backend cuda --runs 3 --n-gen 8 --json > "$OUT/pp-$n-$tile.json" 2>> "$OUT/misc.log"
       echo "$(el) $n $tile pp512 $(pp "$OUT/pp-$n-$tile.json")"
     done

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from gguf.constants import GGMLQuantizationType as QT
 
-from memra_engine.errors import ModelFormatError, UnsupportedModelError
+from memra_engine.errors import DeviceError, ModelFormatError, UnsupportedModelError
 from memra_engine.gpu import build, quant_ops
 from memra_engine.gpu.quant_ref import (dequantize_q8_1_ref, q8_1_bytes, quantize_q8_1_ref, random_weight_bytes,
                                         supported_types)
@@ -156,15 +156,26 @@ def test_gemm_launches(ggml_type, rows, n_tokens):
 
 
 def test_gemm_tiles_fit_the_device_shared_memory():
-    """gemm5 needs an sm_90-class block (156-200 KB); a 99 KB GPU (sm_86/89) never gets it."""
+    """gemm5 and gemm7 (the default for big chunks) need an sm_90-class block (156-200 KB); a 99 KB GPU
+    (sm_86/89) never gets them, and gets gemm6 (61-83 KB) wherever gemm3/gemm4 do not fit either, so
+    every type has a prefill tile there."""
     rt = RecordingRuntime()
     for ggml_type in supported_types():
         w, _ = upload(rt, ggml_type, 4096, 256)
         if w.layout.kernel_type == "f32":
             continue  # f32 weights have only the unpipelined tiles
-        assert "gemm5" in quant_ops.gemm_tiles(w, 227 * 1024), ggml_type.name
-        assert "gemm5" not in quant_ops.gemm_tiles(w, 99 * 1024), ggml_type.name
-        assert 150 * 1024 < quant_ops.gemm_shared("gemm5", w.layout) <= 227 * 1024, ggml_type.name
+        for tile in ("gemm5", "gemm7"):
+            assert tile in quant_ops.gemm_tiles(w, 227 * 1024), ggml_type.name
+            assert 150 * 1024 < quant_ops.gemm_shared(tile, w.layout) <= 227 * 1024, ggml_type.name
+        assert quant_ops.gemm_variant(w, 512, 227 * 1024) == "gemm7", ggml_type.name
+        assert quant_ops.gemm_variant(w, 64, 227 * 1024) == "gemm4", ggml_type.name
+        small = quant_ops.gemm_tiles(w, 99 * 1024)
+        assert not {"gemm5", "gemm7", "gemm3"} & set(small) and "gemm6" in small, ggml_type.name
+        for n_tokens in (64, 512):
+            tile = quant_ops.gemm_variant(w, n_tokens, 99 * 1024)
+            assert tile in small and quant_ops.gemm_shared(tile, w.layout) <= 99 * 1024, (ggml_type.name, tile)
+    with pytest.raises(DeviceError, match="shared memory"):
+        quant_ops.gemm_variant(w, 512, 32 * 1024)
 
 
 def test_q8_1_sizes():

@@ -18,7 +18,7 @@ import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as QT
 
 from memra_engine import switches
-from memra_engine.errors import ModelFormatError, UnsupportedModelError
+from memra_engine.errors import DeviceError, ModelFormatError, UnsupportedModelError
 
 MATVEC_WARPS = 4          # MV_WARPS in matvec.cu
 MATVEC_MAX_COLUMNS = 16   # widest batched matvec; more tokens go in chunks of 16
@@ -357,12 +357,13 @@ def matvec_qkv_rope(rt, w: GpuWeight, xq_ptr: int, bias_ptr: int, q_out: int, kc
 # kernel prefix -> (tokens per tile, rows per tile, threads); see gemm.cu. gemm3, gemm4 and gemm5 are
 # the pipelined tiles, for every type but f32: they read x as f16 rows (to_f16). gemm5 is gemm3's
 # tile with the dequant on producer warps and the products on mma.sync (its grid takes token tiles
-# first); its 156-200 KB of shared memory needs an sm_90-class GPU. f32 weights have the
-# unpipelined gemm and gemm2 over f32 x.
+# first); its 156-200 KB of shared memory needs an sm_90-class GPU. gemm6 (64 x 64, 61-83 KB) is for
+# GPUs whose blocks get 99 KB (sm_86, sm_89), where gemm3 and, for most types, gemm4 do not fit.
+# f32 weights have the unpipelined gemm and gemm2 over f32 x.
 GEMM_TILES = {"gemm": (64, 64, 128), "gemm2": (128, 128, 256), "gemm3": (128, 128, 256), "gemm4": (64, 128, 128),
-              "gemm5": (128, 128, 256)}
-PIPELINED_TILES = ("gemm3", "gemm4", "gemm5")
-TOKEN_MAJOR_TILES = ("gemm5",)  # grid (token tiles, row tiles)
+              "gemm5": (128, 128, 256), "gemm6": (64, 64, 128), "gemm7": (128, 128, 384)}
+PIPELINED_TILES = ("gemm3", "gemm4", "gemm5", "gemm6", "gemm7")
+TOKEN_MAJOR_TILES = ("gemm5", "gemm7")  # grid (token tiles, row tiles); gemm7: gemm5 with 8 producer warps
 GEMM_LDS = 128 + 8  # the f16 tile row in halves (gemm.cu GEMM_LDS)
 SM90_SHARED = 227 * 1024  # the most dynamic shared memory a block of an H100/H200 may opt into
 
@@ -394,11 +395,17 @@ def gemm_variant(w: GpuWeight, n_tokens: int, max_shared: int = SM90_SHARED) -> 
     forced = switches.gemm_tile()
     if forced in tiles:
         return forced
+    big = n_tokens >= 256 and w.rows >= 2048
     if w.layout.kernel_type != "f32":
-        if n_tokens >= 256 and w.rows >= 2048:  # gemm5 where it fits: 1.1-1.3x gemm3 (docs/gpu-log.md)
-            return "gemm5" if "gemm5" in tiles else "gemm3"
-        return "gemm4"
-    return "gemm2" if n_tokens >= 256 and w.rows >= 4096 else "gemm"
+        # gemm7 where it fits (1.3-1.5x gemm3, 1.05-1.25x gemm5: H100, docs/gpu-log.md session 49);
+        # gemm6 where no other does (99 KB GPUs)
+        order = ("gemm7", "gemm5", "gemm3", "gemm4", "gemm6") if big else ("gemm4", "gemm6")
+    else:
+        order = ("gemm2", "gemm") if n_tokens >= 256 and w.rows >= 4096 else ("gemm", "gemm2")
+    for p in order:
+        if p in tiles:
+            return p
+    raise DeviceError(f"no prefill GEMM tile for {w.layout.kernel_type} weights fits {max_shared} bytes of shared memory")
 
 
 def f16_ld(cols: int) -> int:
