@@ -2,7 +2,8 @@
 # Try memra-chat in a terminal on the GPU machine, as a user would (after scripts/device_run.sh
 # installed memra into /tmp/site): tmux from .whl/tmux, the chat on MODEL with the given flags,
 # one prompt typed in, the screen captured mid-reply and after it into $OUT/screen-*.txt.
-# Usage: bash scripts/device_ui_try.sh MODEL "PROMPT" [memra-chat flags...]
+# Usage: bash scripts/device_ui_try.sh MODEL "PROMPT" [memra-chat flags...]   (MID_S, AFTER_S: seconds
+# from Enter to the mid-reply capture, then to the last one; defaults 0.7 and 6)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/memra-out}
@@ -14,9 +15,14 @@ export PYTHONPATH=/tmp/site
 tmux new-session -d -s chat -x 160 -y 48 "python3 -c 'import sys; from memra_tui.cli import main; sys.exit(main())' $model --backend cuda $*; sleep 30"
 sleep 15
 tmux capture-pane -p -t chat > "$OUT/screen-loaded.txt"
-tmux send-keys -t chat "$prompt" Enter
-sleep 0.7
+# pasted (bracketed), not typed: send-keys refuses a prompt of a few thousand characters ("command too long")
+printf '%s' "$prompt" > /tmp/ui-prompt.txt
+tmux load-buffer -b prompt /tmp/ui-prompt.txt
+tmux paste-buffer -p -d -b prompt -t chat
+sleep 0.5
+tmux send-keys -t chat Enter
+sleep ${MID_S:-0.7}
 tmux capture-pane -p -t chat > "$OUT/screen-mid.txt"
-sleep 6
+sleep ${AFTER_S:-6}
 tmux capture-pane -p -t chat > "$OUT/screen-after.txt"
 tmux kill-session -t chat
