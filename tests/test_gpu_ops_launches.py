@@ -56,7 +56,7 @@ class RecordingRuntime:
         block = (block,) if isinstance(block, int) else tuple(block)
         assert all(g >= 1 for g in grid) and grid[0] < 2**31 and all(g < 65536 for g in grid[1:]), (name, grid)
         assert 1 <= int(np.prod(block)) <= 1024 and int(np.prod(block)) % 32 == 0, (name, block)
-        assert 0 <= shared <= 227 * 1024, (name, shared)
+        assert 0 <= shared <= self.max_shared, (name, shared)
         self.calls.append((name, tuple(args)))
         self.grids.append(grid)
 
@@ -656,3 +656,60 @@ def test_verify_matvecs_slice_short_rows_in_pairs_of_columns(monkeypatch):
     monkeypatch.setenv("MEMRA_VERIFY_SLICE", "8")
     assert launched(big, 9) == [("matvec_q4_K_mma_c8", 9, 2)]
     assert launched(small, 9) == [("matvec_q4_1_r2u1_c8", 9, 2)]
+
+
+class SmallSharedRuntime(RecordingRuntime):
+    """A GPU whose blocks may opt into 99 KB of shared memory (sm_86, sm_89: RTX 30xx/40xx, L40)."""
+
+    max_shared = 99 * 1024
+
+
+@pytest.mark.parametrize("T", [40, 300])
+def test_every_launch_fits_a_99_kb_gpu(model_paths, moe_paths, T):
+    """On a 99 KB GPU every launch of a prefill forward stays within the device's shared memory
+    (RecordingRuntime checks each launch against max_shared): dense GEMMs take gemm4/gemm6, and an
+    MoE layer whose weight type's moe_gemm4 tile does not fit (Q8_0 here: 102-135 KB) runs its
+    slots on the expert matvec instead; one that fits (Q4_0) keeps the grouped GEMM."""
+    from memra_engine.gpu import moe
+
+    for path in [*model_paths.values(), *moe_paths.values()]:
+        launches = run_forward(path, T, rt=SmallSharedRuntime())
+        assert not any(n.startswith(("gemm3_", "gemm5_", "gemm7_")) for n in launches), path
+    cfg = config_from_gguf(open_gguf(moe_paths["tiny-mixtral"]))
+    big = run_forward(moe_paths["tiny-mixtral"], T, rt=SmallSharedRuntime())
+    assert sum(n.startswith("moe_matvec_q8_0") for n in big) == 2 * cfg.n_layer and "moe_sort" not in big
+    fits = run_forward(moe_paths["tiny-olmoe"], T, rt=SmallSharedRuntime())
+    assert any(n.startswith("moe_gemm4_q4_0") for n in fits)
+    from gguf.constants import GGMLQuantizationType as QT
+    assert quant_ops.gemm_shared("gemm4", quant_ops.weight_layout(QT.Q8_0, 64, 256)) > 99 * 1024 >= \
+        quant_ops.gemm_shared("gemm4", quant_ops.weight_layout(QT.Q4_0, 64, 256))
+
+
+def test_the_dry_run_sizes_the_scratch_of_the_device_at_hand(moe_paths):
+    """The backend sizes its arena with a dry forward that takes the device's max_shared
+    (GpuOps(..., max_shared=rt.max_shared)), so on a 99 KB GPU it counts the q8_1 copies the MoE
+    prefill's matvec path needs, which an H100-sized dry run would leave out."""
+    from memra_engine.gpu.weights import GpuWeights as W
+
+    path, T = moe_paths["tiny-mixtral"], 300
+
+    def sizes(max_shared, recorded):
+        arena = Arena.unbounded()
+        if recorded:  # a real forward's allocations (launches checked against max_shared)
+            rt = SmallSharedRuntime() if max_shared < 227 * 1024 else RecordingRuntime()
+            run_forward(path, T, rt=rt, arena=arena)
+        else:  # the backend's dry run
+            g = open_gguf(path)
+            cfg = config_from_gguf(g)
+            kv = GpuKvCache(None, cfg.n_layer, cfg.n_kv_head, 300, cfg.head_dim, "f16")
+            ops = GpuOps(None, cfg, kv, arena, dry=True, max_shared=max_shared)
+            ops.begin(attn_splits(kv_bucket(300), cfg.head_dim, False, "f16"), history_ptr=4096,
+                      prefill_splits=attn_splits(kv_bucket(300), cfg.head_dim, False, "f16"))
+            ids = DArray(1 << 20, (T,), 1)
+            arch_module(cfg.arch).forward(ops, W(g, cfg).upload(None, None, dry=True), cfg, ids, ids, last_only=False)
+            ops.flush()
+        return arena.part_sizes(0)
+
+    for max_shared in (99 * 1024, 227 * 1024):
+        assert sizes(max_shared, recorded=False) == sizes(max_shared, recorded=True), max_shared
+    assert sizes(99 * 1024, recorded=False) != sizes(227 * 1024, recorded=False)

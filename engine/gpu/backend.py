@@ -184,7 +184,7 @@ class CudaBackend:
         kv = GpuKvCache(None, cfg.n_layer, cfg.n_kv_head, self.n_ctx, cfg.head_dim, self.kv_type)
         arena = Arena.unbounded()
         ops = GpuOps(None, cfg, kv, arena, dry=True, cluster=self.rt.cluster_attention,
-                     split_cap=self.attn_max_splits)
+                     split_cap=self.attn_max_splits, max_shared=self.rt.max_shared)
         for T, last_only in ((min(PREFILL_CHUNK, self.n_ctx), True), (min(ALL_LOGITS_CHUNK, self.n_ctx), False)):
             ops.begin(self.splits_for(self.n_ctx), prefill_splits=self.prefill_splits_for(self.n_ctx))
             tokens = DArray(0, (T,), 1)

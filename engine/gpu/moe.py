@@ -139,6 +139,11 @@ def sort_slots(rt, ids_ptr: int, offsets_ptr: int, order_ptr: int, n_slots: int,
     rt.launch("moe_sort", 1, 1024, (ids_ptr, offsets_ptr, order_ptr, n_slots, n_expert))
 
 
+def gemm_fits(stack: ExpertStack, max_shared: int) -> bool:
+    """Whether moe_gemm4's tile for the stack's type fits a block's shared memory (expert_gemm)."""
+    return quant_ops.gemm_shared("gemm4", stack.layout) <= max_shared
+
+
 def expert_gemm(rt, stack: ExpertStack, offsets_ptr: int, order_ptr: int, xh_ptr: int, y_ptr: int, n_tokens: int,
                 top_k: int, x_per_slot: bool) -> None:
     """Prefill: y[s] = expert(s) @ x(s) on tensor cores, each expert's slots (sort_slots) in tiles of

@@ -140,8 +140,10 @@ class Arena:
 class _DryRuntime:
     """Stands in for GpuRuntime in a dry run: every call (launch, set_max_dynamic_shared, ...) is a no-op."""
 
-    # picks the prefill tiles; every pipelined tile needs the same scratch (x's f16 copy)
-    max_shared = quant_ops.SM90_SHARED
+    def __init__(self, max_shared: int):
+        # the device's: it picks the prefill tiles (every pipelined tile needs the same scratch, x's
+        # f16 copy) and whether an MoE prefill runs its grouped GEMM or the expert matvec (q8_1 copies)
+        self.max_shared = max_shared
 
     def __getattr__(self, name):
         return lambda *args, **kwargs: None
@@ -309,11 +311,12 @@ def attention_launch(rt, q, q_ld, kc, vc, kd, vd, opart, ml, positions, T, n_hea
 
 class GpuOps:
     def __init__(self, rt, cfg, kv, arena: Arena, dry: bool = False, cluster: bool = False,
-                 split_cap: int | None = None):
+                 split_cap: int | None = None, max_shared: int = quant_ops.SM90_SHARED):
         """kv: engine.gpu.kv_cache.GpuKvCache (pointers per layer). rt None with dry=True.
         cluster: attention on the cluster path (GpuRuntime.cluster_attention). split_cap: the model's
-        attn_max_splits (the backend's, which also sizes the graphs' grids); None: derived here."""
-        self.rt = _DryRuntime() if dry else rt
+        attn_max_splits (the backend's, which also sizes the graphs' grids); None: derived here.
+        max_shared: with dry=True, the device's shared memory a block (GpuRuntime.max_shared)."""
+        self.rt = _DryRuntime(max_shared) if dry else rt
         self.cfg, self.kv, self.arena, self.dry, self.cluster = cfg, kv, arena, dry, cluster
         self.attn_max_splits = split_cap or attn_max_splits(cfg.n_kv_head, cfg.n_head // cfg.n_kv_head,
                                                             cfg.head_dim, kv.kv_type)
@@ -660,7 +663,10 @@ class GpuOps:
         ff = gate_up.rows // 2
         gu = self.new((S, 2 * ff))
         y = self.new((S, down.rows))
-        if T <= BATCHED_MATVEC_MAX:
+        # a GPU whose blocks get less shared memory than the type's moe_gemm4 tile (99 KB: sm_86/89,
+        # Q8_0 and the K-quants) runs prefill slots on the expert matvec too: slower, the same sums
+        grouped = T > BATCHED_MATVEC_MAX and all(moe.gemm_fits(s, self.rt.max_shared) for s in (gate_up, down))
+        if not grouped:
             moe.expert_matvec(self.rt, gate_up, ids.ptr, self._q8_1_of(x, x.width), gu.ptr, S, k, x_per_slot=False)
             gate, up = self.split(gu, (ff, ff))
             h = self._gated("silu_mul_f32", gate, up)

@@ -147,6 +147,36 @@ def test_moe_ffn_op_follows_the_cpu_op(model_path, open_backends, name, quant, T
         assert row_errors(got, want).max() < (1e-3 if T <= BATCHED_MATVEC_MAX else 2e-3)
 
 
+@pytest.mark.parametrize("quant", ["Q8_0", "Q4_K_M"])
+def test_a_99_kb_gpu_prefills_moe_on_the_expert_matvec(model_path, open_backends, quant, monkeypatch):
+    """Where a block gets 99 KB of shared memory (sm_86/89) moe_gemm4 of Q8_0 and the K-quants does
+    not fit, and an MoE prefill runs its slots on the expert matvec (GpuOps.moe_ffn): this GPU made
+    to report 99 KB, with the grouped GEMM forbidden, prefills 24 tokens of tiny-mixtral as the CPU
+    backend does (the bound of test_moe_logits_follow_the_cpu_backend); its dense GEMMs take the
+    tiles that fit (gemm4, gemm6)."""
+    from memra_engine.gpu import moe
+    from memra_engine.gpu.runtime import GpuRuntime
+
+    init = GpuRuntime.__init__
+
+    def small_shared(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.max_shared = 99 * 1024
+
+    def no_grouped_gemm(*args, **kwargs):
+        raise AssertionError("moe_gemm4 launched on a 99 KB GPU")
+
+    monkeypatch.setattr(GpuRuntime, "__init__", small_shared)
+    monkeypatch.setattr(moe, "expert_gemm", no_grouped_gemm)
+    path = model_path("tiny-mixtral", quant)
+    cpu, gpu = open_backends(path, "cpu"), open_backends(path, "cuda")
+    assert gpu.rt.max_shared == 99 * 1024
+    tokens = decisive_tokens(cpu, 24)
+    ref = cpu.prefill(tokens, all_logits=True)
+    got = gpu.prefill(tokens, all_logits=True)
+    assert row_errors(got, ref).max() < PREFILL_BOUND
+
+
 def test_moe_graph_replay_equals_eager(model_path, open_backends):
     path = model_path("tiny-qwen3moe")
     graph, eager = open_backends(path, "cuda"), open_backends(path, "cuda", use_graphs=False)
