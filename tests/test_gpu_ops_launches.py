@@ -98,38 +98,33 @@ def model_paths(tmp_path_factory):
 
 def run_forward(path, T: int, n_ctx: int = 300, cluster: bool = False, kv_type: str = "f16",
                 rt: "RecordingRuntime | None" = None, moe_log: tuple[int, int] = (0, 0),
-                arena: Arena | None = None) -> list[str]:
+                arena: Arena | None = None, dry_max_shared: int | None = None) -> list[str]:
+    """One forward of T tokens on a recording runtime (its launches returned), or with
+    dry_max_shared on ops' own stand-in runtime for a device of that much shared memory, as the
+    backend sizes its scratch (no launches to return)."""
     g = open_gguf(path)
     cfg = config_from_gguf(g)
     weights = GpuWeights(g, cfg).upload(None, None, dry=True)
     kv = GpuKvCache(None, cfg.n_layer, cfg.n_kv_head, n_ctx, cfg.head_dim, kv_type)
-    rt = rt or RecordingRuntime()
-    ops = GpuOps(None, cfg, kv, arena or Arena.unbounded(), dry=True, cluster=cluster)
-    ops.rt = rt
+    ops = GpuOps(None, cfg, kv, arena or Arena.unbounded(), dry=True, cluster=cluster,
+                 max_shared=dry_max_shared or quant_ops.SM90_SHARED)
+    if dry_max_shared is None:
+        rt = ops.rt = rt or RecordingRuntime()
     ops.moe_log_ptr, ops.moe_log_tokens = moe_log
     ops.begin(attn_splits(kv_bucket(n_ctx), cfg.head_dim, cluster, kv_type), history_ptr=4096,
               prefill_splits=attn_splits(kv_bucket(n_ctx), cfg.head_dim, False, kv_type))
     ids = DArray(1 << 20, (T,), 1)
     arch_module(cfg.arch).forward(ops, weights, cfg, ids, ids, last_only=T == 1)
     ops.flush()
-    return rt.launches
+    return [] if dry_max_shared else rt.launches
 
 
 @pytest.mark.parametrize("T", [1, 300])
 def test_dry_forward_runs_on_the_stand_in_runtime(model_paths, T):
     """The backend sizes its scratch with a dry forward on ops' own stand-in runtime, which must
     answer everything a forward asks of GpuRuntime (a GEMM prefill's tile choice reads max_shared)."""
-    g = open_gguf(model_paths["tiny-llama"])
-    cfg = config_from_gguf(g)
-    weights = GpuWeights(g, cfg).upload(None, None, dry=True)
-    kv = GpuKvCache(None, cfg.n_layer, cfg.n_kv_head, 512, cfg.head_dim, "f16")
     arena = Arena.unbounded()
-    ops = GpuOps(None, cfg, kv, arena, dry=True)
-    ops.begin(attn_splits(kv_bucket(512), cfg.head_dim, False, "f16"), history_ptr=4096,
-              prefill_splits=attn_splits(kv_bucket(512), cfg.head_dim, False, "f16"))
-    ids = DArray(1 << 20, (T,), 1)
-    arch_module(cfg.arch).forward(ops, weights, cfg, ids, ids, last_only=T == 1)
-    ops.flush()
+    run_forward(model_paths["tiny-llama"], T, n_ctx=512, arena=arena, dry_max_shared=quant_ops.SM90_SHARED)
     assert max(arena.peaks) > 0
 
 
@@ -670,17 +665,16 @@ def test_every_launch_fits_a_99_kb_gpu(model_paths, moe_paths, T):
     (RecordingRuntime checks each launch against max_shared): dense GEMMs take gemm4/gemm6, and an
     MoE layer whose weight type's moe_gemm4 tile does not fit (Q8_0 here: 102-135 KB) runs its
     slots on the expert matvec instead; one that fits (Q4_0) keeps the grouped GEMM."""
-    from memra_engine.gpu import moe
+    from gguf.constants import GGMLQuantizationType as QT
 
-    for path in [*model_paths.values(), *moe_paths.values()]:
-        launches = run_forward(path, T, rt=SmallSharedRuntime())
+    launched = {path: run_forward(path, T, rt=SmallSharedRuntime()) for path in [*model_paths.values(),
+                                                                                  *moe_paths.values()]}
+    for path, launches in launched.items():
         assert not any(n.startswith(("gemm3_", "gemm5_", "gemm7_")) for n in launches), path
     cfg = config_from_gguf(open_gguf(moe_paths["tiny-mixtral"]))
-    big = run_forward(moe_paths["tiny-mixtral"], T, rt=SmallSharedRuntime())
+    big = launched[moe_paths["tiny-mixtral"]]
     assert sum(n.startswith("moe_matvec_q8_0") for n in big) == 2 * cfg.n_layer and "moe_sort" not in big
-    fits = run_forward(moe_paths["tiny-olmoe"], T, rt=SmallSharedRuntime())
-    assert any(n.startswith("moe_gemm4_q4_0") for n in fits)
-    from gguf.constants import GGMLQuantizationType as QT
+    assert any(n.startswith("moe_gemm4_q4_0") for n in launched[moe_paths["tiny-olmoe"]])
     assert quant_ops.gemm_shared("gemm4", quant_ops.weight_layout(QT.Q8_0, 64, 256)) > 99 * 1024 >= \
         quant_ops.gemm_shared("gemm4", quant_ops.weight_layout(QT.Q4_0, 64, 256))
 
@@ -689,25 +683,14 @@ def test_the_dry_run_sizes_the_scratch_of_the_device_at_hand(moe_paths):
     """The backend sizes its arena with a dry forward that takes the device's max_shared
     (GpuOps(..., max_shared=rt.max_shared)), so on a 99 KB GPU it counts the q8_1 copies the MoE
     prefill's matvec path needs, which an H100-sized dry run would leave out."""
-    from memra_engine.gpu.weights import GpuWeights as W
-
     path, T = moe_paths["tiny-mixtral"], 300
 
     def sizes(max_shared, recorded):
         arena = Arena.unbounded()
         if recorded:  # a real forward's allocations (launches checked against max_shared)
-            rt = SmallSharedRuntime() if max_shared < 227 * 1024 else RecordingRuntime()
-            run_forward(path, T, rt=rt, arena=arena)
+            run_forward(path, T, rt=SmallSharedRuntime() if max_shared < 227 * 1024 else RecordingRuntime(), arena=arena)
         else:  # the backend's dry run
-            g = open_gguf(path)
-            cfg = config_from_gguf(g)
-            kv = GpuKvCache(None, cfg.n_layer, cfg.n_kv_head, 300, cfg.head_dim, "f16")
-            ops = GpuOps(None, cfg, kv, arena, dry=True, max_shared=max_shared)
-            ops.begin(attn_splits(kv_bucket(300), cfg.head_dim, False, "f16"), history_ptr=4096,
-                      prefill_splits=attn_splits(kv_bucket(300), cfg.head_dim, False, "f16"))
-            ids = DArray(1 << 20, (T,), 1)
-            arch_module(cfg.arch).forward(ops, W(g, cfg).upload(None, None, dry=True), cfg, ids, ids, last_only=False)
-            ops.flush()
+            run_forward(path, T, arena=arena, dry_max_shared=max_shared)
         return arena.part_sizes(0)
 
     for max_shared in (99 * 1024, 227 * 1024):

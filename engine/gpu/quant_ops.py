@@ -358,9 +358,9 @@ def matvec_qkv_rope(rt, w: GpuWeight, xq_ptr: int, bias_ptr: int, q_out: int, kc
 # pipelined tiles, for every type but f32: they read x as f16 rows (to_f16). gemm5 is gemm3's tile
 # with the dequant on producer warps and the products on mma.sync (its grid takes token tiles
 # first), gemm7 the same with 8 producer warps instead of 4; their 156-200 KB of shared memory needs
-# an sm_90-class GPU. gemm6 (64 x 64, 61-83 KB) is for
-# GPUs whose blocks get 99 KB (sm_86, sm_89), where gemm3 and, for most types, gemm4 do not fit.
-# f32 weights have the unpipelined gemm and gemm2 over f32 x.
+# an sm_90-class GPU. gemm6 (64 x 64, 61-83 KB) is for GPUs whose blocks get 99 KB (sm_86, sm_89),
+# where gemm3 and, for most types, gemm4 do not fit. f32 weights have the unpipelined gemm and
+# gemm2 over f32 x.
 GEMM_TILES = {"gemm": (64, 64, 128), "gemm2": (128, 128, 256), "gemm3": (128, 128, 256), "gemm4": (64, 128, 128),
               "gemm5": (128, 128, 256), "gemm6": (64, 64, 128), "gemm7": (128, 128, 384)}
 PIPELINED_TILES = ("gemm3", "gemm4", "gemm5", "gemm6", "gemm7")
