@@ -398,7 +398,7 @@ def gemm_variant(w: GpuWeight, n_tokens: int, max_shared: int = SM90_SHARED) -> 
         return forced
     big = n_tokens >= 256 and w.rows >= 2048
     if w.layout.kernel_type != "f32":
-        # gemm7 where it fits (1.3-1.5x gemm3, 1.05-1.25x gemm5: H100, docs/gpu-log.md session 49);
+        # gemm7 where it fits (1.3-1.5x gemm3, 1.0-1.26x gemm5: H100, docs/gpu-log.md session 49);
         # gemm6 where no other does (99 KB GPUs)
         order = ("gemm7", "gemm5", "gemm3", "gemm4", "gemm6") if big else ("gemm4", "gemm6")
     else:
