@@ -6,7 +6,8 @@
 #   PHASE=2: (the machine still warm) wait for the build, then llama-bench pp512 and memra-bench pp512
 #            on the same files, one after the other, and a short table.
 # LLAMA=0 skips the build in phase 1, SUITE=1 runs the whole GPU suite after it,
-# ONLY_8B=1 takes the Q4_K_M 8B alone, GEMM_QUICK=1 one GEMM shape a type. Carry [".whl", "build/prebuilt"], with ../shared/device/llamacpp
+# ONLY_8B=1 takes the Q4_K_M 8B alone, GEMM_QUICK=1 one GEMM shape a type, PP4096=1 adds 4,096-token
+# prompts to phase 2 (both engines). Carry [".whl", "build/prebuilt"], with ../shared/device/llamacpp
 # copied into .whl/.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -51,16 +52,21 @@ else
   echo "$(el) $(grep 'llama.cpp build rc' /tmp/llama.cpp/build.log)"
   for f in "${files[@]}"; do
     n=$(basename "$f" .gguf)
-    /tmp/llama.cpp/build/bin/llama-bench -m "$f" -p 512 -n 0 -r 5 -fa 1 -o json > "$OUT/llama-$n.json" 2>> "$OUT/misc.log"
+    plens=512; [ "${PP4096:-0}" != 0 ] && plens=512,4096
+    /tmp/llama.cpp/build/bin/llama-bench -m "$f" -p $plens -n 0 -r 5 -fa 1 -o json > "$OUT/llama-$n.json" 2>> "$OUT/misc.log"
     python3 -m memra_engine.bench "$f" --backend cuda --runs 5 --n-gen 8 --json > "$OUT/pp2-$n.json" 2>> "$OUT/misc.log"
+    [ "${PP4096:-0}" != 0 ] && python3 -m memra_engine.bench "$f" --backend cuda --runs 3 --n-prompt 4096 --n-gen 8 --json > "$OUT/pp4k-$n.json" 2>> "$OUT/misc.log"
     MEMRA_GEMM=gemm3 python3 -m memra_engine.bench "$f" --backend cuda --runs 3 --n-gen 8 --json > "$OUT/pp3-$n.json" 2>> "$OUT/misc.log"
     echo "$n gemm3 pp512 $(pp "$OUT/pp3-$n.json")"
-    python3 - "$OUT/llama-$n.json" "$OUT/pp2-$n.json" "$n" <<'PY'
-import json, sys
-ll = json.load(open(sys.argv[1])); me = json.load(open(sys.argv[2]))
-l = [r["avg_ts"] for r in ll if r.get("n_prompt") == 512][0]
-m = me["pp512_tok_s"]
-print(f"{sys.argv[3]:<18} llama.cpp pp512 {l:9.1f}   memra pp512 {m:9.1f}   {m / l:.2f}x")
+    python3 - "$OUT/llama-$n.json" "$OUT/pp2-$n.json" "$n" "$OUT/pp4k-$n.json" <<'PY'
+import json, os, sys
+ll = json.load(open(sys.argv[1]))
+for n_prompt, path in ((512, sys.argv[2]), (4096, sys.argv[4])):
+    if not os.path.exists(path):
+        continue
+    l = [r["avg_ts"] for r in ll if r.get("n_prompt") == n_prompt][0]
+    m = json.load(open(path))[f"pp{n_prompt}_tok_s"]
+    print(f"{sys.argv[3]:<18} llama.cpp pp{n_prompt} {l:9.1f}   memra pp{n_prompt} {m:9.1f}   {m / l:.2f}x")
 PY
   done
 fi
