@@ -5,7 +5,9 @@
 # short table last.
 # Needs .whl (../shared/device/prepare.sh) with ../shared/device/llamacpp copied into it:
 #   cp -r ../shared/device/llamacpp .whl/   then carry ".whl" and run: bash scripts/device_side_by_side.sh
-# About 7 minutes on a fresh H200 (llama.cpp's build is most of it).
+# About 7 minutes on a fresh H200 (llama.cpp's build is most of it). MODELS="llama-8b qwen3-moe": other
+# synthetic presets (default llama-8b llama-1b); PP4096=1 adds pp at 4,096 prompt tokens for both engines;
+# PREFILL_PROFILE="qwen3-moe" profiles a 512-token prefill of those (in MODELS) while llama.cpp builds.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/memra-out}
@@ -16,10 +18,11 @@ if [ ! -f /tmp/llama.cpp/build.log ]; then  # not built or building already (dev
 fi
 MEMRA_TESTS=0 MEMRA_BENCH=0 bash scripts/device_run.sh > "$OUT/devrun.txt" 2>&1; echo "memra installed $(el)s"
 export PYTHONPATH=/tmp/site
-[ -f /tmp/models/llama-8b.gguf ] || python3 -m memra_engine.model.synthetic /tmp/models/llama-8b.gguf --preset llama-8b \
-  --quiet > "$OUT/gen.log" 2>&1 &
-[ -f /tmp/models/llama-1b.gguf ] || python3 -m memra_engine.model.synthetic /tmp/models/llama-1b.gguf --preset llama-1b \
-  --quiet >> "$OUT/gen.log" 2>&1
+MODELS=${MODELS:-llama-8b llama-1b}
+for m in $MODELS; do
+  [ -f /tmp/models/$m.gguf ] || python3 -m memra_engine.model.synthetic /tmp/models/$m.gguf --preset $m --quiet --threads 4 \
+    >> "$OUT/gen.log" 2>&1 &
+done
 wait; echo "models written $(el)s"
 # VRAM the same way for both engines: the device's memory.used, sampled every 0.1 s while the
 # command runs, peak minus the idle figure before it (CUDA context, weights, KV, buffers: all of it)
@@ -34,17 +37,25 @@ peak_mib() {  # peak_mib NAME CMD...: runs CMD, appends "NAME PEAK" to $OUT/vram
   echo "$name $(( $(sort -n "$OUT/vram-$name.txt" | tail -1) - base ))" >> "$OUT/vram-peak.txt"
   return $rc
 }
-for m in llama-8b llama-1b; do
+for m in $MODELS; do
   peak_mib "memra-$m" timeout 150 python3 -m memra_engine.bench /tmp/models/$m.gguf --backend cuda --ctx-depth 4096 \
     --runs 5 --json > "$OUT/bench-$m.json" 2>> "$OUT/bench.err"; echo "memra-bench $m $(el)s"
+  [ "${PP4096:-0}" = 0 ] || timeout 100 python3 -m memra_engine.bench /tmp/models/$m.gguf --backend cuda --n-prompt 4096 \
+    --n-gen 8 --runs 3 --json > "$OUT/bench4k-$m.json" 2>> "$OUT/bench.err"
+done
+for m in ${PREFILL_PROFILE:-}; do  # PREFILL_PROFILE="qwen3-moe": where a 512-token prefill goes, while llama.cpp builds
+  timeout 120 python3 scripts/profile_decode.py /tmp/models/$m.gguf --prefill 512 > "$OUT/profile-prefill-$m.txt" 2>&1
+  echo "prefill profile $m $(el)s"; grep -A14 "^prefill" "$OUT/profile-prefill-$m.txt" | cut -c1-110
 done
 while ! grep -q "llama.cpp build rc" /tmp/llama.cpp/build.log 2>/dev/null && [ "$(el)" -lt 520 ]; do sleep 5; done
 grep "llama.cpp build rc" /tmp/llama.cpp/build.log || echo "llama.cpp not built by $(el)s"
-for m in llama-8b llama-1b; do
+for m in $MODELS; do
   peak_mib "llama.cpp-$m" timeout $(( 585 - $(el) )) bash /tmp/llamacpp/bench.sh /tmp/models/$m.gguf \
     >> "$OUT/llama.json" 2>> "$OUT/llama.err"
+  [ "${PP4096:-0}" = 0 ] || timeout $(( 590 - $(el) )) /tmp/llama.cpp/build/bin/llama-bench -m /tmp/models/$m.gguf -p 4096 -n 0 \
+    -r 3 -fa 1 -o json >> "$OUT/llama.json" 2>> "$OUT/llama.err"
 done
-python3 - "$OUT" <<'PY'
+python3 - "$OUT" $MODELS <<'PY'
 import json, sys
 out = sys.argv[1]
 text, dec, i = open(f"{out}/llama.json").read(), json.JSONDecoder(), 0
@@ -57,7 +68,7 @@ while (j := text.find("[", i)) >= 0:  # llama-bench prints one JSON array per ru
     for r in rows:
         print(f"llama.cpp {r['model_filename'].split('/')[-1]:<14} pp {r['n_prompt']:>3} tg {r['n_gen']:>3} "
               f"depth {r.get('n_depth', 0):>4}: {r['avg_ts']:,.1f} tok/s")
-for m in ("llama-8b", "llama-1b"):
+for m in sys.argv[2:]:
     try:
         r = json.load(open(f"{out}/bench-{m}.json"))
     except (OSError, ValueError) as e:
@@ -65,6 +76,11 @@ for m in ("llama-8b", "llama-1b"):
         continue
     keys = ["pp512_tok_s", "tg128_graph_tok_s", "tg128_decode_sample_default_sampling_tok_s", "tg128_graph_at_4096_tok_s",
             "tg128_at_4096_tok_s", "vram_used_mib"]
+    try:
+        r.update(json.load(open(f"{out}/bench4k-{m}.json")))
+    except (OSError, ValueError):
+        pass
+    keys.insert(1, "pp4096_tok_s")
     print(f"memra {m:<9}", "  ".join(f"{k.replace('_tok_s', '')}={r[k]:,.1f}" for k in keys if k in r))
 PY
 echo "peak VRAM while running (MiB, nvidia-smi memory.used above idle):"; cat "$OUT/vram-peak.txt"
