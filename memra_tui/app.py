@@ -11,6 +11,7 @@ import logging
 import signal
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
@@ -79,7 +80,7 @@ class MemraApp(App[int]):
                  paths: AppPaths, load_engine: EngineLoader, clock: Callable[[], float] = time.time,
                  picker_root: Path | None = None, kv_type: str = "f16", grammar: Grammar | None = None,
                  draft: str | None = None, spec: SpecConfig | None = None, moe_vram: int | None = None,
-                 settle_gc: bool = False) -> None:
+                 sampling: dict | None = None, system: str | None = None, settle_gc: bool = False) -> None:
         super().__init__()
         self.settle_gc = settle_gc  # freeze the heap after each load (gc_tuning; run_app's, not the tests')
         self.model = model
@@ -97,6 +98,9 @@ class MemraApp(App[int]):
         self.picker_root = picker_root or Path.cwd()
         self.store = ChatStore(paths.chats_dir, paths.exports_dir, clock)
         self.sampling, settings_note = load_sampling_defaults(paths)
+        if sampling:  # given on the command line: this run starts with them; saved only once a knob changes
+            self.sampling = replace(self.sampling, **sampling)
+        self.initial_system = system  # from the command line, like the grammar: the opened chat's and new chats'
         self._settings_note = settings_note
         self.engine = None
         self._reopen_chat: Chat | None = None  # the chat to show again once a reload is done
@@ -193,8 +197,11 @@ class MemraApp(App[int]):
                 self.notify(line, severity="warning", timeout=10)
             if chat is None:
                 self.notify("no saved chat to resume; starting a new one", timeout=4)
-            elif self.initial_grammar is not None:  # asked for on this command line: it wins over the saved one
-                chat.grammar = self.initial_grammar.to_dict()
+            else:  # asked for on this command line: they win over the saved ones
+                if self.initial_grammar is not None:
+                    chat.grammar = self.initial_grammar.to_dict()
+                if self.initial_system is not None:
+                    chat.system_prompt = self.initial_system
         self.spec, spec_note = usable_spec(self.spec, self.engine.info)
         if spec_note:
             self.notify(spec_note, severity="warning", timeout=8)
@@ -204,7 +211,9 @@ class MemraApp(App[int]):
     def new_chat(self) -> Chat:
         model_path = self.model or (self.engine.info.model_name if self.engine else "")
         grammar = self.initial_grammar.to_dict() if self.initial_grammar is not None else None
-        return self.store.new_chat(str(model_path), self.sampling.to_dict(), grammar)
+        chat = self.store.new_chat(str(model_path), self.sampling.to_dict(), grammar)
+        chat.system_prompt = self.initial_system or ""
+        return chat
 
     def save_chat(self, chat: Chat, touch: bool = True) -> None:
         chat.sampling = self.sampling.to_dict()
@@ -299,13 +308,14 @@ def setup_logging(log_file: Path) -> None:
 
 def run_app(model: str | None, backend: str, n_ctx: int, resume: bool, kv_type: str = "f16",
             grammar: Grammar | None = None, draft: str | None = None, spec: SpecConfig | None = None,
-            moe_vram: int | None = None, remote=None) -> int:
+            moe_vram: int | None = None, remote=None, sampling: dict | None = None, system: str | None = None) -> int:
     """Open the chat app on `model` (None: the default model). Returns the process exit code.
     grammar: a memra_engine.grammar.Grammar from the command line, active for the chat's replies.
     draft: a draft model's path, loaded with the model; spec: the speculative decoding to start with;
     moe_vram: bytes of VRAM for MoE experts (None: the engine decides);
     remote: (a connected RemoteEngine (engine/remote.py), a function of progress that connects
-    again), to chat through instead of loading a model."""
+    again), to chat through instead of loading a model; sampling: knob values from the command line,
+    over the saved ones, for this run; system: the system prompt of the chat it opens and of new chats."""
     from memra_engine.generate import Engine
 
     paths = AppPaths.default()
@@ -316,7 +326,8 @@ def run_app(model: str | None, backend: str, n_ctx: int, resume: bool, kv_type: 
         load_engine = connected(engine, reconnect)
         model = f"{engine.info.model_name} at {engine.info.device_name}"
     app = MemraApp(model, backend, n_ctx, resume, paths=paths, load_engine=load_engine, kv_type=kv_type,
-                   grammar=grammar, draft=draft, spec=spec, moe_vram=moe_vram, settle_gc=True)
+                   grammar=grammar, draft=draft, spec=spec, moe_vram=moe_vram, sampling=sampling, system=system,
+                   settle_gc=True)
     sys.setswitchinterval(SWITCH_INTERVAL_S)  # the engine thread gets the GIL back within 50 µs of asking
     code = app.run()
     return app.return_code if code is None else int(code)

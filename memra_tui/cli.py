@@ -12,6 +12,7 @@ import datetime
 import json
 import sys
 import traceback
+from dataclasses import replace
 from pathlib import Path
 
 from memra_engine.errors import MemraError
@@ -46,11 +47,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", nargs="?", metavar="MODEL", help="path to a .gguf file (default: the default model)")
     p.add_argument("--prompt", "-p", metavar="TEXT", help="send TEXT, stream the reply to stdout, exit")
     p.add_argument("--raw", action="store_true", help="skip the chat template: continue TEXT as given")
-    p.add_argument("--system", metavar="TEXT", help="system message for the chat template")
+    p.add_argument("--system", metavar="TEXT",
+                   help="system message for the chat template (in the UI: the system prompt of the chat it opens)")
     p.add_argument("--stop", metavar="TEXT", action="append", default=[],
                    help="stop when the reply produces TEXT (not printed); repeatable")
 
-    s = p.add_argument_group("sampling")
+    s = p.add_argument_group("sampling (in the UI: the knobs this run starts with, over the saved ones)")
     s.add_argument("--max-tokens", "-n", type=int, default=DEFAULTS.max_tokens, metavar="N",
                    help=f"most tokens to generate (default {DEFAULTS.max_tokens})")
     s.add_argument("--temperature", "-t", type=float, default=DEFAULTS.temperature, metavar="T",
@@ -312,6 +314,26 @@ def flag_name(dest: str) -> str:
     return "--" + dest.replace("_", "-")
 
 
+def given_flags(argv: list[str] | None) -> set[str]:
+    """The dests of the options written on the command line (not those left at their defaults), so
+    a flag given at its default value still counts as asked for."""
+    p = build_parser()
+    for action in p._actions:  # argparse has no public way to ask which options were given
+        action.default = argparse.SUPPRESS
+    return set(vars(p.parse_known_args(argv)[0]))
+
+
+def ui_sampling(args: argparse.Namespace) -> dict:
+    """The sampling flags given for the UI: the knobs this run starts with (a bad value is one line
+    on stderr, before the UI opens)."""
+    knobs = {d: getattr(args, d) for d in SAMPLING_FLAGS if d in args.given and d != "top_logprobs"}
+    try:
+        replace(DEFAULTS, **knobs).validate()
+    except ValueError as err:
+        raise MemraError(str(err)) from None
+    return knobs
+
+
 def ignored_flags(args: argparse.Namespace) -> str:
     """One line naming the flags given that the mode asked for does nothing with, or ""."""
     if args.pull_default:
@@ -319,13 +341,13 @@ def ignored_flags(args: argparse.Namespace) -> str:
     if args.prompt is not None:
         return "memra-chat: note: --resume does nothing with --prompt (it reopens a chat in the UI); ignored" \
             if args.resume else ""
-    given = [flag for flag, on in (("--raw", args.raw), ("--system", args.system is not None), ("--stop", args.stop),
-                                   ("--stats", args.stats), ("--format", args.format is not None)) if on]
-    given += [flag_name(d) for d in SAMPLING_FLAGS if getattr(args, d) != getattr(DEFAULTS, d)]
+    given = [flag for flag, on in (("--raw", args.raw), ("--stop", args.stop), ("--stats", args.stats),
+                                   ("--format", args.format is not None), ("--top-logprobs", args.top_logprobs)) if on]
     if not given:
         return ""
-    return (f"memra-chat: note: {', '.join(given)} {'does' if len(given) == 1 else 'do'} nothing without --prompt "
-            "(in the UI: the knobs, F3, and the system prompt, F5); ignored")
+    why = " (in the UI: the token inspector, F7)" if args.top_logprobs else ""
+    return (f"memra-chat: note: {', '.join(given)} {'does' if len(given) == 1 else 'do'} nothing without --prompt{why}; "
+            "ignored")
 
 
 REMOTE_ONLY = (("--model", "remote_model"), ("--list-models", "list_models"), ("--api-key-env", "api_key_env"),
@@ -412,14 +434,15 @@ def run(args: argparse.Namespace) -> int:
     if args.prompt is None:
         grammar = grammar_from(args)  # an invalid one: one line on stderr, no UI
         spec = spec_from(args)
+        knobs = ui_sampling(args)
         if args.remote is not None:
             # the server first: one that cannot be reached is one line on stderr, before the UI opens
             key = remote_api_key(args)
             remote = (connect_remote(args, key, say), lambda progress: connect_remote(args, key, progress))
             return load_ui()(None, args.backend, args.ctx, args.resume, args.kv_type, grammar=grammar, spec=spec,
-                           remote=remote)
+                           remote=remote, sampling=knobs, system=args.system)
         return load_ui()(args.model, args.backend, args.ctx, args.resume, args.kv_type, grammar=grammar,
-                       draft=args.draft, spec=spec, moe_vram=args.moe_vram)
+                       draft=args.draft, spec=spec, moe_vram=args.moe_vram, sampling=knobs, system=args.system)
     return run_headless(args)
 
 
@@ -439,6 +462,7 @@ def log_crash() -> Path | None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.given = given_flags(argv)
     try:
         return run(args)
     except MemraError as err:

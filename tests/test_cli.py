@@ -126,7 +126,8 @@ def test_no_prompt_hands_over_to_the_ui(monkeypatch):
     monkeypatch.setattr(memra_tui.app, "run_app", lambda *args, **kw: calls.append((args, kw)) or 7)
     assert cli.main(["model.gguf", "--backend", "cpu", "--ctx", "2048", "--resume"]) == 7
     assert calls == [(("model.gguf", "cpu", 2048, True, "f16"),
-                      {"grammar": None, "draft": None, "spec": SpecConfig(), "moe_vram": None})]
+                      {"grammar": None, "draft": None, "spec": SpecConfig(), "moe_vram": None, "sampling": {},
+                       "system": None})]
     calls.clear()
     assert cli.main(["model.gguf", "--regex", "[0-9]+"]) == 7
     assert calls[0][1]["grammar"].kind == "regex" and calls[0][1]["grammar"].source == "[0-9]+"
@@ -136,6 +137,20 @@ def test_no_prompt_hands_over_to_the_ui(monkeypatch):
     calls.clear()
     assert cli.main(["model.gguf", "--moe-vram", "6GiB"]) == 7
     assert calls[0][1]["moe_vram"] == 6 << 30
+    calls.clear()
+    # the sampling flags given (a default value written out included) are the knobs the UI starts with
+    assert cli.main(["model.gguf", "-t", "0.2", "--top-k", "40", "-n", "64", "--seed", "9", "--system", "be brief"]) == 7
+    assert calls[0][1]["sampling"] == {"temperature": 0.2, "top_k": 40, "max_tokens": 64, "seed": 9}
+    assert calls[0][1]["system"] == "be brief"
+
+
+def test_a_bad_sampling_value_for_the_ui_is_one_line_before_it_opens(monkeypatch, capsys):
+    import memra_tui.app
+    from memra_tui import cli
+
+    monkeypatch.setattr(memra_tui.app, "run_app", lambda *a, **kw: pytest.fail("the UI opened"))
+    assert cli.main(["model.gguf", "--top-p", "0"]) == 1
+    assert capsys.readouterr().err.splitlines() == ["memra-chat: error: top_p must be in (0, 1]"]
 
 
 def test_a_missing_ui_library_is_one_line_not_an_internal_error(monkeypatch, capsys):
@@ -387,8 +402,10 @@ def test_an_unknown_flag_exits_1_in_a_subprocess():
 @pytest.mark.parametrize("argv, note", [
     (["--raw"], "memra-chat: note: --raw does nothing without --prompt"),
     (["--raw", "--stats", "--temperature", "0.2", "--seed", "4"],
-     "memra-chat: note: --raw, --stats, --temperature, --seed do nothing without --prompt"),
-    (["--system", "be brief", "--stop", "x"], "memra-chat: note: --system, --stop do nothing without --prompt"),
+     "memra-chat: note: --raw, --stats do nothing without --prompt"),
+    (["--system", "be brief", "--stop", "x"], "memra-chat: note: --stop does nothing without --prompt"),
+    (["--top-logprobs", "5"], "memra-chat: note: --top-logprobs does nothing without --prompt (in the UI: the token "
+                              "inspector, F7)"),
 ])
 def test_a_flag_the_ui_does_not_use_is_named_on_stderr(monkeypatch, capsys, argv, note):
     import memra_tui.app

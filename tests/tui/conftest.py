@@ -25,10 +25,10 @@ def paths(tmp_path: Path) -> AppPaths:
 def make_app(paths: AppPaths):
     def make(script: Script | None = None, model: str | None = None, resume: bool = False,
              clock: FixedClock | None = None, grammar=None, draft: str | None = None, spec=None,
-             moe_vram: int | None = None) -> MemraApp:
+             moe_vram: int | None = None, sampling: dict | None = None, system: str | None = None) -> MemraApp:
         return MemraApp(model, "cpu", 4096, resume, paths=paths, load_engine=ScriptedEngine.loader(script or Script()),
                         clock=clock or FixedClock(), picker_root=MODELS_DIR, grammar=grammar, draft=draft, spec=spec,
-                        moe_vram=moe_vram)
+                        moe_vram=moe_vram, sampling=sampling, system=system)
 
     return make
 

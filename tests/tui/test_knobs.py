@@ -46,6 +46,36 @@ async def test_a_knob_change_reaches_the_next_job_exactly(make_app, paths):
         assert app2.engine.jobs[0].sampling == expected
 
 
+async def test_command_line_knobs_start_the_run_without_replacing_the_saved_ones(make_app, paths):
+    """`memra-chat -t 0.2 --seed 9 --system "..."`: the knobs this run starts with are the saved ones
+    with the flags over them, the chat it opens (and the next new one) has that system prompt, and
+    the settings file is written only when a knob changes in the UI."""
+    saved = SamplingParams(temperature=0.9, top_k=11, max_tokens=77)
+    paths.settings_file.parent.mkdir(parents=True, exist_ok=True)
+    paths.settings_file.write_text(json.dumps({"sampling": saved.to_dict()}))
+    app = make_app(Script(tokens_per_s=3000), sampling={"temperature": 0.2, "seed": 9}, system="Answer in French.")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_ready(pilot)
+        await send(pilot, "hi")
+        expected = SamplingParams(temperature=0.2, top_k=11, max_tokens=77, seed=9)
+        job = app.engine.jobs[0]
+        assert job.sampling == expected
+        assert job.messages[0] == {"role": "system", "content": "Answer in French."}
+        assert "T 0.2" in app.screen.query_one("#knob-summary").text
+        await pilot.press("ctrl+n")
+        await send(pilot, "again")
+        assert app.engine.jobs[1].messages[0] == {"role": "system", "content": "Answer in French."}
+    assert SamplingParams.from_dict(json.loads(paths.settings_file.read_text())["sampling"]) == saved
+
+    # --resume with --system: the flag wins over the resumed chat's own, as --grammar does
+    app2 = make_app(Script(tokens_per_s=3000), resume=True, system="Answer in German.")
+    async with app2.run_test(size=(120, 40)) as pilot:
+        await wait_ready(pilot)
+        await send(pilot, "more")
+        assert app2.engine.jobs[0].messages[0] == {"role": "system", "content": "Answer in German."}
+        assert app2.engine.jobs[0].sampling == saved  # no sampling flags this time: the saved knobs
+
+
 @pytest.mark.parametrize("field, text, message", [
     ("top_p", "1.7", "top_p must be in (0, 1]"),
     ("top_k", "-3", "top_k must be >= 0 (0 = off)"),
