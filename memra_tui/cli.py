@@ -310,10 +310,6 @@ SAMPLING_FLAGS = ("max_tokens", "temperature", "top_k", "top_p", "min_p", "repea
                   "presence_penalty", "frequency_penalty", "seed", "top_logprobs")
 
 
-def flag_name(dest: str) -> str:
-    return "--" + dest.replace("_", "-")
-
-
 def given_flags(argv: list[str] | None) -> set[str]:
     """The dests of the options written on the command line (not those left at their defaults), so
     a flag given at its default value still counts as asked for."""
