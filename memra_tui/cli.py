@@ -12,7 +12,6 @@ import datetime
 import json
 import sys
 import traceback
-from dataclasses import replace
 from pathlib import Path
 
 from memra_engine.errors import MemraError
@@ -322,12 +321,8 @@ def given_flags(argv: list[str] | None) -> set[str]:
 def ui_sampling(args: argparse.Namespace) -> dict:
     """The sampling flags given for the UI: the knobs this run starts with (a bad value is one line
     on stderr, before the UI opens)."""
-    knobs = {d: getattr(args, d) for d in SAMPLING_FLAGS if d in args.given and d != "top_logprobs"}
-    try:
-        replace(DEFAULTS, **knobs).validate()
-    except ValueError as err:
-        raise MemraError(str(err)) from None
-    return knobs
+    params = sampling_from(args)
+    return {d: getattr(params, d) for d in SAMPLING_FLAGS if d in args.given and d != "top_logprobs"}
 
 
 def ignored_flags(args: argparse.Namespace) -> str:
