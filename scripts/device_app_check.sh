@@ -83,8 +83,9 @@ def pane(text, label):
     return float(m.group(1).replace(",", "")) if m else float("nan")
 pp = r.get(f"pp{n}_tok_s", float("nan"))
 ttft, predicted = pane(first, "TTFT"), 1000 * n / pp
-engine = r.get("tg128_decode_sample_default_sampling_tok_s", float("nan"))
-deep = r.get(f"tg128_decode_sample_default_sampling_at_{n}_tok_s", float("nan"))
+# the GPU backend's engine path (decode_sample, default knobs); the CPU backend has only plain decode
+engine = r.get("tg128_decode_sample_default_sampling_tok_s", r.get("tg128_tok_s", float("nan")))
+deep = r.get(f"tg128_decode_sample_default_sampling_at_{n}_tok_s", r.get(f"tg128_at_{n}_tok_s", float("nan")))
 d1 = pane(first, "decode")
 print(f"{name}: prompt {n} tokens; TTFT {ttft:.0f} ms in the pane, {predicted:.0f} ms from pp{n} {pp:,.0f} tok/s "
       f"({ttft / predicted:.2f}x); decode {d1:.1f} / {pane(last, 'decode'):.1f} tok/s in the pane (replies 1 and 3); "
