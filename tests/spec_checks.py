@@ -26,8 +26,8 @@ def spec_context(path, with_grammar: bool, n_vocab: int):
     tokenizer = load_tokenizer(open_gguf(path))
     letters = [tokenizer.encode(c, add_special=False) for c in "abcab"]
     assert all(len(ids) == 1 for ids in letters)
-    grammar_tok = GrammarTokenizer(tokenizer, n_vocab)
-    return [ids[0] for ids in letters], (lambda: grammar_tok.constraint(Grammar.regex("[a-e]{1,3}")))
+    grammar_tok, grammar = GrammarTokenizer(tokenizer, n_vocab), Grammar.regex("[a-e]{1,3}")
+    return [ids[0] for ids in letters], (lambda: grammar_tok.constraint(grammar))  # one compile, a fresh matcher per draw
 
 
 def exact_two_token_distribution(backend, context: list[int], params, make_constraint) -> dict[tuple[int, int], float]:
