@@ -310,12 +310,16 @@ struct WsTile {
 
 // PW producer warps come first (gemm5: 4; gemm7: 8, where sm_90a's setmaxnreg moves registers from
 // the producers, which need few, to the consumers' 128 accumulators).
-template <class T, int PW>
+// ROUTED (moe_gemm7): tile row tt is x row slots[t0 + tt] / x_div and y row slots[t0 + tt] (the MoE
+// slots of one expert, as moe_gemm4 takes them); n_tokens is then that expert's slot count.
+template <class T, int PW, bool ROUTED = false>
 __device__ __forceinline__ void gemm_ws(const uint8_t* __restrict__ wq, const uint8_t* __restrict__ wm,
                                         const half* __restrict__ xh, int ldx, float* __restrict__ y,
-                                        int rows, int cols, int n_tokens) {
+                                        int rows, int cols, int n_tokens,
+                                        const int* __restrict__ slots = nullptr, int x_div = 1) {
     typedef WsTile<T> G;
     constexpr int WS_PROD = 32 * PW, ALL = WS_PROD + WS_CONS;
+    __shared__ int x_of[ROUTED ? WS_BM : 1], y_of[ROUTED ? WS_BM : 1];
     extern __shared__ int4 gemm_smem[];
     uint8_t* smem = reinterpret_cast<uint8_t*>(gemm_smem);
     half* xbuf = reinterpret_cast<half*>(smem);                       // 2 x tiles
@@ -325,6 +329,14 @@ __device__ __forceinline__ void gemm_ws(const uint8_t* __restrict__ wq, const ui
     const int t0 = blockIdx.x * WS_BM, r0 = blockIdx.y * WS_BN;
     const int nb = (cols + T::QK - 1) / T::QK;
     const int nsteps = (cols + GEMM_BK - 1) / GEMM_BK;
+    if constexpr (ROUTED) {  // before the roles part: the consumers' x copies and stores read them
+        for (int i = tid; i < WS_BM; i += ALL) {
+            const int s = t0 + i < n_tokens ? slots[t0 + i] : 0;
+            x_of[i] = s / x_div;
+            y_of[i] = s;
+        }
+        __syncthreads();
+    }
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     if constexpr (PW == 8) {  // 256 x 96 + 128 x 232 <= 64 K registers
@@ -362,8 +374,8 @@ __device__ __forceinline__ void gemm_ws(const uint8_t* __restrict__ wq, const ui
 #pragma unroll
         for (int c = 0; c < 16; ++c) {
             const bool ok = kin && t0 + xrow + 8 * c < n_tokens;
-            cp_async16(xs + (xrow + 8 * c) * GEMM_LDS + xcol, ok ? xsrc + (size_t)(8 * c) * ldx + ks * GEMM_BK : xh,
-                       ok ? 16 : 0);
+            const half* src = ROUTED ? xh + (size_t)x_of[xrow + 8 * c] * ldx + xcol : xsrc + (size_t)(8 * c) * ldx;
+            cp_async16(xs + (xrow + 8 * c) * GEMM_LDS + xcol, ok ? src + ks * GEMM_BK : xh, ok ? 16 : 0);
         }
     };
     copy_x(xbuf, 0);
@@ -416,7 +428,7 @@ __device__ __forceinline__ void gemm_ws(const uint8_t* __restrict__ wq, const ui
         for (int h = 0; h < 2; ++h) {
             const int t = t0 + wt + 16 * i + (lane >> 2) + 8 * h;
             if (t >= n_tokens) continue;
-            float* yt = y + (size_t)t * rows;
+            float* yt = y + (size_t)(ROUTED ? y_of[t - t0] : t) * rows;
 #pragma unroll
             for (int j = 0; j < 8; ++j) {
                 const int r = r0 + wr + 8 * j + 2 * (lane & 3);
@@ -576,6 +588,24 @@ GEMM_ENTRY(f32)
                                                               n, order + a, x_per_slot ? 1 : top_k);       \
     }
 
+// moe_gemm7_<type>(same arguments as moe_gemm4): the MoE prefill GEMM on the warp-specialized tile
+// (gemm7: 8 producer warps dequantizing, 4 consumer warps on mma.sync), 128 slots of one expert a
+// block. grid (ceil(T/128), ceil(rows/128), n_expert) (slot tiles first, as gemm7's token tiles), block
+// 384, dynamic shared WsTile::SMEM (sm_90); blocks past their expert's slots return at once. At ~64
+// slots an expert (512 tokens, top-8 of 64) the tile is half empty, but the time goes to the dequant,
+// which is per weight tile, not per slot.
+#define MOE_GEMM_WS_ENTRY(TYPE)                                                                             \
+    extern "C" __global__ __launch_bounds__(384, 1) void moe_gemm7_##TYPE(                                  \
+        const unsigned long long* table, long long meta_offset, const int* offsets, const int* order,       \
+        const half* xh, float* y, int rows, int cols, int top_k, int x_per_slot, int ldx) {                 \
+        pdl_entry();                                                                                        \
+        const int e = blockIdx.z, a = offsets[e], n = offsets[e + 1] - a;                                   \
+        if ((int)blockIdx.x * WS_BM >= n) return;                                                           \
+        const uint8_t* wq = reinterpret_cast<const uint8_t*>(table[e]);                                     \
+        gemm_ws<TYPE##_t, 8, true>(wq, wq + meta_offset, xh, ldx, y, rows, cols, n, order + a,               \
+                                   x_per_slot ? 1 : top_k);                                                 \
+    }
+
 GEMM_PIPE_ENTRY(q4_0)
 GEMM_PIPE_ENTRY(q4_1)
 GEMM_PIPE_ENTRY(q5_0)
@@ -615,6 +645,18 @@ MOE_GEMM_PIPE_ENTRY(q6_K)
 MOE_GEMM_PIPE_ENTRY(q2_K)
 MOE_GEMM_PIPE_ENTRY(q3_K)
 MOE_GEMM_PIPE_ENTRY(iq4_xs)
+
+MOE_GEMM_WS_ENTRY(q4_0)
+MOE_GEMM_WS_ENTRY(q4_1)
+MOE_GEMM_WS_ENTRY(q5_0)
+MOE_GEMM_WS_ENTRY(q5_1)
+MOE_GEMM_WS_ENTRY(q8_0)
+MOE_GEMM_WS_ENTRY(q4_K)
+MOE_GEMM_WS_ENTRY(q5_K)
+MOE_GEMM_WS_ENTRY(q6_K)
+MOE_GEMM_WS_ENTRY(q2_K)
+MOE_GEMM_WS_ENTRY(q3_K)
+MOE_GEMM_WS_ENTRY(iq4_xs)
 
 
 // memra-kernel: gemm_f32(PPPPiii)
@@ -695,3 +737,14 @@ MOE_GEMM_PIPE_ENTRY(iq4_xs)
 // memra-kernel: moe_gemm4_q2_K(PqPPPPiiiii)
 // memra-kernel: moe_gemm4_q3_K(PqPPPPiiiii)
 // memra-kernel: moe_gemm4_iq4_xs(PqPPPPiiiii)
+// memra-kernel: moe_gemm7_q4_0(PqPPPPiiiii)
+// memra-kernel: moe_gemm7_q4_1(PqPPPPiiiii)
+// memra-kernel: moe_gemm7_q5_0(PqPPPPiiiii)
+// memra-kernel: moe_gemm7_q5_1(PqPPPPiiiii)
+// memra-kernel: moe_gemm7_q8_0(PqPPPPiiiii)
+// memra-kernel: moe_gemm7_q4_K(PqPPPPiiiii)
+// memra-kernel: moe_gemm7_q5_K(PqPPPPiiiii)
+// memra-kernel: moe_gemm7_q6_K(PqPPPPiiiii)
+// memra-kernel: moe_gemm7_q2_K(PqPPPPiiiii)
+// memra-kernel: moe_gemm7_q3_K(PqPPPPiiiii)
+// memra-kernel: moe_gemm7_iq4_xs(PqPPPPiiiii)

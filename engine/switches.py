@@ -51,6 +51,11 @@ def gemm_tile() -> str | None:
     return os.environ.get("MEMRA_GEMM") or None
 
 
+def moe_gemm_tile() -> str | None:
+    """MEMRA_MOE_GEMM=gemm4|gemm7: the MoE prefill GEMM's tile where it fits; None: the best that fits."""
+    return os.environ.get("MEMRA_MOE_GEMM") or None
+
+
 def moe_matvec_variant() -> str | None:
     """MEMRA_MOE_RU=R,U (or R,h: rows in half-warps, for the weights whose rows fit; the others
     keep the default): the MoE expert matvec's variant, as engine/gpu/moe.py names them (r4u1,

@@ -483,6 +483,28 @@ def moe_paths(tmp_path_factory):
     return {name: write_synthetic_gguf(root / f"{name}.gguf", **kw) for name, kw in MOE_MODELS.items()}
 
 
+@pytest.mark.parametrize("forced", [None, "gemm4", "gemm7"])
+def test_moe_prefill_gemm_tiles_cover_every_slot_tile_of_every_expert(moe_paths, monkeypatch, forced):
+    """The MoE prefill GEMM: moe_gemm7 (128-slot tiles, grid (slot tiles, row tiles, experts), 384
+    threads) where it fits, moe_gemm4 (grid (row tiles, 64-slot tiles, experts), 128 threads) when
+    MEMRA_MOE_GEMM forces it; either grid covers T slots of one expert (no expert has more: a
+    token's experts are distinct) and every row of the weight."""
+    if forced:
+        monkeypatch.setenv("MEMRA_MOE_GEMM", forced)
+    T = 300
+    rt = RecordingRuntime()
+    run_forward(moe_paths["tiny-qwen3moe"], T, n_ctx=512, rt=rt)
+    cfg = config_from_gguf(open_gguf(moe_paths["tiny-qwen3moe"]))
+    tile = forced or "gemm7"
+    gemms = [(name, grid) for (name, _), grid in zip(rt.calls, rt.grids) if name.startswith("moe_gemm")]
+    assert len(gemms) == 2 * cfg.n_layer and all(n.startswith(f"moe_{tile}_") for n, _ in gemms)
+    slots = {"gemm7": 128, "gemm4": 64}[tile]
+    for (name, grid), rows in zip(gemms, [2 * cfg.d_ff_expert, cfg.d_model] * cfg.n_layer):
+        slot_tiles, row_tiles = (grid[0], grid[1]) if tile == "gemm7" else (grid[1], grid[0])
+        assert slot_tiles * slots >= T > (slot_tiles - 1) * slots, (name, grid)
+        assert row_tiles * 128 >= rows > (row_tiles - 1) * 128 and grid[2] == cfg.n_expert, (name, grid)
+
+
 @pytest.mark.parametrize("name", list(MOE_MODELS))
 @pytest.mark.parametrize("T", [1, 5, 40])
 def test_moe_layers_route_on_the_device(moe_paths, name, T):
@@ -497,8 +519,9 @@ def test_moe_layers_route_on_the_device(moe_paths, name, T):
         assert "moe_sort" not in launches and not any(n.startswith("moe_gemm") for n in launches)
     else:
         assert launches.count("moe_sort") == cfg.n_layer
-        # the pipelined tile, after one f16 copy each of x and of the gated activation
-        assert sum(n.startswith("moe_gemm4_") for n in launches) == 2 * cfg.n_layer
+        # gemm7's warp-specialized tile (227 KB here), after one f16 copy each of x and of the
+        # gated activation
+        assert sum(n.startswith("moe_gemm7_") for n in launches) == 2 * cfg.n_layer
         assert not any(n.startswith("moe_matvec_") for n in launches)
     # the F32 router never takes the f16 GEMM (close calls between experts would flip): f32
     # matvecs up to 16 tokens, the f32 GEMM (sgemm_f32, one launch a layer) beyond

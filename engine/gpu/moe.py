@@ -85,7 +85,11 @@ def topk(rt, logits_ptr: int, ids_ptr: int, weights_ptr: int, log_ptr: int, n_to
 MATVEC_VARIANTS = ("r1u1", "r2u1", "r4u1", "r2h", "r4h")
 HALF_WARP_UNITS = 16
 SORT_MAX_SLOTS = 8192  # moe_sort keeps the slots' expert ids in shared memory (cuda/moe.cu)
-GEMM_TOKENS = 64  # tokens (slots) per moe_gemm4 tile (cuda/gemm.cu, Pipe4)
+# The prefill GEMM's tiles, best first: slots a tile, threads a block and static shared bytes
+# (`cuobjdump -res-usage`: the slot lists and 1 KB every kernel has), which count against the
+# device's opt-in limit with gemm_shared's dynamic bytes. moe_gemm7 is gemm7's warp-specialized
+# tile (fits sm_90's 227 KB), moe_gemm4 the pipelined 64-slot tile (fits 99 KB for the small types).
+GEMM_TILES = {"gemm7": (128, 384, 2048), "gemm4": (64, 128, 1280)}
 
 
 # (rows per warp, units per step) of the expert matvec for every type; MEMRA_MOE_RU=R,U forces one
@@ -139,20 +143,29 @@ def sort_slots(rt, ids_ptr: int, offsets_ptr: int, order_ptr: int, n_slots: int,
     rt.launch("moe_sort", 1, 1024, (ids_ptr, offsets_ptr, order_ptr, n_slots, n_expert))
 
 
-def gemm_fits(stack: ExpertStack, max_shared: int) -> bool:
-    """Whether moe_gemm4's tile for the stack's type fits a block's shared memory (expert_gemm)."""
-    return quant_ops.gemm_shared("gemm4", stack.layout) <= max_shared
+def gemm_tile(stack: ExpertStack, max_shared: int) -> str | None:
+    """The prefill GEMM tile for the stack's type: the first of GEMM_TILES whose shared memory fits a
+    block (MEMRA_MOE_GEMM=gemm4|gemm7 forces one), None where none does (99 KB GPUs: the expert
+    matvec takes the slots)."""
+    forced = switches.moe_gemm_tile()
+    for tile, (_, _, static) in GEMM_TILES.items():
+        if forced in (None, tile) and quant_ops.gemm_shared(tile, stack.layout) + static <= max_shared:
+            return tile
+    return None
 
 
 def expert_gemm(rt, stack: ExpertStack, offsets_ptr: int, order_ptr: int, xh_ptr: int, y_ptr: int, n_tokens: int,
-                top_k: int, x_per_slot: bool) -> None:
-    """Prefill: y[s] = expert(s) @ x(s) on tensor cores, each expert's slots (sort_slots) in tiles of
-    64 (cuda/gemm.cu, moe_gemm4_<type>); xh: x's f16 copy (quant_ops.to_f16), rows per token
+                top_k: int, x_per_slot: bool, tile: str = "gemm4") -> None:
+    """Prefill: y[s] = expert(s) @ x(s) on tensor cores, each expert's slots (sort_slots) in tiles
+    (cuda/gemm.cu, moe_<tile>_<type>); xh: x's f16 copy (quant_ops.to_f16), rows per token
     (x_per_slot False) or per slot."""
-    name = f"moe_gemm4_{stack.layout.kernel_type}"
-    smem = quant_ops.gemm_shared("gemm4", stack.layout)
+    name = f"moe_{tile}_{stack.layout.kernel_type}"
+    slots, threads, _ = GEMM_TILES[tile]
+    smem = quant_ops.gemm_shared(tile, stack.layout)
     rt.set_max_dynamic_shared(name, smem)
-    rt.launch(name, (-(-stack.rows // 128), -(-n_tokens // GEMM_TOKENS), stack.n_expert), 128,
+    row_tiles, slot_tiles = -(-stack.rows // 128), -(-n_tokens // slots)
+    grid = (slot_tiles, row_tiles, stack.n_expert) if tile == "gemm7" else (row_tiles, slot_tiles, stack.n_expert)
+    rt.launch(name, grid, threads,
               (stack.table_ptr, np.int64(stack.meta_offset), offsets_ptr, order_ptr, xh_ptr, y_ptr, stack.rows,
                stack.cols, top_k, int(bool(x_per_slot)), quant_ops.f16_ld(stack.cols)), shared=smem)
 

@@ -665,7 +665,8 @@ class GpuOps:
         y = self.new((S, down.rows))
         # a GPU whose blocks get less shared memory than the type's moe_gemm4 tile (99 KB: sm_86/89,
         # Q8_0 and the K-quants) runs prefill slots on the expert matvec too: slower, the same sums
-        grouped = T > BATCHED_MATVEC_MAX and all(moe.gemm_fits(s, self.rt.max_shared) for s in (gate_up, down))
+        tiles = [moe.gemm_tile(s, self.rt.max_shared) for s in (gate_up, down)]
+        grouped = T > BATCHED_MATVEC_MAX and None not in tiles
         if not grouped:
             moe.expert_matvec(self.rt, gate_up, ids.ptr, self._q8_1_of(x, x.width), gu.ptr, S, k, x_per_slot=False)
             gate, up = self.split(gu, (ff, ff))
@@ -676,10 +677,11 @@ class GpuOps:
             offsets, order = self.new((gate_up.n_expert + 1,)), self.new((S,))
             moe.sort_slots(self.rt, ids.ptr, offsets.ptr, order.ptr, S, gate_up.n_expert)
             moe.expert_gemm(self.rt, gate_up, offsets.ptr, order.ptr, self._f16_of(x, x.width), gu.ptr, T, k,
-                            x_per_slot=False)
+                            x_per_slot=False, tile=tiles[0])
             gate, up = self.split(gu, (ff, ff))
             h = self._gated("silu_mul_f32", gate, up)
-            moe.expert_gemm(self.rt, down, offsets.ptr, order.ptr, self._f16_of(h, ff), y.ptr, T, k, x_per_slot=True)
+            moe.expert_gemm(self.rt, down, offsets.ptr, order.ptr, self._f16_of(h, ff), y.ptr, T, k, x_per_slot=True,
+                            tile=tiles[1])
         out = self.new((T, down.rows))
         moe.combine(self.rt, y.ptr, weights.ptr, out.ptr, T, down.rows, k)
         return out

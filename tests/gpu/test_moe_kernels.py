@@ -9,9 +9,10 @@ cuda/matvec.cu, engine/gpu/moe.py), on random inputs with NaN-poisoned outputs.
   matvec (r1u1) of its expert on its activation row: the same kernel body, so the cache and the
   resident path agree exactly;
 - moe_sort: the slots grouped per expert exactly as a stable numpy argsort of the ids;
-- moe_gemm4 (prefill, the pipelined 64-slot tile reading x's f16 copy): every slot's rows
-  bit-identical to the dense prefill GEMM of the same tile (gemm4) of its expert on its activation
-  rows, and within the dense GEMM's bound (1e-3 relative L2) of float64 numpy;
+- moe_gemm4 and moe_gemm7 (prefill, the pipelined 64-slot tile and the warp-specialized 128-slot
+  tile, reading x's f16 copy): every slot's rows bit-identical to the dense prefill GEMM of the same
+  tile (gemm4, gemm7) of its expert on its activation rows, and within the dense GEMM's bound (1e-3
+  relative L2) of float64 numpy;
 - moe_combine: within 1e-6 relative of the float64 weighted sum (fma order).
 """
 from __future__ import annotations
@@ -145,15 +146,16 @@ def test_sort_groups_the_slots_per_expert_stably(gpu, n_slots, n_expert):
     np.testing.assert_array_equal(gpu.get(order, (n_slots,), np.int32), np.argsort(ids, kind="stable"))
 
 
+@pytest.mark.parametrize("tile", list(moe.GEMM_TILES))
 @pytest.mark.parametrize("x_per_slot", [False, True])
 @pytest.mark.parametrize("ggml_type", QUANT_TYPES, ids=lambda t: t.name)
-def test_expert_gemm_slots_equal_dense_gemms(gpu, ggml_type, x_per_slot):
+def test_expert_gemm_slots_equal_dense_gemms(gpu, ggml_type, x_per_slot, tile):
     rng = np.random.default_rng(100 + int(ggml_type))
-    n_expert, rows, cols, T, k = 5, 160, 512, 90, 3
+    n_expert, rows, cols, T, k = 5, 160, 512, 150, 3
     stack, dense = expert_stack(gpu, ggml_type, n_expert, rows, cols, rng)
     S = T * k
     # k distinct experts per token, as moe_topk gives (moe_gemm's grid relies on it: no expert has
-    # more than T slots); expert 4 in every token: 90 slots, two token tiles
+    # more than T slots); expert 4 in every token: 150 slots, two or three slot tiles
     ids = np.stack([np.concatenate([[4], rng.permutation(4)[:k - 1]]) for _ in range(T)]).astype(np.int32).reshape(-1)
     n_x = S if x_per_slot else T
     x = rng.standard_normal((n_x, cols)).astype(np.float32)
@@ -164,7 +166,7 @@ def test_expert_gemm_slots_equal_dense_gemms(gpu, ggml_type, x_per_slot):
     quant_ops.to_f16(gpu.rt, xp, xh, cols, n_x)
     rows_of = np.arange(S) if x_per_slot else np.arange(S) // k
     y = gpu.empty(S * rows)
-    moe.expert_gemm(gpu.rt, stack, offsets, order, xh, y, T, k, x_per_slot)
+    moe.expert_gemm(gpu.rt, stack, offsets, order, xh, y, T, k, x_per_slot, tile=tile)
     got = gpu.get(y, (S, rows))
     assert np.isfinite(got).all(), "unwritten (NaN-poisoned) slot rows"
     for e in range(n_expert):
@@ -174,7 +176,7 @@ def test_expert_gemm_slots_equal_dense_gemms(gpu, ggml_type, x_per_slot):
         xe_h = gpu.empty(quant_ops.f16_nbytes(cols, len(slots)) // 4)
         quant_ops.to_f16(gpu.rt, xe_p, xe_h, cols, len(slots))
         out = gpu.empty(len(slots) * rows)
-        quant_ops.gemm(gpu.rt, dense[e], xe_p, out, len(slots), xe_h, variant="gemm4")
+        quant_ops.gemm(gpu.rt, dense[e], xe_p, out, len(slots), xe_h, variant=tile)
         np.testing.assert_array_equal(got[slots], gpu.get(out, (len(slots), rows)), err_msg=f"expert {e}")
         ref = xe.astype(np.float64) @ dequantize_weight(ggml_type, stack.parts[0].data[e], rows, cols).T.astype(np.float64)
         err = np.linalg.norm(got[slots] - ref) / np.linalg.norm(ref)
