@@ -51,12 +51,6 @@ def gemm_tile() -> str | None:
     return os.environ.get("MEMRA_GEMM") or None
 
 
-def l2_ahead_bytes() -> int:
-    """MEMRA_L2_AHEAD=MiB: bytes a layer's decode/verify forward asks into L2 while its attention
-    runs (engine/gpu/l2_ahead.py; sm_90); 0: off."""
-    return int(float(os.environ.get("MEMRA_L2_AHEAD", "0")) * (1 << 20))
-
-
 def moe_gemm_tile() -> str | None:
     """MEMRA_MOE_GEMM=gemm4|gemm7: the MoE prefill GEMM's tile where it fits; None: the best that fits."""
     return os.environ.get("MEMRA_MOE_GEMM") or None

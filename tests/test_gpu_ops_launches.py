@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from memra_engine.gpu import build, l2_ahead, quant_ops
+from memra_engine.gpu import build, quant_ops
 from memra_engine.gpu.kv_cache import GpuKvCache
 from memra_engine.gpu.ops import (ATTN_MAX_SPLITS, ATTN_MAX_SPLITS_CL, Arena, DArray, GpuOps, attention_launch,
                                   attn_max_splits, attn_plan, attn_row_splits, attn_slots, attn_splits,
@@ -98,7 +98,7 @@ def model_paths(tmp_path_factory):
 
 def run_forward(path, T: int, n_ctx: int = 300, cluster: bool = False, kv_type: str = "f16",
                 rt: "RecordingRuntime | None" = None, moe_log: tuple[int, int] = (0, 0),
-                arena: Arena | None = None, dry_max_shared: int | None = None, l2_budget: int = 0) -> list[str]:
+                arena: Arena | None = None, dry_max_shared: int | None = None) -> list[str]:
     """One forward of T tokens on a recording runtime (its launches returned), or with
     dry_max_shared on ops' own stand-in runtime for a device of that much shared memory, as the
     backend sizes its scratch (no launches to return)."""
@@ -111,8 +111,6 @@ def run_forward(path, T: int, n_ctx: int = 300, cluster: bool = False, kv_type: 
     if dry_max_shared is None:
         rt = ops.rt = rt or RecordingRuntime()
     ops.moe_log_ptr, ops.moe_log_tokens = moe_log
-    if l2_budget:  # as the backend sets it on sm_90 with MEMRA_L2_AHEAD
-        ops.l2_ahead = [l2_ahead.layer_ranges(L, l2_budget) for L in weights.layers]
     ops.begin(attn_splits(kv_bucket(n_ctx), cfg.head_dim, cluster, kv_type), history_ptr=4096,
               prefill_splits=attn_splits(kv_bucket(n_ctx), cfg.head_dim, False, kv_type))
     ids = DArray(1 << 20, (T,), 1)
@@ -149,34 +147,6 @@ def test_decode_is_nine_kernels_per_llama_layer(model_paths):
     assert sum(n.startswith("attn_merge_") for n in launches) == n_layer
     assert sum(n.endswith("_qkv_rope") for n in launches) == n_layer
     assert not any(n.startswith(("rope_", "kv_write_", "add_bias_", "quantize_q8_1", "add_f32")) for n in launches)
-
-
-@pytest.mark.parametrize("cluster", [False, True])
-@pytest.mark.parametrize("T", [1, 5, 40])
-def test_weights_are_asked_into_l2_after_each_attention_of_decode_and_verify(model_paths, T, cluster):
-    """With a budget, each layer of a decode or verify forward launches l2_prefetch right after its
-    attention (and merge) with that layer's planned ranges; prefill (GEMM) forwards and no budget,
-    none."""
-    path = model_paths["tiny-llama"]
-    assert "l2_prefetch" not in run_forward(path, T, cluster=cluster)
-    rt = RecordingRuntime()
-    launches = run_forward(path, T, cluster=cluster, rt=rt, l2_budget=1 << 20)
-    at = [i for i, n in enumerate(launches) if n == "l2_prefetch"]
-    if T > 16:
-        assert not at
-        return
-    attn = [i for i, n in enumerate(launches) if n.startswith(("attn_hd", "attn_cl_hd"))]
-    assert len(at) == len(attn) == 2  # a launch a layer
-    for a, p in zip(attn, at):
-        assert all(n.startswith(("attn_", "attn_cl_")) for n in launches[a:p])  # only its merge between
-        assert launches[p + 1].startswith("matvec_")  # then the o projection
-    g = open_gguf(path)
-    layers = GpuWeights(g, config_from_gguf(g)).upload(None, None, dry=True).layers
-    for layer, p in enumerate(at):
-        want = l2_ahead.layer_ranges(layers[layer], 1 << 20)
-        got = rt.calls[p][1]
-        assert [(int(got[2 * i]), int(got[2 * i + 1])) for i in range(len(want))] == want
-        assert all(int(n) == 0 for n in got[2 * len(want) + 1::2])
 
 
 @pytest.mark.parametrize("name", list(MODELS))

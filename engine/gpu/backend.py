@@ -29,13 +29,11 @@ from typing import Sequence
 
 import numpy as np
 
-from memra_engine import switches
 from memra_engine.backend import check_tokens
 from memra_engine.errors import ContextOverflowError, UnsupportedModelError
 from memra_engine.events import MoeStats, VramStats
 from memra_engine.gpu.expert_cache import ExpertCache
 from memra_engine.gpu.graph import CudaGraph
-from memra_engine.gpu import l2_ahead
 from memra_engine.gpu.kv_cache import GpuKvCache
 from memra_engine.gpu.memory import MIB, OOM_HINT, OOM_HINT_Q8_0, VramPool
 from memra_engine.gpu.ops import Arena, DArray, GpuOps, attn_max_splits, attn_splits, kv_bucket
@@ -114,8 +112,6 @@ class CudaBackend:
         scratch = self.pool.alloc("scratch", regions["scratch"], "arena")
         self.ops = GpuOps(rt, cfg, self.kv, Arena(scratch.ptr, scratch_parts), cluster=rt.cluster_attention,
                           split_cap=self.attn_max_splits)
-        if rt.built_sm90 and (budget := switches.l2_ahead_bytes()):
-            self.ops.l2_ahead = [l2_ahead.layer_ranges(L, budget) for L in self.weights.layers]
         alloc = lambda n, name: self.pool.alloc("graph", n, name).ptr  # noqa: E731
         if n_slots:
             log = alloc(4 * cfg.n_layer * PREFILL_CHUNK * cfg.n_expert_used, "routing log")

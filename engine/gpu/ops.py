@@ -31,7 +31,7 @@ import numpy as np
 
 from memra_engine import switches
 from memra_engine.errors import DeviceOutOfMemory
-from memra_engine.gpu import l2_ahead, moe, quant_ops
+from memra_engine.gpu import moe, quant_ops
 from memra_engine.gpu.quant_ops import GpuWeight
 
 ARENA_ALIGN = 256
@@ -325,9 +325,6 @@ class GpuOps:
         # moe_log_ptr + 4 * k * T * l, so the forward's log is one block of n_layer * T * k ints
         # the expert cache reads whole (forwards of up to moe_log_tokens tokens; 0: off)
         self.moe_log_ptr, self.moe_log_tokens = 0, 0
-        # per layer, the weight ranges asked into L2 after a decode/verify forward's attention
-        # launch (engine/gpu/l2_ahead.py; empty: off)
-        self.l2_ahead: list[list[tuple[int, int]]] = []
         self.n_splits = 1  # attention grid.y of this forward (attn_splits; set per forward by begin)
         self.prefill_splits = 0  # the split path's grid.y, for prefill forwards on the cluster path
         self._xq: dict[tuple[int, int], int] = {}
@@ -594,8 +591,6 @@ class GpuOps:
         attention_launch(self.rt, q.ptr, q.ld, kc, vc, kd, vd, opart.ptr, ml.ptr, positions.ptr,
                          T, n_head, n_kv, hd, self.kv.n_ctx, window, scale, softcap, y.ptr, xq, stride, S,
                          self.kv.kv_type, cluster, max_splits=self.attn_max_splits)
-        if self.l2_ahead and self.l2_ahead[layer] and T <= BATCHED_MATVEC_MAX:
-            l2_ahead.launch(self.rt, self.l2_ahead[layer])  # runs beside the attention (PDL)
         return y
 
     def _write_kv(self, layer: int, q: DArray, k: DArray, v: DArray, positions: DArray) -> None:
