@@ -44,7 +44,9 @@ class ThroughputPane(Vertical):
         spark = self.query_one(Sparkline)
         spark.data = recent
         label = self.query_one("#throughput-history-label", Static)
-        if recent:
+        if len(recent) == 1:
+            label.update(f"last reply: {recent[0]:,.0f} tok/s")
+        elif recent:
             label.update(f"last {len(recent)} replies: {min(recent):,.0f}–{max(recent):,.0f} tok/s")
-        for widget in (spark, label):
-            widget.set_class(bool(recent), "-has-data")
+        label.set_class(bool(recent), "-has-data")
+        spark.set_class(len(recent) > 1, "-has-data")  # one reply's line would be a solid block, not a trend
