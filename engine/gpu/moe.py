@@ -10,6 +10,7 @@ decode graph never changes.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -89,7 +90,14 @@ SORT_MAX_SLOTS = 8192  # moe_sort keeps the slots' expert ids in shared memory (
 # (`cuobjdump -res-usage`: the slot lists and 1 KB every kernel has), which count against the
 # device's opt-in limit with gemm_shared's dynamic bytes. moe_gemm7 is gemm7's warp-specialized
 # tile (fits sm_90's 227 KB), moe_gemm4 the pipelined 64-slot tile (fits 99 KB for the small types).
-GEMM_TILES = {"gemm7": (128, 384, 2048), "gemm4": (64, 128, 1280)}
+class MoeTile(NamedTuple):
+    slots: int          # slots (tokens) a tile
+    threads: int        # a block
+    static_shared: int  # bytes
+    slots_first: bool   # grid (slot tiles, row tiles, experts), as gemm7's token tiles; else rows first
+
+
+GEMM_TILES = {"gemm7": MoeTile(128, 384, 2048, True), "gemm4": MoeTile(64, 128, 1280, False)}
 
 
 # (rows per warp, units per step) of the expert matvec for every type; MEMRA_MOE_RU=R,U forces one
@@ -148,24 +156,24 @@ def gemm_tile(stack: ExpertStack, max_shared: int) -> str | None:
     block (MEMRA_MOE_GEMM=gemm4|gemm7 forces one), None where none does (99 KB GPUs: the expert
     matvec takes the slots)."""
     forced = switches.moe_gemm_tile()
-    for tile, (_, _, static) in GEMM_TILES.items():
-        if forced in (None, tile) and quant_ops.gemm_shared(tile, stack.layout) + static <= max_shared:
+    for tile, spec in GEMM_TILES.items():
+        if forced in (None, tile) and quant_ops.gemm_shared(tile, stack.layout) + spec.static_shared <= max_shared:
             return tile
     return None
 
 
 def expert_gemm(rt, stack: ExpertStack, offsets_ptr: int, order_ptr: int, xh_ptr: int, y_ptr: int, n_tokens: int,
-                top_k: int, x_per_slot: bool, tile: str = "gemm4") -> None:
+                top_k: int, x_per_slot: bool, tile: str) -> None:
     """Prefill: y[s] = expert(s) @ x(s) on tensor cores, each expert's slots (sort_slots) in tiles
-    (cuda/gemm.cu, moe_<tile>_<type>); xh: x's f16 copy (quant_ops.to_f16), rows per token
-    (x_per_slot False) or per slot."""
+    (cuda/gemm.cu, moe_<tile>_<type>, tile from gemm_tile); xh: x's f16 copy (quant_ops.to_f16),
+    rows per token (x_per_slot False) or per slot."""
     name = f"moe_{tile}_{stack.layout.kernel_type}"
-    slots, threads, _ = GEMM_TILES[tile]
+    spec = GEMM_TILES[tile]
     smem = quant_ops.gemm_shared(tile, stack.layout)
     rt.set_max_dynamic_shared(name, smem)
-    row_tiles, slot_tiles = -(-stack.rows // 128), -(-n_tokens // slots)
-    grid = (slot_tiles, row_tiles, stack.n_expert) if tile == "gemm7" else (row_tiles, slot_tiles, stack.n_expert)
-    rt.launch(name, grid, threads,
+    row_tiles, slot_tiles = -(-stack.rows // 128), -(-n_tokens // spec.slots)
+    grid = (slot_tiles, row_tiles) if spec.slots_first else (row_tiles, slot_tiles)
+    rt.launch(name, (*grid, stack.n_expert), spec.threads,
               (stack.table_ptr, np.int64(stack.meta_offset), offsets_ptr, order_ptr, xh_ptr, y_ptr, stack.rows,
                stack.cols, top_k, int(bool(x_per_slot)), quant_ops.f16_ld(stack.cols)), shared=smem)
 

@@ -663,8 +663,8 @@ class GpuOps:
         ff = gate_up.rows // 2
         gu = self.new((S, 2 * ff))
         y = self.new((S, down.rows))
-        # a GPU whose blocks get less shared memory than the type's moe_gemm4 tile (99 KB: sm_86/89,
-        # Q8_0 and the K-quants) runs prefill slots on the expert matvec too: slower, the same sums
+        # the prefill GEMM tile that fits a block's shared memory (moe.gemm_tile); a GPU where neither
+        # does (99 KB: sm_86/89, Q8_0 and the K-quants) runs prefill slots on the expert matvec too
         tiles = [moe.gemm_tile(s, self.rt.max_shared) for s in (gate_up, down)]
         grouped = T > BATCHED_MATVEC_MAX and None not in tiles
         if not grouped:
