@@ -276,12 +276,6 @@ def model_name(g, path: Path) -> str:
     return str(g.metadata.get("general.name") or path.stem)
 
 
-def flush_decoder(decoder) -> str:
-    """The decoder's leftover bytes at the end of a reply (an incomplete character shows as U+FFFD)."""
-    flush = getattr(decoder, "flush", None)
-    return flush() if flush is not None else ""
-
-
 def describe_model(g, path: Path, n_ctx: int, backend_kind: str, backend, has_template: bool) -> EngineInfo:
     tensors = g.tensors.values()
     n_params = sum(int(np.prod(t.shape)) for t in tensors)
@@ -654,7 +648,7 @@ class Generation:
                     self.stats.time_to_first_token_s = time.perf_counter() - self.started
                 self.stats.n_generated = n_generated
                 if token in eos_ids:
-                    held = stops.flush() + flush_decoder(decoder)
+                    held = stops.flush() + decoder.flush()
                     if held:
                         self.job._put(TokenEvent(held, token, logprob, candidates))
                     return self.finish("eos")
@@ -672,7 +666,11 @@ class Generation:
                 full = end_of_step and backend.n_past >= backend.n_ctx
                 last = complete or n_generated >= params.max_tokens or full
                 if last:
-                    text += stops.flush() + flush_decoder(decoder)
+                    # a cut (token limit, full context) leaves a character unfinished, not invalid:
+                    # drop its bytes rather than show U+FFFD; a finished structure flushes as eos does
+                    if not complete:
+                        decoder.drop()
+                    text += stops.flush() + decoder.flush()
                 self.job._put(TokenEvent(text, token, logprob, candidates))
                 if last:
                     return self.finish("eos" if complete else "length" if n_generated >= params.max_tokens else "context")

@@ -303,6 +303,11 @@ class StreamDecoder:
         """Whatever is left of an incomplete character at the end, as U+FFFD."""
         return self._utf8.decode(b"", final=True)
 
+    def drop(self) -> None:
+        """Forget an incomplete character's bytes. For a reply cut by its token limit: the character
+        is not invalid, only unfinished, and a continued reply (reply_prefix) finishes it."""
+        self._utf8.reset()
+
 
 class Tokenizer:
     """Encode/decode for one model. `hf` is the full tokenizers.Tokenizer (llguidance takes its JSON)."""

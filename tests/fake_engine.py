@@ -34,6 +34,12 @@ class CharTokenizer:
             def push(self, token: int) -> str:
                 return tok.decode([token])
 
+            def flush(self) -> str:
+                return ""
+
+            def drop(self) -> None:
+                pass
+
         return Decoder()
 
 

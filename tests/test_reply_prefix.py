@@ -56,3 +56,20 @@ def test_the_grammar_sees_the_prefix_as_the_replys_own(tiny_llama_path):
     assert rest.done.reason == "eos" and re.fullmatch("[0-9]{8}", head + rest.text), (head, rest.text)
     assert refused.done.reason == "error" and "grammar" in refused.done.error and "\n" not in refused.done.error
     assert outside.done.reason == "error" and "vocabulary" in outside.done.error
+
+
+def test_a_reply_cut_inside_a_character_drops_its_bytes_and_a_continuation_finishes_it(tiny_llama_path):
+    # The grammar makes the reply one four-byte character (U+13000, spelled as byte tokens), and the
+    # token limit cuts it after two: the cut reply shows nothing (not U+FFFD), and the reply
+    # continued from those two tokens shows the whole character once.
+    glyph = Grammar.regex("\U00013000")
+    tokens = load_tokenizer(open_gguf(tiny_llama_path)).encode("\U00013000", add_special=False)
+    assert len(tokens) == 4
+    with Engine.load(tiny_llama_path, backend="cpu", n_ctx=256) as eng:
+        cut = eng.chat(MESSAGES, SamplingParams(temperature=0.0, max_tokens=2), grammar=glyph).collect()
+        assert cut.done.reason == "length" and cut.token_ids == tokens[:2]
+        assert cut.text == ""
+        rest = eng.chat(MESSAGES, SamplingParams(temperature=0.0, max_tokens=8), grammar=glyph,
+                        reply_prefix=cut.token_ids).collect()
+    assert rest.done.reason == "eos" and rest.token_ids[:2] == tokens[2:]
+    assert rest.text == "\U00013000"
