@@ -87,43 +87,82 @@ extern "C" __global__ __launch_bounds__(MOE_TOPK_THREADS) void moe_topk(
 // moe_sort: the slots of T tokens x k experts grouped per expert, for the prefill GEMM.
 // ids int [S] (S = T * k) -> offsets int [n_expert + 1] (expert e's slots are
 // order[offsets[e] .. offsets[e + 1])), order int [S] (slot indices, ascending within an expert:
-// a stable, deterministic grouping). One block of 1024 threads; warp w takes experts w, w + 32, ...
-// and walks the slots 32 at a time with a ballot, so each slot's place is its rank among the
-// slots of its expert before it. S <= MOE_SORT_MAX.
+// a stable, deterministic grouping). One block of 1024 threads, S <= MOE_SORT_MAX.
+// G counting warps each own a contiguous run of slots and a histogram row of their own, so a
+// slot's rank among its expert's slots in the run is exact with no atomics: 32 slots at a time,
+// __match_any_sync finds the lanes of one expert and their leader bumps the row. Then each
+// expert's counts are scanned over the runs (a warp an expert, a lane a run), the experts' totals
+// over the block, and each slot lands at offset[e] + run base + rank. The earlier kernel had each
+// warp walk all S slots for each of its experts, twice: 34 us for 4,096 slots of 64 experts (H200).
 #define MOE_SORT_MAX 8192
+#define MOE_SORT_HIST 12288  // G x n_expert run counts (shorts: a count is at most S): 24 KB
 extern "C" __global__ __launch_bounds__(1024) void moe_sort(const int* __restrict__ ids, int* __restrict__ offsets,
                                                             int* __restrict__ order, int n_slots, int n_expert) {
-    __shared__ short sid[MOE_SORT_MAX];  // expert ids < MOE_MAX_EXPERTS fit: 16 KB, with count under the 48 KB of static shared memory
-    __shared__ int count[MOE_MAX_EXPERTS + 1];
+    __shared__ short hist[MOE_SORT_HIST];  // [run][expert]: counts, then each run's base within its expert
+    __shared__ short rank[MOE_SORT_MAX];   // a slot's rank among its expert's slots in its run
+    __shared__ int warp_sum[32];
     pdl_entry();
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, n_warps = blockDim.x >> 5;
-    for (int s = tid; s < n_slots; s += blockDim.x) sid[s] = ids[s];
+    const int G = min(n_warps, MOE_SORT_HIST / n_expert);  // >= 3 for n_expert <= MOE_MAX_EXPERTS
+    const int run = (n_slots + G * WARP - 1) / (G * WARP) * WARP;  // slots a run, whole warps' worth
+    for (int i = tid; i < G * n_expert; i += blockDim.x) hist[i] = 0;
     __syncthreads();
-    for (int e = warp; e < n_expert; e += n_warps) {
-        int c = 0;
-        for (int s0 = 0; s0 < n_slots; s0 += WARP) c += __popc(__ballot_sync(0xffffffffu, s0 + lane < n_slots && sid[s0 + lane] == e));
-        if (lane == 0) count[e] = c;
+    if (warp < G) {
+        short* h = hist + warp * n_expert;
+        const int end = min(n_slots, (warp + 1) * run);
+        for (int s0 = warp * run; s0 < end; s0 += WARP) {
+            const int s = s0 + lane;
+            const int e = s < end ? ids[s] : -1;  // the tail's lanes match only each other, and are dropped
+            const unsigned same = __match_any_sync(0xffffffffu, e);
+            const int leader = __ffs(same) - 1;
+            int before = 0;
+            if (lane == leader && e >= 0) {
+                before = h[e];
+                h[e] = (short)(before + __popc(same));
+            }
+            before = __shfl_sync(0xffffffffu, before, leader);
+            if (e >= 0) rank[s] = (short)(before + __popc(same & ((1u << lane) - 1)));
+            __syncwarp();
+        }
     }
     __syncthreads();
-    if (tid == 0) {  // exclusive scan over at most a few thousand experts: cheap next to the GEMMs
-        int acc = 0;
-        for (int e = 0; e < n_expert; ++e) {
-            const int c = count[e];
-            count[e] = acc;
-            offsets[e] = acc;
-            acc += c;
+    // each run's base within its expert (exclusive over runs), the expert's total to offsets[e]
+    for (int e = warp; e < n_expert; e += n_warps) {
+        const int c = lane < G ? hist[lane * n_expert + e] : 0;
+        int incl = c;
+#pragma unroll
+        for (int o = 1; o < WARP; o <<= 1) {
+            const int v = __shfl_up_sync(0xffffffffu, incl, o);
+            if (lane >= o) incl += v;
         }
-        offsets[n_expert] = acc;
+        if (lane < G) hist[lane * n_expert + e] = (short)(incl - c);
+        if (lane == WARP - 1) offsets[e] = incl;
     }
     __syncthreads();
-    for (int e = warp; e < n_expert; e += n_warps) {
-        int at = count[e];
-        for (int s0 = 0; s0 < n_slots; s0 += WARP) {
-            const bool mine = s0 + lane < n_slots && sid[s0 + lane] == e;
-            const unsigned m = __ballot_sync(0xffffffffu, mine);
-            if (mine) order[at + __popc(m & ((1u << lane) - 1))] = s0 + lane;
-            at += __popc(m);
-        }
+    // exclusive scan of the totals over the experts: a thread per span of experts, then the block
+    const int per = (n_expert + blockDim.x - 1) / blockDim.x, e0 = min(n_expert, tid * per), e1 = min(n_expert, e0 + per);
+    int mine = 0;
+    for (int e = e0; e < e1; ++e) mine += offsets[e];
+    int incl = mine;
+#pragma unroll
+    for (int o = 1; o < WARP; o <<= 1) {
+        const int v = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += v;
+    }
+    if (lane == WARP - 1) warp_sum[warp] = incl;
+    __syncthreads();
+    int acc = incl - mine;
+    for (int w = 0; w < warp; ++w) acc += warp_sum[w];
+    for (int e = e0; e < e1; ++e) {
+        const int c = offsets[e];
+        offsets[e] = acc;
+        acc += c;
+    }
+    if (tid == blockDim.x - 1) offsets[n_expert] = acc;
+    __syncthreads();
+    for (int s = tid; s < n_slots; s += blockDim.x) {
+        const int e = ids[s];
+        order[offsets[e] + hist[(s / run) * n_expert + e] + rank[s]] = s;
     }
 }
 

@@ -69,7 +69,8 @@ def test_f16_copy_of_x_rounds_like_numpy_and_zeroes_the_pad(gpu, cols):
     assert not got[:, cols:].any()
 
 
-@pytest.mark.parametrize("rows,cols,tokens", [(64, 2048, 512), (67, 77, 33), (160, 512, 17)])
+@pytest.mark.parametrize("rows,cols,tokens", [(64, 2048, 512), (67, 77, 33), (160, 512, 17), (33, 4100, 45),
+                                              (128, 2048, 100)])
 def test_f32_gemm_is_float32_exact_enough_for_the_router(gpu, rows, cols, tokens):
     """sgemm_f32 (prefill's f32 weights: the MoE router) against float64: float32 FMAs only, so
     within 1e-5 relative (f16 operands would be ~4e-4); the same bits on a second run."""

@@ -134,7 +134,8 @@ def test_expert_matvec_slots_equal_dense_matvecs(gpu, ggml_type, x_per_slot, col
     gpu.rt.check()
 
 
-@pytest.mark.parametrize("n_slots,n_expert", [(6, 6), (150 * 4, 6), (512 * 8, 64), (8192, 128)])
+@pytest.mark.parametrize("n_slots,n_expert", [(6, 6), (150 * 4, 6), (512 * 8, 64), (8192, 128), (777, 513),
+                                              (5000, 4096)])
 def test_sort_groups_the_slots_per_expert_stably(gpu, n_slots, n_expert):
     rng = np.random.default_rng(n_slots)
     ids = rng.integers(0, n_expert, n_slots).astype(np.int32)
