@@ -308,26 +308,6 @@ struct WsTile {
     static constexpr int SMEM = 2 * (XS + RAW + WS);
 };
 
-// One 16-wide k step of a consumer warp's 64 tokens x 64 rows: FULL, all four 16-token fragments;
-// else fragments i < live (1..3), for a short tile (an expert's few slots: most multiplies skipped).
-template <bool FULL>
-__device__ __forceinline__ void ws_mma_step(float (&acc)[4][8][4], const half* xs, const half* ws, int live = 4) {
-    uint32_t bf[4][4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) ldsm_x4(bf[j], ws + 16 * j * GEMM_LDS);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        if (!FULL && i >= live) break;
-        uint32_t af[4];
-        ldsm_x4(af, xs + 16 * i * GEMM_LDS);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            mma_16816(acc[i][2 * j], af[0], af[1], af[2], af[3], bf[j][0], bf[j][1]);
-            mma_16816(acc[i][2 * j + 1], af[0], af[1], af[2], af[3], bf[j][2], bf[j][3]);
-        }
-    }
-}
-
 // PW producer warps come first (gemm5: 4; gemm7: 8, where sm_90a's setmaxnreg moves registers from
 // the producers, which need few, to the consumers' 128 accumulators).
 // ROUTED (moe_gemm7): tile row tt is x row slots[t0 + tt] / x_div and y row slots[t0 + tt] (the MoE
@@ -414,21 +394,26 @@ __device__ __forceinline__ void gemm_ws(const uint8_t* __restrict__ wq, const ui
     // B (rows x k) = rows 0-7 at k 0 | k 8, then rows 8-15 at k 0 | k 8 (two n8 tiles' b0, b1)
     const int a_off = (wt + (lane & 15)) * GEMM_LDS + (lane >> 4) * 8;
     const int b_off = (wr + (lane & 7) + ((lane >> 4) << 3)) * GEMM_LDS + ((lane >> 3) & 1) * 8;
-    // 16-token fragments of this warp with a token in range: a short tile (an expert's few slots,
-    // the last token tile) skips the rest's multiplies, whose rows are never stored
-    const int live = min(4, max(0, (n_tokens - t0 - wt + 15) >> 4));
     for (int ks = 0; ks < nsteps; ++ks) {
         const int b = ks & 1;
         cp_async_wait<1>();
         bar_sync(WS_BAR_FULL + b, ALL);  // w tile dequantized; every consumer's x copies are in
         const half* xs = xbuf + b * (G::XS / 2);
         const half* ws = wbuf + b * (G::WS / 2);
-        if (live == 4) {
 #pragma unroll
-            for (int kk = 0; kk < GEMM_BK; kk += 16) ws_mma_step<true>(acc, xs + a_off + kk, ws + b_off + kk);
-        } else if (live > 0) {
+        for (int kk = 0; kk < GEMM_BK; kk += 16) {
+            uint32_t af[4][4], bf[4][4];
 #pragma unroll
-            for (int kk = 0; kk < GEMM_BK; kk += 16) ws_mma_step<false>(acc, xs + a_off + kk, ws + b_off + kk, live);
+            for (int i = 0; i < 4; ++i) ldsm_x4(af[i], xs + a_off + 16 * i * GEMM_LDS + kk);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) ldsm_x4(bf[j], ws + b_off + 16 * j * GEMM_LDS + kk);
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    mma_16816(acc[i][2 * j], af[i][0], af[i][1], af[i][2], af[i][3], bf[j][0], bf[j][1]);
+                    mma_16816(acc[i][2 * j + 1], af[i][0], af[i][1], af[i][2], af[i][3], bf[j][2], bf[j][3]);
+                }
         }
         if (ks + 2 < nsteps) bar_arrive(WS_BAR_EMPTY + b, ALL);
         bar_sync(WS_BAR_CONS, WS_CONS);  // every consumer is done with xbuf[b]
@@ -478,75 +463,46 @@ extern "C" __global__ void f32_to_f16_rows(const float* __restrict__ x, half* __
 }
 
 // sgemm_f32(w, w_ld, x, y, rows, cols, n_tokens): y[t][r] = sum_k w[r][k] x[t][k] in float32 FMAs,
-// the same bits run to run. For f32 weights in prefill: the MoE router, whose close calls between
-// experts would flip with f16 operands. Block tile 32 rows x 16 tokens; its 8 warps each sum one
-// eighth of k, in order, a thread 4 rows x 4 tokens in registers from float4 loads (16 FMAs a
-// pair of loads), and the eight partial sums are added in warp order. The earlier tile (16 x 16,
-// an output a thread, both operands through shared memory) was bound by its shared-memory loads:
-// 31 us a layer for 512 tokens of a 64-expert router (H100). grid (ceil(rows/32), ceil(n_tokens/16)),
-// block 256.
-#define SG_R 32
+// k in order (run to run the same bits). For f32 weights in prefill: the MoE router, whose close
+// calls between experts would flip with f16 operands, and which as 16-column matvecs took half of
+// a Qwen3-MoE prefill (64 rows: 8 blocks a launch, 32 launches a layer). Block tile 16 tokens x 16
+// rows, one output a thread, K steps of 64 staged in shared memory with the next step's loads in
+// registers while this one is summed. grid (ceil(rows/16), ceil(n_tokens/16)), block 256.
 #define SG_T 16
-#define SG_SLICES 8
+#define SG_K 64
 extern "C" __global__ __launch_bounds__(256) void sgemm_f32(const float* __restrict__ w, int w_ld,
                                                             const float* __restrict__ x, float* __restrict__ y,
                                                             int rows, int cols, int n_tokens) {
-    __shared__ float part[SG_SLICES][SG_T][SG_R + 1];
+    __shared__ float ws[SG_T][SG_K + 1], xs[SG_T][SG_K + 1];
     pdl_entry();
-    const int lane = threadIdx.x & 31, slice = threadIdx.x >> 5;
-    const int rl = (lane & 7) * 4, tl = (lane >> 3) * 4;  // this thread's rows r0 + rl.., tokens t0 + tl..
-    const int r0 = blockIdx.x * SG_R, t0 = blockIdx.y * SG_T;
-    const float* wr[4];
-    const float* xr[4];
+    const int tid = threadIdx.x, r0 = blockIdx.x * SG_T, t0 = blockIdx.y * SG_T;
+    const int tr = tid % SG_T, tt = tid / SG_T;  // this thread's output: row r0 + tr, token t0 + tt
+    // loads: 16 x 64 values of each tile, 4 a thread, along k (coalesced)
+    float wn[4], xn[4];
+    auto load = [&](int k0) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {  // rows and tokens past the end read the last one's values, never stored
-        wr[i] = w + (size_t)min(r0 + rl + i, rows - 1) * w_ld;
-        xr[i] = x + (size_t)min(t0 + tl + i, n_tokens - 1) * cols;
-    }
-    float acc[4][4] = {};
-    const bool vec = (cols & 3) == 0 && (w_ld & 3) == 0;
-    const int span = vec ? (cols / 4 + SG_SLICES - 1) / SG_SLICES * 4 : (cols + SG_SLICES - 1) / SG_SLICES;
-    const int k0 = min(cols, slice * span), k1 = min(cols, k0 + span);
-    if (vec) {
-#pragma unroll 2
-        for (int k = k0; k < k1; k += 4) {
-            float4 a[4], b[4];
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                a[i] = *reinterpret_cast<const float4*>(wr[i] + k);
-                b[i] = *reinterpret_cast<const float4*>(xr[i] + k);
-            }
-#pragma unroll
-            for (int i = 0; i < 4; ++i)
-#pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    acc[i][j] = fmaf(a[i].x, b[j].x, acc[i][j]);
-                    acc[i][j] = fmaf(a[i].y, b[j].y, acc[i][j]);
-                    acc[i][j] = fmaf(a[i].z, b[j].z, acc[i][j]);
-                    acc[i][j] = fmaf(a[i].w, b[j].w, acc[i][j]);
-                }
+        for (int e = 0; e < 4; ++e) {
+            const int i = tid + 256 * e, rr = i / SG_K, k = k0 + i % SG_K;
+            wn[e] = r0 + rr < rows && k < cols ? w[(size_t)(r0 + rr) * w_ld + k] : 0.0f;
+            xn[e] = t0 + rr < n_tokens && k < cols ? x[(size_t)(t0 + rr) * cols + k] : 0.0f;
         }
-    } else {
-        for (int k = k0; k < k1; ++k)
+    };
+    float acc = 0.0f;
+    load(0);
+    for (int k0 = 0; k0 < cols; k0 += SG_K) {
+        __syncthreads();
 #pragma unroll
-            for (int i = 0; i < 4; ++i)
-#pragma unroll
-                for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(wr[i][k], xr[j][k], acc[i][j]);
+        for (int e = 0; e < 4; ++e) {
+            const int i = tid + 256 * e;
+            ws[i / SG_K][i % SG_K] = wn[e];
+            xs[i / SG_K][i % SG_K] = xn[e];
+        }
+        __syncthreads();
+        if (k0 + SG_K < cols) load(k0 + SG_K);
+#pragma unroll 16
+        for (int kk = 0; kk < SG_K; ++kk) acc = fmaf(ws[tr][kk], xs[tt][kk], acc);
     }
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) part[slice][tl + j][rl + i] = acc[i][j];
-    __syncthreads();
-    const int r = threadIdx.x % SG_R, t = threadIdx.x / SG_R;  // 256 threads: 32 rows x 8 tokens, twice
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int tt = t + 8 * h;
-        float sum = part[0][tt][r];
-#pragma unroll
-        for (int p = 1; p < SG_SLICES; ++p) sum += part[p][tt][r];
-        if (r0 + r < rows && t0 + tt < n_tokens) y[(size_t)(t0 + tt) * rows + r0 + r] = sum;
-    }
+    if (r0 + tr < rows && t0 + tt < n_tokens) y[(size_t)(t0 + tt) * rows + r0 + tr] = acc;
 }
 
 

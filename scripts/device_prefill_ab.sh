@@ -11,6 +11,7 @@ preset=${1:-qwen3-moe}
 m=/tmp/models/$preset.gguf
 mkdir -p "$OUT" /tmp/models
 MEMRA_TESTS=0 MEMRA_BENCH=0 bash scripts/device_run.sh > "$OUT/devrun.txt" 2>&1 || { tail "$OUT/devrun.txt"; exit 1; }
+export PYTHONPATH=/tmp/site
 [ -f $m ] || python3 -m memra_engine.model.synthetic $m --preset $preset --quiet --threads 8 > "$OUT/gen.log" 2>&1 &
 gen=$!
 rm -rf /tmp/old && mkdir /tmp/old && tar -xf ab/old.tar -C /tmp/old || exit 1
@@ -18,7 +19,7 @@ python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile
   > "$OUT/ab-pip.log" 2>&1 || { tail -5 "$OUT/ab-pip.log"; exit 1; }
 mkdir -p /tmp/site-old/memra_engine/kernels/prebuilt && cp ab/prebuilt/* /tmp/site-old/memra_engine/kernels/prebuilt/
 if [ -n "${MEMRA_AB_TESTS:-}" ]; then
-  PYTHONPATH=/tmp/site python3 -m pytest -m gpu -q -p no:cacheprovider $MEMRA_AB_TESTS > "$OUT/tests.txt" 2>&1
+  python3 -m pytest -m gpu -q -p no:cacheprovider $MEMRA_AB_TESTS > "$OUT/tests.txt" 2>&1
   grep -E "passed|failed|Error" "$OUT/tests.txt" | tail -5
 fi
 wait $gen
