@@ -612,10 +612,12 @@ class GpuOps:
                 norm_w, block = (nq[1].ptr, nk[1].ptr, nq[2]), hd  # hd threads: rms_norm_f32's sum order
             self.flush()
             _, _, _, base, neox, pos_scale, ff = rq  # (not `scale`: that is the attention's)
-            self.rt.launch(f"rope_qk_kv_{self.kv.kv_type}", (n_head + n_kv, T), block,
+            # decode and verify: a head a block; prefill: a token's heads in one block (their angles once)
+            hpb = 1 if T <= BATCHED_MATVEC_MAX else n_head + n_kv
+            self.rt.launch(f"rope_qk_kv_{self.kv.kv_type}", (-(-(n_head + n_kv) // hpb), T), block,
                            (xq.ptr, q.ptr, xk.ptr, v.ptr, *self.kv.write_args(layer), positions.ptr, ff.ptr if ff is not None else 0,
-                            n_head, hd, xq.ld, xk.ld, v.ld, self.kv.n_ctx, np.float32(base), np.float32(pos_scale),
-                            int(bool(neox)), norm_w[0], norm_w[1], np.float32(norm_w[2])))
+                            n_head, n_kv, hd, xq.ld, xk.ld, v.ld, self.kv.n_ctx, np.float32(base), np.float32(pos_scale),
+                            int(bool(neox)), norm_w[0], norm_w[1], np.float32(norm_w[2]), hpb))
         else:
             self.flush()
             self.rt.launch(f"kv_write_{self.kv.kv_type}", (T, n_kv), min(128, hd),

@@ -74,8 +74,9 @@ def test_rope_from_device_positions(gpu, neox, hd):
         assert rel_err(gpu.get(y, (T, n, hd)), ref) < 1e-4
 
 
+@pytest.mark.parametrize("hpb", [1, 5, 12])  # heads a block: decode's 1, uneven groups, prefill's all 12
 @pytest.mark.parametrize("neox", [False, True])
-def test_fused_rope_qk_and_kv_write_match_rope_and_kv_write(gpu, neox):
+def test_fused_rope_qk_and_kv_write_match_rope_and_kv_write(gpu, neox, hpb):
     rng = np.random.default_rng(11 + neox)
     T, n_q, n_kv, hd, n_ctx = 5, 9, 3, 64, 300
     width = (n_q + 2 * n_kv) * hd
@@ -85,9 +86,9 @@ def test_fused_rope_qk_and_kv_write_match_rope_and_kv_write(gpu, neox):
     p, ppos = gpu.put(qkv), gpu.put(pos)
     kc, vc = gpu.put(np.zeros((n_kv, n_ctx, hd), np.float16)), gpu.put(np.zeros((n_kv, n_ctx, hd), np.float16))
     q_out = gpu.empty(T * n_q * hd)
-    gpu.rt.launch("rope_qk_kv_f16", (n_q + n_kv, T), 32,
-                  (p, q_out, p + n_q * hd * 4, p + (n_q + n_kv) * hd * 4, kc, vc, ppos, gpu.put(ff), n_q, hd,
-                   width, width, width, n_ctx, f32(1e4), f32(1.0), int(neox), 0, 0, f32(0)))
+    gpu.rt.launch("rope_qk_kv_f16", (-(-(n_q + n_kv) // hpb), T), 32,
+                  (p, q_out, p + n_q * hd * 4, p + (n_q + n_kv) * hd * 4, kc, vc, ppos, gpu.put(ff), n_q, n_kv, hd,
+                   width, width, width, n_ctx, f32(1e4), f32(1.0), int(neox), 0, 0, f32(0), hpb))
     # the same through the separate kernels
     q_ref, k_ref = gpu.empty(T * n_q * hd), gpu.empty(T * n_kv * hd)
     for x, y, n in ((p, q_ref, n_q), (p + n_q * hd * 4, k_ref, n_kv)):
@@ -102,8 +103,9 @@ def test_fused_rope_qk_and_kv_write_match_rope_and_kv_write(gpu, neox):
     assert rel_err(gpu.get(q_out, (T, n_q, hd)), ref) < 1e-4
 
 
+@pytest.mark.parametrize("all_heads", [False, True])  # a head a block (decode), a token's heads a block (prefill)
 @pytest.mark.parametrize("hd,n_q,n_kv", [(64, 9, 3), (256, 4, 1)])
-def test_rope_qk_kv_with_fused_head_norms_matches_rms_norm_then_rope(gpu, hd, n_q, n_kv):
+def test_rope_qk_kv_with_fused_head_norms_matches_rms_norm_then_rope(gpu, hd, n_q, n_kv, all_heads):
     """qwen3/gemma3: the per-head q/k RMSNorm inside rope_qk_kv_f16 (block of head_dim threads)
     gives rms_norm_f32's values; compared with the separate launches, and with numpy."""
     rng = np.random.default_rng(hd + n_q)
@@ -117,16 +119,17 @@ def test_rope_qk_kv_with_fused_head_norms_matches_rms_norm_then_rope(gpu, hd, n_
     kc, vc, kc2, vc2 = gpu.put(zeros), gpu.put(zeros), gpu.put(zeros), gpu.put(zeros)
     q_out, q_ref = gpu.empty(T * n_q * hd), gpu.empty(T * n_q * hd)
     koff, voff = p + n_q * hd * 4, p + (n_q + n_kv) * hd * 4
-    gpu.rt.launch("rope_qk_kv_f16", (n_q + n_kv, T), hd,
-                  (p, q_out, koff, voff, kc, vc, ppos, 0, n_q, hd, width, width, width, n_ctx, f32(1e4), f32(1.0),
-                   1, pwq, pwk, f32(eps)))
+    hpb = n_q + n_kv if all_heads else 1
+    gpu.rt.launch("rope_qk_kv_f16", (-(-(n_q + n_kv) // hpb), T), hd,
+                  (p, q_out, koff, voff, kc, vc, ppos, 0, n_q, n_kv, hd, width, width, width, n_ctx, f32(1e4), f32(1.0),
+                   1, pwq, pwk, f32(eps), hpb))
     # separately: rms_norm_f32 per head (block hd), then the plain fused rope
     qn, kn = gpu.empty(T * n_q * hd), gpu.empty(T * n_kv * hd)
     for x, w, y, n in ((p, pwq, qn, n_q), (koff, pwk, kn, n_kv)):
         gpu.rt.launch("rms_norm_f32", T * n, hd, (x, w, y, hd, n, width, n * hd, f32(eps), 0, 0))
     gpu.rt.launch("rope_qk_kv_f16", (n_q + n_kv, T), max(32, min(128, hd // 2)),
-                  (qn, q_ref, kn, voff, kc2, vc2, ppos, 0, n_q, hd, n_q * hd, n_kv * hd, width, n_ctx, f32(1e4),
-                   f32(1.0), 1, 0, 0, f32(0)))
+                  (qn, q_ref, kn, voff, kc2, vc2, ppos, 0, n_q, n_kv, hd, n_q * hd, n_kv * hd, width, n_ctx, f32(1e4),
+                   f32(1.0), 1, 0, 0, f32(0), 1))
     got, ref = gpu.get(q_out, (T, n_q * hd)), gpu.get(q_ref, (T, n_q * hd))
     assert rel_err(got, ref) < 1e-6
     k_got = gpu.get(kc, (n_kv, n_ctx, hd), np.float16).astype(np.float32)

@@ -81,7 +81,8 @@ def test_kv_write_q8_0_writes_ggml_q8_0_rows(gpu, hd, block):
 
 @pytest.mark.parametrize("hd,n_kv,neox,norms", [(64, 3, True, False), (64, 3, False, False),
                                                 (128, 2, True, True), (256, 1, True, True)])
-def test_rope_qk_kv_q8_0_writes_the_roped_k_as_ggml_q8_0_rows(gpu, hd, n_kv, neox, norms):
+@pytest.mark.parametrize("all_heads", [False, True])  # a head a block (decode), a token's heads a block (prefill)
+def test_rope_qk_kv_q8_0_writes_the_roped_k_as_ggml_q8_0_rows(gpu, hd, n_kv, neox, norms, all_heads):
     """The q heads are given the k heads' values (n_q = n_kv, the same norm weights), so q_out holds
     exactly the float roped k that the kernel quantized: the K bytes must be quantize_q8_0(q_out).
     The f16 variant on the same input must give the same q_out and half(q_out) in its K cache."""
@@ -95,12 +96,15 @@ def test_rope_qk_kv_q8_0_writes_the_roped_k_as_ggml_q8_0_rows(gpu, hd, n_kv, neo
     w = gpu.put((1 + 0.2 * rng.standard_normal(hd)).astype(f32)) if norms else 0
     block = hd if norms else max(32, min(128, hd // 2))  # as ops.attention launches it
     p, ppos = gpu.put(qkv), gpu.put(pos)
-    rope_args = (ppos, ff, n_kv, hd, width, width, width, N_CTX, f32(1e4), f32(1.0), int(neox), w, w, f32(eps))
+    hpb = 2 * n_kv if all_heads else 1
+    grid = (-(-2 * n_kv // hpb), T)
+    rope_args = (ppos, ff, n_kv, n_kv, hd, width, width, width, N_CTX, f32(1e4), f32(1.0), int(neox), w, w, f32(eps),
+                 hpb)
 
     kc, kd, nbytes = filled_cache(gpu, n_kv, hd)
     vc, vd, _ = filled_cache(gpu, n_kv, hd)
     q_out = gpu.empty(T * n_kv * hd)
-    gpu.rt.launch("rope_qk_kv_q8_0", (2 * n_kv, T), block,
+    gpu.rt.launch("rope_qk_kv_q8_0", grid, block,
                   (p, q_out, p + n_kv * hd * 4, p + 2 * n_kv * hd * 4, kc, vc, kd, vd, *rope_args))
     roped = gpu.get(q_out, (T, n_kv, hd))
     assert np.all(np.isfinite(roped))
@@ -109,7 +113,7 @@ def test_rope_qk_kv_q8_0_writes_the_roped_k_as_ggml_q8_0_rows(gpu, hd, n_kv, neo
 
     zeros = np.zeros((n_kv, N_CTX, hd), np.float16)
     kc16, vc16, q_out16 = gpu.put(zeros), gpu.put(zeros), gpu.empty(T * n_kv * hd)
-    gpu.rt.launch("rope_qk_kv_f16", (2 * n_kv, T), block,
+    gpu.rt.launch("rope_qk_kv_f16", grid, block,
                   (p, q_out16, p + n_kv * hd * 4, p + 2 * n_kv * hd * 4, kc16, vc16, *rope_args))
     assert np.array_equal(gpu.get(q_out16, (T, n_kv, hd)), roped)
     k16 = gpu.get(kc16, (n_kv, N_CTX, hd), np.float16)

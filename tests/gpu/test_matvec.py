@@ -212,8 +212,8 @@ def test_qkv_rope_matvec_is_matvec_bias_and_rope_qk_kv(gpu, ggml_type, neox, bia
         yb = y
     q_ref, kc2, vc2 = gpu.empty(q_rows), gpu.put(cache0[0]), gpu.put(cache0[1])
     rt.launch("rope_qk_kv_f16", (n_q + n_kv, 1), max(32, min(128, hd // 2)),
-              (yb, q_ref, yb + q_rows * 4, yb + (q_rows + kv_rows) * 4, kc2, vc2, ppos, pff, n_q, hd, rows, rows, rows,
-               n_ctx, f32(1e4), f32(1.0), int(neox), 0, 0, f32(0)))
+              (yb, q_ref, yb + q_rows * 4, yb + (q_rows + kv_rows) * 4, kc2, vc2, ppos, pff, n_q, n_kv, hd, rows, rows,
+               rows, n_ctx, f32(1e4), f32(1.0), int(neox), 0, 0, f32(0), 1))
     got_q = gpu.get(q_out, (n_q, hd))
     got_k, got_v = (gpu.get(p, (n_kv, n_ctx, hd), np.float16) for p in (kc, vc))
     assert np.array_equal(got_q, gpu.get(q_ref, (n_q, hd)))
