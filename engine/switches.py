@@ -56,6 +56,12 @@ def moe_gemm_tile() -> str | None:
     return os.environ.get("MEMRA_MOE_GEMM") or None
 
 
+def rope_heads() -> int | None:
+    """MEMRA_ROPE_HEADS=N: heads a block of prefill's rope_qk_kv (A/B runs); None: ops.PREFILL_ROPE_HEADS."""
+    forced = os.environ.get("MEMRA_ROPE_HEADS")
+    return max(1, int(forced)) if forced else None
+
+
 def moe_matvec_variant() -> str | None:
     """MEMRA_MOE_RU=R,U (or R,h: rows in half-warps, for the weights whose rows fit; the others
     keep the default): the MoE expert matvec's variant, as engine/gpu/moe.py names them (r4u1,

@@ -43,6 +43,9 @@ QKV_ROPE_VERIFY_MAX_BYTES = 8 << 20  # verify rows take the fused q|k|v + rope l
 NORM_SPLIT_ROWS = 16  # add_rms_norm_split_f32 up to this many rows (decode, verify): each block re-reads its row
 ATTN_MIN_BUCKET = 32  # KV buckets are powers of two from here; a graph is captured per grid they give
 BATCHED_MATVEC_MAX = quant_ops.MATVEC_MAX_COLUMNS  # up to this many tokens: matvec, beyond: GEMM
+# prefill's rope_qk_kv: heads of a token a block, their pair angles (powf, sincosf) taken once;
+# decode and verify keep a head a block (same bits either way). Set from the sweep in docs/gpu-log.md.
+PREFILL_ROPE_HEADS = 4
 FUSED_QUANT_MAX_ROWS = 16384  # one-token matvecs quantize x per block; the LM head shares one quantize
 
 
@@ -612,8 +615,8 @@ class GpuOps:
                 norm_w, block = (nq[1].ptr, nk[1].ptr, nq[2]), hd  # hd threads: rms_norm_f32's sum order
             self.flush()
             _, _, _, base, neox, pos_scale, ff = rq  # (not `scale`: that is the attention's)
-            # decode and verify: a head a block; prefill: a token's heads in one block (their angles once)
-            hpb = 1 if T <= BATCHED_MATVEC_MAX else n_head + n_kv
+            # decode and verify: a head a block; prefill: a few of a token's heads (their angles once)
+            hpb = 1 if T <= BATCHED_MATVEC_MAX else switches.rope_heads() or PREFILL_ROPE_HEADS
             self.rt.launch(f"rope_qk_kv_{self.kv.kv_type}", (-(-(n_head + n_kv) // hpb), T), block,
                            (xq.ptr, q.ptr, xk.ptr, v.ptr, *self.kv.write_args(layer), positions.ptr, ff.ptr if ff is not None else 0,
                             n_head, n_kv, hd, xq.ld, xk.ld, v.ld, self.kv.n_ctx, np.float32(base), np.float32(pos_scale),
