@@ -37,10 +37,10 @@ extern "C" __global__ void rope_f32(const float* x, float* y, const int* pos, co
 // One launch per layer for what attention needs before it reads the cache: rope q into q_out,
 // rope k straight into the K cache and write v into the V cache, at position pos[t].
 // grid (ceil((n_q + n_kv) / heads_per_block), T): a block takes heads_per_block heads of one token
-// (1 for decode: the heads in parallel; all of them for prefill, where 36 x 512 one-head blocks
-// each computing powf and sincosf were ~27 us a layer: a token's pair angles are shared by its
-// heads, so a block takes them once, into shared memory). Every head's values are the same bits
-// either way. Same arithmetic as rope_f32, then the cache's rounding, as kv_write_*:
+// (1 for decode and verify; a few for prefill, ops.PREFILL_ROPE_HEADS: a token's pair angles,
+// powf and sincosf, are the same for all its heads, so a block takes them once into shared
+// memory; more heads a block run one after another, each a load and a block_sum deep).
+// Every head's values are the same bits either way. Same arithmetic as rope_f32, then the cache's rounding, as kv_write_*:
 // - f16 (Q8 false): kc, vc are half [n_kv][n_ctx][head_dim]; kd, vd unused;
 // - q8_0 (Q8 true): kc, vc are int8 and kd, vd the half scales (cuda/kv_q8_0.cuh); the roped k
 //   row is staged in shared memory so a warp can take each 32-value block's amax. The block

@@ -44,7 +44,9 @@ NORM_SPLIT_ROWS = 16  # add_rms_norm_split_f32 up to this many rows (decode, ver
 ATTN_MIN_BUCKET = 32  # KV buckets are powers of two from here; a graph is captured per grid they give
 BATCHED_MATVEC_MAX = quant_ops.MATVEC_MAX_COLUMNS  # up to this many tokens: matvec, beyond: GEMM
 # prefill's rope_qk_kv: heads of a token a block, their pair angles (powf, sincosf) taken once;
-# decode and verify keep a head a block (same bits either way). Set from the sweep in docs/gpu-log.md.
+# decode and verify keep a head a block (same bits either way). H100, 512-token prefill, µs a
+# launch for 1 / 2 / 4 / 8 / 40 heads: qwen3-moe 27.8 / 22.1 / 20.4 / 20.2 / 31.7, llama-8b 29.0 /
+# 16.7 / 14.8 / 15.6 / 28.7 (scripts/device_rope_sweep.sh, docs/gpu-log.md session 53).
 PREFILL_ROPE_HEADS = 4
 FUSED_QUANT_MAX_ROWS = 16384  # one-token matvecs quantize x per block; the LM head shares one quantize
 
