@@ -452,7 +452,7 @@ def sgemm_f32(rt, w: GpuWeight, x_ptr: int, y_ptr: int, n_tokens: int) -> None:
     prefill's MoE router, which the f16 tensor-core tiles would round and the 16-column matvecs
     run slowly (a 64-row weight gives them 8 blocks)."""
     assert w.layout.kernel_type == "f32", w.layout.kernel_type
-    rt.launch("sgemm_f32", (-(-w.rows // 16), -(-n_tokens // 16)), 256,
+    rt.launch("sgemm_f32", (-(-w.rows // 32), -(-n_tokens // 16)), 256,
               (w.q_ptr, w.layout.padded_cols, int(x_ptr), int(y_ptr), w.rows, w.cols, n_tokens))
 
 
