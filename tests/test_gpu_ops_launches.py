@@ -168,6 +168,22 @@ def test_qkv_rope_fusion_takes_decode_and_verify_rows_without_qk_norm(model_path
         assert ("add_bias_f32" in launches) != fused
 
 
+@pytest.mark.parametrize("T", [1, 16, 17, 40])
+def test_prefill_ropes_a_few_heads_a_block_decode_one(model_paths, T):
+    """rope_qk_kv: decode and verify rows (up to 16 tokens) a head a block; prefill PREFILL_ROPE_HEADS
+    of a token's heads a block (their angles once), every head covered."""
+    from memra_engine.gpu.ops import PREFILL_ROPE_HEADS
+
+    rt = RecordingRuntime()
+    run_forward(model_paths["tiny-qwen3"], T, rt=rt)
+    ropes = [(args, g) for (n, args), g in zip(rt.calls, rt.grids) if n.startswith("rope_qk_kv_")]
+    assert ropes
+    hpb = 1 if T <= 16 else PREFILL_ROPE_HEADS
+    for args, grid in ropes:
+        n_heads = args[8] + args[9]  # n_q + n_kv
+        assert args[-1] == hpb and grid == (-(-n_heads // hpb), T), (args, grid)
+
+
 def test_qkv_rope_fusion_writes_f16_caches_only(model_paths):
     """The fused epilogue writes f16 rows; a q8_0 cache keeps rope_qk_kv (block scales)."""
     launches = run_forward(model_paths["tiny-llama"], 1, kv_type="q8_0")
