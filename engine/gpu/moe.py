@@ -85,7 +85,7 @@ def topk(rt, logits_ptr: int, ids_ptr: int, weights_ptr: int, log_ptr: int, n_to
 # most HALF_WARP_UNITS units in half-warps, two side by side: 2 R rows a warp). All give the same bits.
 MATVEC_VARIANTS = ("r1u1", "r2u1", "r4u1", "r2h", "r4h")
 HALF_WARP_UNITS = 16
-SORT_MAX_SLOTS = 8192  # moe_sort keeps the slots' expert ids in shared memory (cuda/moe.cu)
+SORT_MAX_SLOTS = 8192  # moe_sort keeps each slot's rank in shared memory (cuda/moe.cu)
 # The prefill GEMM's tiles, best first: slots a tile, threads a block and static shared bytes
 # (`cuobjdump -res-usage`: the slot lists and 1 KB every kernel has), which count against the
 # device's opt-in limit with gemm_shared's dynamic bytes. moe_gemm7 is gemm7's warp-specialized
