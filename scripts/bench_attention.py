@@ -8,9 +8,12 @@ apart: the attention kernel without its merge launch, with one layer's cache (L2
 the first launch) and with 30 layers' caches in turn (90 MB at 4096 keys: read from HBM, as in
 the decode graph); the same for the Llama-8B shape (30 caches of 17 MB at 4096 keys).
 Run on the GPU machine: python scripts/bench_attention.py
+`--once SHAPE KEYS` makes one cluster-path launch (attention and merge) and nothing else, for ncu:
+    ncu --clock-control none -k regex:attn python scripts/bench_attention.py --once llama-8b 4224
 """
 from __future__ import annotations
 
+import sys
 
 import numpy as np
 
@@ -42,9 +45,39 @@ def main() -> None:
     rt = GpuRuntime(families=["attention", "activation"])
     rt.resolve_all()
     try:
-        run(rt)
+        if len(sys.argv) == 4 and sys.argv[1] == "--once":
+            once(rt, sys.argv[2], int(sys.argv[3]))
+        else:
+            run(rt)
     finally:
         rt.close()
+
+
+def once(rt, shape: str, n: int) -> None:
+    """One launch of the cluster path on the first shape whose name starts with `shape`."""
+    H, n_kv, hd = next(v for k, v in SHAPES.items() if k.startswith(shape))
+    pool = VramPool({"scratch": 256 << 20})
+    rng = np.random.default_rng(0)
+
+    def put(a: np.ndarray) -> int:
+        buf = pool.alloc("scratch", a.nbytes, "x")
+        rt.upload(buf.ptr, a)
+        return buf.ptr
+
+    n_ctx = max(n, 8200)
+    kc = put(rng.standard_normal((n_kv, n_ctx, hd)).astype(np.float16))
+    vc = put(rng.standard_normal((n_kv, n_ctx, hd)).astype(np.float16))
+    q = put(rng.standard_normal(H * hd).astype(np.float32))
+    out = put(np.zeros(H * hd, np.float32))
+    cap = attn_max_splits(n_kv, H // n_kv, hd)
+    S = attn_splits(kv_bucket(n), hd, True, "f16", cap)
+    opart = put(np.zeros(attn_slots(S, True, hd) * H * hd, np.float32))
+    ml = put(np.zeros(attn_slots(S, True, hd) * H * 2, np.float32))
+    pos = put(np.array([n - 1], np.int32))
+    attention_launch(rt, q, H * hd, kc, vc, 0, 0, opart, ml, pos, 1, H, n_kv, hd, n_ctx, 0, 0.125, 0.0, out,
+                     0, 0, S, "f16", True, max_splits=cap)
+    rt.synchronize()
+    print(f"{shape} {n} keys: grid y {S}, cap {cap}")
 
 
 def run(rt) -> None:

@@ -7,6 +7,8 @@
 # can be set beside what the benchmark predicts. Run after scripts/device_run.sh installed memra. When a turn
 # outgrows the context (a random-weight reply of 512 tokens can re-tokenize to 2,000+), the app asks
 # to drop the oldest turn; this answers y, as a user would, and says so.
+# MEMRA_APP_FLAGS: more memra-chat flags; MEMRA_APP_BENCH_FLAGS: more memra-bench flags (a budgeted
+# MoE run: MEMRA_APP_FLAGS="--moe-vram 1GiB" MEMRA_APP_BENCH_FLAGS="--moe-share 0.2", about that share).
 # Usage: bash scripts/device_app_check.sh NAME MODEL.gguf [PROMPT_REPEATS]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -71,7 +73,7 @@ print(used - replies[0]["sampling"]["max_tokens"] if cut and used else used or "
 PY
 )
 $PY -m memra_engine.bench "$model" --backend $backend --runs 3 --n-prompt "${n_prompt:-4000}" \
-  --ctx-depth "${n_prompt:-4000}" --json \
+  --ctx-depth "${n_prompt:-4000}" --json ${MEMRA_APP_BENCH_FLAGS:-} \
   > "$OUT/bench-app-$name.json" 2>> "$OUT/misc.log"
 python3 - "$OUT" "$name" "${n_prompt:-4000}" <<'PY'
 import json, pathlib, re, sys

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A same-call A/B of a prefill change on one synthetic model: this tree's GPU tests named in
 # MEMRA_AB_TESTS, then `profile_decode.py --prefill 512` (the per-kernel table) and memra-bench pp512,
-# alternating the old tree (ab/old.tar and its fatbins in ab/prebuilt, made as scripts/device_ab.sh
+# alternating the old tree (ab/old.tar and its fatbins in ab/prebuilt, made as scripts/ab_old_tree.sh
 # says) and this one: old, new, old, new. Carry [".whl", "build/prebuilt", "ab"] after
 # python3 scripts/build_prebuilt.py. Usage: bash scripts/device_prefill_ab.sh [PRESET]   (default qwen3-moe)
 set -uo pipefail
@@ -14,10 +14,7 @@ MEMRA_TESTS=0 MEMRA_BENCH=0 bash scripts/device_run.sh > "$OUT/devrun.txt" 2>&1 
 export PYTHONPATH=/tmp/site
 [ -f $m ] || python3 -m memra_engine.model.synthetic $m --preset $preset --quiet --threads 8 > "$OUT/gen.log" 2>&1 &
 gen=$!
-rm -rf /tmp/old && mkdir /tmp/old && tar -xf ab/old.tar -C /tmp/old || exit 1
-python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target /tmp/site-old /tmp/old \
-  > "$OUT/ab-pip.log" 2>&1 || { tail -5 "$OUT/ab-pip.log"; exit 1; }
-mkdir -p /tmp/site-old/memra_engine/kernels/prebuilt && cp ab/prebuilt/* /tmp/site-old/memra_engine/kernels/prebuilt/
+source scripts/ab_old_tree.sh
 if [ -n "${MEMRA_AB_TESTS:-}" ]; then
   python3 -m pytest -m gpu -q -p no:cacheprovider $MEMRA_AB_TESTS > "$OUT/tests.txt" 2>&1
   grep -E "passed|failed|Error" "$OUT/tests.txt" | tail -5
