@@ -13,8 +13,8 @@
 // has (graph buckets) and whether it is decoded alone or verified in a batch. Short contexts get
 // several blocks (a 128-key decode row: 2-4), not one SM doing every key.
 //
-// Head dim 64 with an f16 cache runs attn_rows_mma64 (QK and PV on tensor cores); the other head
-// dims and q8_0 caches run attn_rows. Same split rule, same output either way.
+// Head dims 64 and 128 with an f16 cache run attn_rows_mma64 / attn_rows_mma128 (QK and PV on
+// tensor cores); head dim 256 and q8_0 caches run attn_rows. Same split rule, same output either way.
 //
 // Merge: a row with one split writes its output directly. Otherwise each split writes an
 // unnormalized partial (o, m, l) and attn_merge, launched right after (PDL overlaps its launch),
@@ -48,7 +48,8 @@ __host__ __device__ constexpr int attn_cl_chunks(int hd, bool q8) { return attn_
 // attn_rows_mma64 at <= 128 registers (8 bytes spill): two blocks an SM, so under PDL its blocks
 // (and their L2 prefetch) find room while the previous kernel still runs, and a 16-block cluster
 // needs 8 SMs.
-__host__ __device__ constexpr int attn_min_blocks(int hd, bool q8) { return attn_mma(hd, q8) ? 2 : 1; }
+// attn_rows_mma128 at <= 168 registers: three blocks an SM, as attn_rows had (ATTN_CL_BLOCKS).
+__host__ __device__ constexpr int attn_min_blocks(int hd, bool q8) { return attn_mma(hd, q8) ? 2 : hd == 128 && !q8 ? 3 : 1; }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
 #define ATTN_DIMS_true(HD, Q8)  // never launched before sm_90 (ops.attention_launch); compiled so every fatbin has it
@@ -469,6 +470,31 @@ __device__ __forceinline__ uint32_t word_of(const int4& v, int w) {
     return (uint32_t)(w == 0 ? v.x : w == 1 ? v.y : w == 2 ? v.z : v.w);
 }
 
+// The tensor-core kernels' epilogue: each warp's o (unnormalized), m and l for the block's heads
+// (o_s[w], mw_s[w], lw_s[w]) merged in warp order into o_s[0], m_s, l_s; a warp without keys has
+// m = -inf, weight 0.
+template <int HD, int G, int NW>
+__device__ __forceinline__ void attn_merge_warps(float (*o_s)[G][HD], const float (*mw_s)[G], const float (*lw_s)[G],
+                                                 float* m_s, float* l_s) {
+    __syncthreads();
+    for (int i = threadIdx.x; i < G * HD; i += blockDim.x) {
+        const int hh = i / HD, d = i % HD;
+        float M = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < NW; ++w) M = fmaxf(M, mw_s[w][hh]);
+        float acc = 0.0f, lsum = 0.0f;
+#pragma unroll
+        for (int w = 0; w < NW; ++w) {
+            const float cw = mw_s[w][hh] == -INFINITY ? 0.0f : expf(mw_s[w][hh] - M);
+            acc += cw * o_s[w][hh][d];
+            lsum += cw * lw_s[w][hh];
+        }
+        o_s[0][hh][d] = acc;
+        if (d == 0) { m_s[hh] = M; l_s[hh] = lsum; }
+    }
+    __syncthreads();  // m_s, l_s: written by other threads than attn_block_out's readers
+}
+
 template <int G, bool CL>
 __device__ void attn_rows_mma64(const float* __restrict__ q, int q_ld, const half* __restrict__ kc,
                                 const half* __restrict__ vc, float* __restrict__ opart, float* __restrict__ ml,
@@ -602,24 +628,143 @@ __device__ void attn_rows_mma64(const float* __restrict__ q, int q_ld, const hal
         }
         if (c == 0) { mw_s[warp][r] = m; lw_s[warp][r] = l; }
     }
-    __syncthreads();
-    // the warps merged in warp order into o_s[0]; a warp without keys has m = -inf, weight 0
-    for (int i = tid; i < G * HD; i += NT) {
-        const int hh = i / HD, d = i % HD;
-        float M = -INFINITY;
-#pragma unroll
-        for (int w = 0; w < NW; ++w) M = fmaxf(M, mw_s[w][hh]);
-        float acc = 0.0f, lsum = 0.0f;
-#pragma unroll
-        for (int w = 0; w < NW; ++w) {
-            const float cw = mw_s[w][hh] == -INFINITY ? 0.0f : expf(mw_s[w][hh] - M);
-            acc += cw * o_s[w][hh][d];
-            lsum += cw * lw_s[w][hh];
+    attn_merge_warps<HD, G, NW>(o_s, mw_s, lw_s, m_s, l_s);
+    attn_block_out<HD, G, CL, CS>(o_s[0], m_s, l_s, n_act, g, h0, t, n_head, opart, ml, out, xq, xq_stride);
+}
+
+// ---- hd128 with an f16 cache: QK and PV on tensor cores, fed from registers -------------------
+// attn_rows_mma64's arithmetic at twice the head dim, in attn_rows' blocks (4 warps, 32-key chunks,
+// clusters of 8, the same split rule and cap), so the grid and every row's split stay as they were.
+// attn_rows spent ~1.8 us a 32-key step at 4,224 keys on scalar FMAs, the 16-lane shuffle sums
+// and three block barriers (docs/gpu-log.md, sessions 44-47); here each warp takes 8 keys of a
+// chunk a trip (one n-tile) with its own online softmax and no barrier until the end. An 8-key
+// tile keeps a lane's K and V rows and the next trip's in 64 registers:
+// - QK (m16n8k16): lane (r, c) reads dims 32c .. 32c + 31 of key r (64 bytes); k-step j takes
+//   its words 2j, 2j + 1, and q takes the same dim order.
+// - PV (m16n8k8, one MMA a dim tile): lane (r, c) reads dims 16r .. 16r + 15 of keys 2c, 2c + 1;
+//   tile jd's column n is dim 16n + jd, so its B register is half jd of both rows (one byte_perm).
+// q and p go in as f16 hi (rows 0-7) + lo (rows 8-15) halves, as in attn_rows_mma64.
+template <int G, bool CL>
+__device__ void attn_rows_mma128(const float* __restrict__ q, int q_ld, const half* __restrict__ kc,
+                                 const half* __restrict__ vc, float* __restrict__ opart, float* __restrict__ ml,
+                                 const int* __restrict__ pos, int n_head, int n_kv, int n_ctx, int window,
+                                 float scale, float softcap, float* __restrict__ out, int8_t* __restrict__ xq,
+                                 int xq_stride, int max_cl) {
+    constexpr int HD = 128, CHUNK = AttnShape<HD>::CHUNK, NT = attn_threads(HD, false), NW = NT / 32;
+    constexpr int KW = 8, TRIP = NW * KW, CS = attn_cluster(HD, false);  // keys per warp / per block, a trip
+    static_assert(G <= 8 && TRIP == CHUNK, "heads in MMA rows 0-7; a trip is one chunk");
+    __shared__ __align__(16) float o_s[NW][G][HD];
+    __shared__ float mw_s[NW][G], lw_s[NW][G], m_s[G], l_s[G];
+
+    const auto [kvh, h0, g] = attn_heads<G>(n_head, n_kv);
+    const int s = blockIdx.y, t = blockIdx.z;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+
+    const int p = pos[t];  // before the PDL wait, with the L2 prefetch of the first two chunks: as in attn_rows
+    int start, split_len;
+    const int n_act = attn_splits_of_row(p, window, CHUNK, CL, CS, attn_cl_chunks(HD, false), max_cl, start, split_len);
+    if (CL ? (s / CS) * CS >= n_act || (n_act == 1 && s > 0) : s >= n_act) return;
+    const bool active = s < n_act;
+    const int j0 = start + s * split_len, j1 = min(p + 1, j0 + split_len);
+    const size_t row0 = (size_t)kvh * n_ctx;
+    if (active) {
+        for (int i = tid; i < 2 * CHUNK * 2; i += NT) {  // 256-byte rows: two lines each
+            const int r = i / 2;
+            if (j0 + r >= j1) break;
+            const size_t off = (row0 + j0 + r) * HD + (i % 2) * 64;
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(kc + off));
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(vc + off));
         }
-        o_s[0][hh][d] = acc;
-        if (d == 0) { m_s[hh] = M; l_s[hh] = lsum; }
     }
-    __syncthreads();  // m_s, l_s: written by other threads than attn_block_out's readers
+    const int r = lane >> 2, c = lane & 3;  // MMA row (head) / n-tile key / V dims, and column pair
+    // Rows past the end read the last valid row (weight 0). The next trip's rows load before this
+    // trip's math.
+    int4 kr[4], vr[4], kn[4], vn[4];  // K: key r, dims 32c + 8i ..; V: key 2c + (i >> 1), dims 16r + 8 (i & 1) ..
+    auto load = [&](int c0) {
+        const int kb = c0 + KW * warp;
+        const int4* ks = reinterpret_cast<const int4*>(kc + (row0 + min(kb + r, j1 - 1)) * HD + 32 * c);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) kn[i] = ks[i];
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+            const int4* vs = reinterpret_cast<const int4*>(vc + (row0 + min(kb + 2 * c + k, j1 - 1)) * HD + 16 * r);
+            vn[2 * k] = vs[0];
+            vn[2 * k + 1] = vs[1];
+        }
+    };
+    const bool early = active && min(j0 + TRIP, j1) <= pos[0];  // as in attn_rows_mma64
+    if (early) load(j0);
+    pdl_entry();
+    if (active && !early) load(j0);
+
+    uint32_t qh[16], ql[16];  // head r's dims 32c .. 32c + 31 (scaled) as hi / lo pairs
+    {
+        const float4* qr = reinterpret_cast<const float4*>(q + (size_t)t * q_ld + (size_t)(h0 + r) * HD + 32 * c);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const float4 v = r < g ? qr[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            split_f16x2(v.x * scale, v.y * scale, qh[2 * i], ql[2 * i]);
+            split_f16x2(v.z * scale, v.w * scale, qh[2 * i + 1], ql[2 * i + 1]);
+        }
+    }
+    float o[16][4];  // dim tile jd: dims 16 (2c) + jd, 16 (2c + 1) + jd of head r; p hi (0, 1) and p lo (2, 3) parts
+#pragma unroll
+    for (int jd = 0; jd < 16; ++jd) o[jd][0] = o[jd][1] = o[jd][2] = o[jd][3] = 0.0f;
+    float m = -INFINITY, l = 0.0f;  // head r over this warp's keys (l: this lane's keys)
+
+    for (int c0 = j0; active && c0 < j1; c0 += TRIP) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            kr[i] = kn[i];
+            vr[i] = vn[i];
+        }
+        if (c0 + TRIP < j1) load(c0 + TRIP);
+        const int kb = c0 + KW * warp;
+        if (kb >= j1) continue;  // warp-uniform: none of this warp's keys are in the split
+        float sc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+            mma_16816(sc, qh[2 * j], ql[2 * j], qh[2 * j + 1], ql[2 * j + 1], word_of(kr[j >> 1], 2 * (j & 1)),
+                      word_of(kr[j >> 1], 2 * (j & 1) + 1));
+        float x[2] = {sc[0] + sc[2], sc[1] + sc[3]};  // head r, keys 2c and 2c + 1
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            if (softcap > 0.0f) x[i] = softcap * tanhf(x[i] / softcap);
+            x[i] = kb + 2 * c + i < j1 ? x[i] : -INFINITY;
+        }
+        float mx = fmaxf(x[0], x[1]);
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(m, mx);  // finite: the warp's first key is valid
+        const float corr = expf(m - m_new);  // 0 at the warp's first step
+        m = m_new;
+        const float p0 = expf(x[0] - m_new), p1 = expf(x[1] - m_new);
+        l = l * corr + (p0 + p1);
+        uint32_t ph, pl;
+        split_f16x2(p0, p1, ph, pl);
+#pragma unroll
+        for (int jd = 0; jd < 16; ++jd) {
+            o[jd][0] *= corr;  // rows r (hi) and r + 8 (lo) alike
+            o[jd][1] *= corr;
+            o[jd][2] *= corr;
+            o[jd][3] *= corr;
+            const uint32_t sel = (jd & 1) ? 0x7632u : 0x5410u;  // half jd of each key's 16 dims
+            const int w = jd >> 1;
+            const uint32_t b0 = __byte_perm(word_of(vr[w >> 2], w & 3), word_of(vr[2 + (w >> 2)], w & 3), sel);
+            mma_1688(o[jd], ph, pl, b0);
+        }
+    }
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    if (r < G) {
+#pragma unroll
+        for (int jd = 0; jd < 16; ++jd) {
+            o_s[warp][r][16 * (2 * c) + jd] = o[jd][0] + o[jd][2];
+            o_s[warp][r][16 * (2 * c + 1) + jd] = o[jd][1] + o[jd][3];
+        }
+        if (c == 0) { mw_s[warp][r] = m; lw_s[warp][r] = l; }
+    }
+    attn_merge_warps<HD, G, NW>(o_s, mw_s, lw_s, m_s, l_s);
     attn_block_out<HD, G, CL, CS>(o_s[0], m_s, l_s, n_act, g, h0, t, n_head, opart, ml, out, xq, xq_stride);
 }
 
@@ -719,6 +864,10 @@ __device__ void attn_merge_rows(const float* __restrict__ opart, const float* __
             attn_rows_mma64<G, CL>(q, q_ld, static_cast<const half*>(kc), static_cast<const half*>(vc), opart,  \
                                    ml, pos, n_head, n_kv, n_ctx, window, scale, softcap, out, xq, xq_stride,     \
                                    max_cl);                                                                      \
+        else if constexpr (HD == 128 && !Q8)                                                                    \
+            attn_rows_mma128<G, CL>(q, q_ld, static_cast<const half*>(kc), static_cast<const half*>(vc), opart, \
+                                    ml, pos, n_head, n_kv, n_ctx, window, scale, softcap, out, xq, xq_stride,    \
+                                    max_cl);                                                                     \
         else                                                                                                     \
             attn_rows<HD, G, Q8, CL>(q, q_ld, kc, vc, kd, vd, opart, ml, pos, n_head, n_kv, n_ctx, window,       \
                                      scale, softcap, out, xq, xq_stride, max_cl);                                \

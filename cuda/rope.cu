@@ -7,14 +7,15 @@
 #include "kv_q8_0.cuh"
 #include "rope.cuh"
 
-// nw not null: x is first RMS-normed per head (x * inv * nw, as rms_norm_f32 writes it).
-__device__ __forceinline__ void rope_pair(const float* xh, int head_dim, int i, float p, const float* freq_factors,
-                                          float theta_base, int neox, int& a, int& b, float& ya, float& yb,
-                                          float inv = 1.0f, const float* nw = nullptr) {
+// Pair i of one head turned by the angle's (c, s). nw not null: x is first RMS-normed per head
+// (x * inv * nw, as rms_norm_f32 writes it).
+__device__ __forceinline__ void rope_pair(const float* xh, int head_dim, int i, float c, float s, int neox, int& a,
+                                          int& b, float& ya, float& yb, float inv = 1.0f,
+                                          const float* nw = nullptr) {
     a = neox ? i : 2 * i;
     b = neox ? i + head_dim / 2 : 2 * i + 1;
     const float x0 = nw ? xh[a] * inv * nw[a] : xh[a], x1 = nw ? xh[b] * inv * nw[b] : xh[b];
-    rope_rotate(x0, x1, i, head_dim, p, freq_factors, theta_base, ya, yb);
+    rope_turn(x0, x1, c, s, ya, yb);
 }
 
 // grid (n_heads, T), block >= 32.
@@ -27,8 +28,9 @@ extern "C" __global__ void rope_f32(const float* x, float* y, const int* pos, co
     const float p = (float)pos[t] * pos_scale;
     for (int i = threadIdx.x; i < head_dim / 2; i += blockDim.x) {
         int a, b;
-        float ya, yb;
-        rope_pair(xh, head_dim, i, p, freq_factors, theta_base, neox, a, b, ya, yb);
+        float c, s, ya, yb;
+        rope_angle(i, head_dim, p, freq_factors, theta_base, c, s);
+        rope_pair(xh, head_dim, i, c, s, neox, a, b, ya, yb);
         yh[a] = ya;
         yh[b] = yb;
     }
@@ -77,18 +79,12 @@ __device__ __forceinline__ void rope_qk_kv(const float* q, float* q_out, const f
             for (int i = threadIdx.x; i < head_dim; i += blockDim.x) ss += xh[i] * xh[i];
             inv = rsqrtf(block_sum(ss, scratch) / (float)head_dim + eps);
         }
-        auto pair = [&](int i, int& a, int& b, float& ya, float& yb) {
-            a = neox ? i : 2 * i;
-            b = neox ? i + head_dim / 2 : 2 * i + 1;
-            const float x0 = nw ? xh[a] * inv * nw[a] : xh[a], x1 = nw ? xh[b] * inv * nw[b] : xh[b];
-            rope_turn(x0, x1, cs[i].x, cs[i].y, ya, yb);
-        };
         if (is_q) {
             float* yh = q_out + ((size_t)t * n_q + h) * head_dim;
             for (int i = threadIdx.x; i < head_dim / 2; i += blockDim.x) {
                 int a, b;
                 float ya, yb;
-                pair(i, a, b, ya, yb);
+                rope_pair(xh, head_dim, i, cs[i].x, cs[i].y, neox, a, b, ya, yb, inv, nw);
                 yh[a] = ya;
                 yh[b] = yb;
             }
@@ -100,7 +96,7 @@ __device__ __forceinline__ void rope_qk_kv(const float* q, float* q_out, const f
         for (int i = threadIdx.x; i < head_dim / 2; i += blockDim.x) {
             int a, b;
             float ya, yb;
-            pair(i, a, b, ya, yb);
+            rope_pair(xh, head_dim, i, cs[i].x, cs[i].y, neox, a, b, ya, yb, inv, nw);
             if constexpr (Q8) {
                 k_s[a] = ya;
                 k_s[b] = yb;

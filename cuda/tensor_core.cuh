@@ -1,5 +1,5 @@
 // Helpers shared by the tensor-core kernels (attention.cu, attn_prefill.cu, gemm.cu): mma.sync
-// m16n8k16 with f32 accumulators, the f16 hi + lo split that keeps float32 accuracy through it,
+// m16n8k16 (and m16n8k8) with f32 accumulators, the f16 hi + lo split that keeps float32 accuracy through it,
 // ldmatrix, and cp.async copies into shared memory.
 #pragma once
 #include <cuda_fp16.h>
@@ -12,6 +12,13 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], uint32_t a0, uint32_t a
         "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// d += a (16x8 f16, row) x b (8x8 f16, col): a0 rows 0-7, a1 rows 8-15, b0 (PTX fragment layout).
+__device__ __forceinline__ void mma_1688(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t b0) {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(b0));
 }
 
 // (x, y) as f16x2 hi and the f16x2 of what hi leaves out.
