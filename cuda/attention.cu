@@ -470,6 +470,20 @@ __device__ __forceinline__ uint32_t word_of(const int4& v, int w) {
     return (uint32_t)(w == 0 ? v.x : w == 1 ? v.y : w == 2 ? v.z : v.w);
 }
 
+// The tensor-core kernels' q operand: a lane's 4 * N consecutive q values (zero for a row past the
+// block's heads), scaled, as f16x2 hi / lo pairs (the MMA's rows 0-7 and 8-15).
+template <int N>
+__device__ __forceinline__ void attn_q_hilo(const float* q, bool valid, float scale, uint32_t (&qh)[2 * N],
+                                            uint32_t (&ql)[2 * N]) {
+    const float4* qr = reinterpret_cast<const float4*>(q);
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+        const float4 v = valid ? qr[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        split_f16x2(v.x * scale, v.y * scale, qh[2 * i], ql[2 * i]);
+        split_f16x2(v.z * scale, v.w * scale, qh[2 * i + 1], ql[2 * i + 1]);
+    }
+}
+
 // The tensor-core kernels' epilogue: each warp's o (unnormalized), m and l for the block's heads
 // (o_s[w], mw_s[w], lw_s[w]) merged in warp order into o_s[0], m_s, l_s; a warp without keys has
 // m = -inf, weight 0.
@@ -551,16 +565,8 @@ __device__ void attn_rows_mma64(const float* __restrict__ q, int q_ld, const hal
     pdl_entry();
     if (active && !early) load(j0);
 
-    uint32_t qh[8], ql[8];                  // head r's dims 16c .. 16c + 15 (scaled) as hi / lo pairs
-    {
-        const float4* qr = reinterpret_cast<const float4*>(q + (size_t)t * q_ld + (size_t)(h0 + r) * HD + 16 * c);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const float4 v = r < g ? qr[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            split_f16x2(v.x * scale, v.y * scale, qh[2 * i], ql[2 * i]);
-            split_f16x2(v.z * scale, v.w * scale, qh[2 * i + 1], ql[2 * i + 1]);
-        }
-    }
+    uint32_t qh[8], ql[8];  // head r's dims 16c .. 16c + 15 (scaled) as hi / lo pairs
+    attn_q_hilo<4>(q + (size_t)t * q_ld + (size_t)(h0 + r) * HD + 16 * c, r < g, scale, qh, ql);
     float o[8][4];  // output tile jd, dims 8 (2c) + jd, 8 (2c + 1) + jd of head r: p hi (0, 1) and p lo (2, 3) parts
 #pragma unroll
     for (int jd = 0; jd < 8; ++jd) o[jd][0] = o[jd][1] = o[jd][2] = o[jd][3] = 0.0f;
@@ -698,15 +704,7 @@ __device__ void attn_rows_mma128(const float* __restrict__ q, int q_ld, const ha
     if (active && !early) load(j0);
 
     uint32_t qh[16], ql[16];  // head r's dims 32c .. 32c + 31 (scaled) as hi / lo pairs
-    {
-        const float4* qr = reinterpret_cast<const float4*>(q + (size_t)t * q_ld + (size_t)(h0 + r) * HD + 32 * c);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            const float4 v = r < g ? qr[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            split_f16x2(v.x * scale, v.y * scale, qh[2 * i], ql[2 * i]);
-            split_f16x2(v.z * scale, v.w * scale, qh[2 * i + 1], ql[2 * i + 1]);
-        }
-    }
+    attn_q_hilo<8>(q + (size_t)t * q_ld + (size_t)(h0 + r) * HD + 32 * c, r < g, scale, qh, ql);
     float o[16][4];  // dim tile jd: dims 16 (2c) + jd, 16 (2c + 1) + jd of head r; p hi (0, 1) and p lo (2, 3) parts
 #pragma unroll
     for (int jd = 0; jd < 16; ++jd) o[jd][0] = o[jd][1] = o[jd][2] = o[jd][3] = 0.0f;

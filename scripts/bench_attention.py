@@ -56,14 +56,7 @@ def main() -> None:
 def once(rt, shape: str, n: int) -> None:
     """One launch of the cluster path on the first shape whose name starts with `shape`."""
     H, n_kv, hd = next(v for k, v in SHAPES.items() if k.startswith(shape))
-    pool = VramPool({"scratch": 256 << 20})
-    rng = np.random.default_rng(0)
-
-    def put(a: np.ndarray) -> int:
-        buf = pool.alloc("scratch", a.nbytes, "x")
-        rt.upload(buf.ptr, a)
-        return buf.ptr
-
+    put, rng = uploader(rt, 256 << 20), np.random.default_rng(0)
     n_ctx = max(n, 8200)
     kc = put(rng.standard_normal((n_kv, n_ctx, hd)).astype(np.float16))
     vc = put(rng.standard_normal((n_kv, n_ctx, hd)).astype(np.float16))
@@ -80,15 +73,20 @@ def once(rt, shape: str, n: int) -> None:
     print(f"{shape} {n} keys: grid y {S}, cap {cap}")
 
 
-def run(rt) -> None:
-    pool = VramPool({"scratch": 2048 << 20})
-    rng = np.random.default_rng(0)
+def uploader(rt, nbytes: int):
+    """put(array) -> device pointer: a copy of the array in a scratch pool of nbytes."""
+    pool = VramPool({"scratch": nbytes})
 
     def put(a: np.ndarray) -> int:
         buf = pool.alloc("scratch", a.nbytes, "x")
         rt.upload(buf.ptr, a)
         return buf.ptr
 
+    return put
+
+
+def run(rt) -> None:
+    put, rng = uploader(rt, 2048 << 20), np.random.default_rng(0)
     one = put(np.ones(4, np.float32))
     floor = time_launches(rt, lambda: rt.launch("add_f32", 1, 32, (one, one, one, 1)))
     print(f"floor (add_f32 of 1 element): {floor:.2f} µs per launch")
