@@ -484,6 +484,24 @@ __device__ __forceinline__ void attn_q_hilo(const float* q, bool valid, float sc
     }
 }
 
+// A tensor-core kernel's warp result for its heads: lane (r, c) holds head r's dims JD (2c) + jd and
+// JD (2c + 1) + jd of tile jd (JD = HD / 8) as p hi and lo parts, its m and its own keys' l.
+template <int HD, int G>
+__device__ __forceinline__ void attn_warp_out(const float (&o)[HD / 8][4], float m, float l, int r, int c,
+                                              float (*o_w)[HD], float* mw, float* lw) {
+    constexpr int JD = HD / 8;
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    if (r < G) {
+#pragma unroll
+        for (int jd = 0; jd < JD; ++jd) {
+            o_w[r][JD * (2 * c) + jd] = o[jd][0] + o[jd][2];
+            o_w[r][JD * (2 * c + 1) + jd] = o[jd][1] + o[jd][3];
+        }
+        if (c == 0) { mw[r] = m; lw[r] = l; }
+    }
+}
+
 // The tensor-core kernels' epilogue: each warp's o (unnormalized), m and l for the block's heads
 // (o_s[w], mw_s[w], lw_s[w]) merged in warp order into o_s[0], m_s, l_s; a warp without keys has
 // m = -inf, weight 0.
@@ -624,16 +642,7 @@ __device__ void attn_rows_mma64(const float* __restrict__ q, int q_ld, const hal
             mma_16816(o[jd], ph0, pl0, ph2, pl2, b0, b1);
         }
     }
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    if (r < G) {
-#pragma unroll
-        for (int jd = 0; jd < 8; ++jd) {
-            o_s[warp][r][8 * (2 * c) + jd] = o[jd][0] + o[jd][2];
-            o_s[warp][r][8 * (2 * c + 1) + jd] = o[jd][1] + o[jd][3];
-        }
-        if (c == 0) { mw_s[warp][r] = m; lw_s[warp][r] = l; }
-    }
+    attn_warp_out<HD, G>(o, m, l, r, c, o_s[warp], mw_s[warp], lw_s[warp]);
     attn_merge_warps<HD, G, NW>(o_s, mw_s, lw_s, m_s, l_s);
     attn_block_out<HD, G, CL, CS>(o_s[0], m_s, l_s, n_act, g, h0, t, n_head, opart, ml, out, xq, xq_stride);
 }
@@ -752,16 +761,7 @@ __device__ void attn_rows_mma128(const float* __restrict__ q, int q_ld, const ha
             mma_1688(o[jd], ph, pl, b0);
         }
     }
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    if (r < G) {
-#pragma unroll
-        for (int jd = 0; jd < 16; ++jd) {
-            o_s[warp][r][16 * (2 * c) + jd] = o[jd][0] + o[jd][2];
-            o_s[warp][r][16 * (2 * c + 1) + jd] = o[jd][1] + o[jd][3];
-        }
-        if (c == 0) { mw_s[warp][r] = m; lw_s[warp][r] = l; }
-    }
+    attn_warp_out<HD, G>(o, m, l, r, c, o_s[warp], mw_s[warp], lw_s[warp]);
     attn_merge_warps<HD, G, NW>(o_s, mw_s, lw_s, m_s, l_s);
     attn_block_out<HD, G, CL, CS>(o_s[0], m_s, l_s, n_act, g, h0, t, n_head, opart, ml, out, xq, xq_stride);
 }
