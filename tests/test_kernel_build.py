@@ -44,6 +44,20 @@ def test_fatbin_holds_every_arch_and_ptx(all_arch_builds):
         assert ("ptx", 80) in entries, f"{family}: no compute_80 PTX"
 
 
+def test_sm8x_sass_shares_one_front_end_pass():
+    """sm_86 and sm_89 are built from compute_80's PTX (one cicc run for sm_8x, the slow phase of
+    nvcc), which is the same code only while no kernel branches on an __CUDA_ARCH__ between 800
+    and 900: every comparison in cuda/ must be against 900."""
+    import re
+
+    flags = build.gencode_flags(build.ALL_ARCHS, ptx=True)
+    assert flags[0] == "-gencode=arch=compute_80,code=[sm_80,sm_86,sm_89,compute_80]", flags
+    assert len(flags) == 3, flags  # then compute_90a and compute_120
+    for src in sorted(build.source_dir().glob("*.cu*")):
+        for value in re.findall(r"__CUDA_ARCH__\s*[<>=!]=?\s*(\d+)", src.read_text()):
+            assert value == "900", f"{src.name} branches on __CUDA_ARCH__ {value}: give sm_8x their own PTX"
+
+
 def test_second_build_comes_from_the_cache(all_arch_builds):
     results, cache = all_arch_builds
     family = build.kernel_families()[0]

@@ -95,14 +95,21 @@ def has_sm90_features(arch: str) -> bool:
     return int(arch.removeprefix("sm_").rstrip("a")) >= 90
 
 
+def virtual_arch(arch: str) -> str:
+    """The PTX an arch's SASS is built from. The kernels branch only on __CUDA_ARCH__ >= 900, so
+    sm_86 and sm_89 take compute_80's PTX: the front end (cicc, ~2/3 of a family's build) runs once
+    for all of sm_8x."""
+    num = arch.removeprefix("sm_")
+    return PTX_ARCH if int(num.rstrip("a")) < 90 else f"compute_{num}"
+
+
 def gencode_flags(archs: Sequence[str], ptx: bool) -> list[str]:
-    flags = []
+    codes: dict[str, list[str]] = {}
     for arch in archs:
-        num = arch.removeprefix("sm_")
-        flags.append(f"-gencode=arch=compute_{num},code={arch}")
+        codes.setdefault(virtual_arch(arch), []).append(arch)
     if ptx:
-        flags.append(f"-gencode=arch={PTX_ARCH},code={PTX_ARCH}")
-    return flags
+        codes.setdefault(PTX_ARCH, []).append(PTX_ARCH)
+    return [f"-gencode=arch={virt},code=[{','.join(sass)}]" for virt, sass in codes.items()]
 
 
 def default_cache_dir() -> Path:
