@@ -1,0 +1,144 @@
+// Prototype for issue 14 (not an engine kernel; scripts/proto/mma_q4k.py builds and times it).
+//
+// A Q4_K matvec on int8 tensor cores whose arithmetic does not depend on the column count: each
+// MMA (16 rows x one 32-value sub-block x 8 columns) gives every (row, column) its exact integer
+// sums, and the float steps per (row, column) are the same whether 1 or 8 columns are live. So a
+// decode (1 column) and a verify (8) would share bits by construction, with no replay of the dp4a
+// kernel's per-lane order (session 42: 631 instructions a warp trip, 3x decode's work a weight).
+// The question it answers: is such a kernel as fast as the dp4a decode at 1 column, and how much
+// does it cost at 8?
+//
+// Weights, repacked per 16-row tile and 256-value super-block (2,304 bytes, Q4_K's own size):
+//   bytes [0, 2048): four 512-byte slices; slice i holds, for lane L = 4g + t, 16 bytes at 16 L:
+//     the words (row g, k 4t), (row g + 8, k 4t), (row g, k 16 + 4t), (row g + 8, k 16 + 4t) of the
+//     rows' Q4_K quant bytes 32 i + k .. + 3. A word's low nibbles are sub-block 2i's A fragment,
+//     its high nibbles sub-block 2i + 1's: the repack only moves whole words.
+//   bytes [2048, 2304): the 16 rows' Q4_K headers (d, dmin, 12 bytes of 6-bit scales and mins).
+// Activations (a q8_1 row per column, both int8 terms), repacked per super-block for the B fragments:
+//   xq[b][u][i][L] 16 bytes = sub-blocks 2i, 2i + 1 of term u for column g: (k 4t, k 16 + 4t) each;
+//   xs[b][s][n] float2 = (d2, sum) of column n's q8_1 block: d1 = 254 d2 in quants.cuh's scheme, so
+//   d1 c + d2 e = d2 (254 c + e) with 254 c + e an exact int (|c| <= 32 * 15 * 127).
+// y[n][row] = sum over super-blocks of d * sum_s sc_s d2_s (254 c_s + e_s) - dmin * sum_s m_s sum_s,
+// each warp a quarter of the super-blocks (b = warp, warp + 4, ...), the quarters added in warp order.
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+__device__ __forceinline__ void mma_s8(int (&c)[4], const int (&a)[4], int b0, int b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ int word(const int4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
+
+// A row's 8 scales and 8 mins as bytes (sc[0..3], sc[4..7], m[0..3], m[4..7]) from the header's
+// scale words (Q4_K's get_scale_min_k4, four at a time).
+__device__ __forceinline__ void q4k_scales(const int4& h, uint32_t (&sc)[2], uint32_t (&mn)[2]) {
+    const uint32_t w0 = h.y, w1 = h.z, w2 = h.w;
+    sc[0] = w0 & 0x3F3F3F3Fu;
+    mn[0] = w1 & 0x3F3F3F3Fu;
+    sc[1] = (w2 & 0x0F0F0F0Fu) | ((w0 >> 2) & 0x30303030u);
+    mn[1] = ((w2 >> 4) & 0x0F0F0F0Fu) | ((w1 >> 2) & 0x30303030u);
+}
+
+__device__ __forceinline__ float byte_f(const uint32_t (&v)[2], int s) { return (float)((v[s >> 2] >> (8 * (s & 3))) & 0xFFu); }
+
+template <int NC>
+__device__ void mvq4k(const uint8_t* __restrict__ w, const int4* __restrict__ xq, const float4* __restrict__ xs,
+                      float* __restrict__ y, int rows, int nb) {
+    constexpr int NW = 4;
+    __shared__ float part[NW][16][8];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int tile = blockIdx.x;
+    const uint8_t* wt = w + (size_t)tile * nb * 2304;
+    constexpr bool FULL = NC > 2;  // columns 2t, 2t + 1 live beyond lanes t = 0
+    float tot[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+
+    int4 q[4], h0, h1, qn[4], hn0, hn1;
+    auto load = [&](int b) {
+        const uint8_t* p = wt + (size_t)b * 2304;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) qn[i] = __ldg(reinterpret_cast<const int4*>(p + 512 * i) + lane);
+        hn0 = __ldg(reinterpret_cast<const int4*>(p + 2048) + g);
+        hn1 = __ldg(reinterpret_cast<const int4*>(p + 2048) + g + 8);
+    };
+    int b = warp;
+    if (b < nb) load(b);
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    for (; b < nb; b += NW) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) q[i] = qn[i];
+        h0 = hn0;
+        h1 = hn1;
+        if (b + NW < nb) load(b + NW);
+        uint32_t sc0[2], mn0[2], sc1[2], mn1[2];
+        q4k_scales(h0, sc0, mn0);
+        q4k_scales(h1, sc1, mn1);
+        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f}, accm[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        const int4* xb = xq + (size_t)b * 2 * 4 * 32;
+        const float4* sb = xs + (size_t)b * 8 * 4;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            int4 x1 = make_int4(0, 0, 0, 0), x2 = make_int4(0, 0, 0, 0);
+            if (g < NC) {
+                x1 = __ldg(xb + i * 32 + lane);
+                x2 = __ldg(xb + (4 + i) * 32 + lane);
+            }
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+                const int s = 2 * i + hh;
+                int a[4];
+#pragma unroll
+                for (int j = 0; j < 4; ++j) a[j] = (word(q[i], j) >> (4 * hh)) & 0x0F0F0F0F;
+                int c[4] = {0, 0, 0, 0};
+                mma_s8(c, a, word(x1, 2 * hh), word(x1, 2 * hh + 1));
+#pragma unroll
+                for (int j = 0; j < 4; ++j) c[j] *= 254;
+                mma_s8(c, a, word(x2, 2 * hh), word(x2, 2 * hh + 1));
+                const float4 ds = __ldg(sb + s * 4 + t);  // (d2, sum) of columns 2t, 2t + 1
+                const float s0 = byte_f(sc0, s), s1 = byte_f(sc1, s), m0 = byte_f(mn0, s), m1 = byte_f(mn1, s);
+                acc[0] = fmaf(s0, ds.x * (float)c[0], acc[0]);
+                acc[2] = fmaf(s1, ds.x * (float)c[2], acc[2]);
+                accm[0] = fmaf(m0, ds.y, accm[0]);
+                accm[2] = fmaf(m1, ds.y, accm[2]);
+                if (FULL || NC == 2) {
+                    acc[1] = fmaf(s0, ds.z * (float)c[1], acc[1]);
+                    acc[3] = fmaf(s1, ds.z * (float)c[3], acc[3]);
+                    accm[1] = fmaf(m0, ds.w, accm[1]);
+                    accm[3] = fmaf(m1, ds.w, accm[3]);
+                }
+            }
+        }
+        const float2 dm0 = __half22float2(*reinterpret_cast<const __half2*>(&h0.x));
+        const float2 dm1 = __half22float2(*reinterpret_cast<const __half2*>(&h1.x));
+        tot[0] += fmaf(dm0.x, acc[0], -dm0.y * accm[0]);
+        tot[1] += fmaf(dm0.x, acc[1], -dm0.y * accm[1]);
+        tot[2] += fmaf(dm1.x, acc[2], -dm1.y * accm[2]);
+        tot[3] += fmaf(dm1.x, acc[3], -dm1.y * accm[3]);
+    }
+    part[warp][g][2 * t] = tot[0];
+    part[warp][g][2 * t + 1] = tot[1];
+    part[warp][g + 8][2 * t] = tot[2];
+    part[warp][g + 8][2 * t + 1] = tot[3];
+    __syncthreads();
+    if (threadIdx.x < 16 * NC) {
+        const int r = threadIdx.x & 15, n = threadIdx.x >> 4;
+        float v = part[0][r][n];
+#pragma unroll
+        for (int k = 1; k < NW; ++k) v += part[k][r][n];
+        y[(size_t)n * rows + tile * 16 + r] = v;
+    }
+}
+
+#define MVQ4K(NC)                                                                                            \
+    extern "C" __global__ void __launch_bounds__(128) mvq4k_mma_##NC(const uint8_t* w, const int4* xq,       \
+                                                                      const float4* xs, float* y, int rows, \
+                                                                      int nb) {                               \
+        mvq4k<NC>(w, xq, xs, y, rows, nb);                                                                    \
+    }
+MVQ4K(1)
+MVQ4K(2)
+MVQ4K(4)
+MVQ4K(8)

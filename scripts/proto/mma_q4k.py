@@ -1,0 +1,163 @@
+"""Prototype for issue 14: scripts/proto/mma_q4k.cu (a Q4_K matvec on int8 tensor cores whose
+float steps do not depend on the column count) against the engine's decode and verify kernels,
+on the same random Q4_K weights, µs a launch (graphs of 64 launches over copies that exceed L2,
+as scripts/bench_kernels.py times). Checks the prototype's output first, in float64 numpy, on
+the first 256 rows. Run on the GPU machine after device_run.sh installed memra:
+    PYTHONPATH=/tmp/site:scripts python3 scripts/proto/mma_q4k.py [ROWSxCOLS ...]
+"""
+from __future__ import annotations
+
+import ctypes
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from gguf.constants import GGMLQuantizationType as QT
+
+import bench_kernels as bk
+from memra_engine.gpu import pdl, quant_ops
+from memra_engine.gpu.memory import VramPool
+from memra_engine.gpu.quant_ref import quantize_q8_1_ref, random_weight_bytes
+from memra_engine.gpu.runtime import GpuRuntime
+
+SHAPES = [(4096, 4096), (6144, 4096), (28672, 4096), (4096, 14336)]
+COLUMNS = (1, 2, 4, 8)
+CHECK_ROWS = 256
+
+
+def repack_weight(data: np.ndarray, rows: int, cols: int) -> np.ndarray:
+    """GGUF Q4_K bytes (rows, nb * 144) -> the prototype's tiles (rows / 16, nb, 2304), see the .cu."""
+    nb, tiles = cols // 256, rows // 16
+    blocks = data.reshape(rows, nb, 144)
+    qs = blocks[:, :, 16:].reshape(tiles, 2, 8, nb, 4, 2, 4, 4)  # (tile, row half, g, b, pair i, k half, t, byte)
+    nib = qs.transpose(0, 3, 4, 2, 6, 5, 1, 7).reshape(tiles, nb, 2048)  # (tile, b, i, g, t, k half, row half, byte)
+    hdr = blocks[:, :, :16].reshape(tiles, 16, nb, 16).transpose(0, 2, 1, 3).reshape(tiles, nb, 256)
+    return np.ascontiguousarray(np.concatenate([nib, hdr], axis=2))
+
+
+def repack_act(q1: np.ndarray, q2: np.ndarray, ds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """q8_1 rows of n <= 8 columns -> (xq [nb, 2, 4, 32] int4 as bytes, xs [nb, 8, 8, 2] float32)."""
+    n, k = q1.shape
+    nb = k // 256
+    terms = []
+    for q in (q1, q2):
+        full = np.zeros((8, k), np.int8)
+        full[:n] = q
+        # k = b * 256 + (2i + hh) * 32 + half * 16 + t * 4 + byte -> (b, i, g, t, hh, half, byte)
+        terms.append(full.reshape(8, nb, 4, 2, 2, 4, 4).transpose(1, 2, 0, 5, 3, 4, 6).reshape(nb, 4, 32, 16))
+    xq = np.ascontiguousarray(np.stack(terms, axis=1))
+    xs = np.zeros((8, nb * 8, 2), np.float32)
+    xs[:n, :, 0] = ds[:, :, 2]  # d2
+    xs[:n, :, 1] = ds[:, :, 1]  # sum
+    xs = np.ascontiguousarray(xs.reshape(8, nb, 8, 2).transpose(1, 2, 0, 3))
+    return xq, xs
+
+
+def reference(data: np.ndarray, rows: int, cols: int, q1, q2, ds) -> np.ndarray:
+    """The prototype's formula in float64: y[n, r] (see the .cu's header)."""
+    nb = cols // 256
+    blocks = data[:rows].reshape(rows, nb, 144)
+    d = blocks[:, :, 0:2].copy().view(np.float16)[..., 0].astype(np.float64)
+    dmin = blocks[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float64)
+    s = blocks[:, :, 4:16].astype(np.int64)
+    sc = np.empty((rows, nb, 8), np.int64)
+    mn = np.empty((rows, nb, 8), np.int64)
+    sc[..., :4], mn[..., :4] = s[..., 0:4] & 63, s[..., 4:8] & 63
+    sc[..., 4:] = (s[..., 8:12] & 0xF) | ((s[..., 0:4] >> 6) << 4)
+    mn[..., 4:] = (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)
+    qs = blocks[:, :, 16:].reshape(rows, nb, 4, 32)
+    vals = np.stack([qs & 0xF, qs >> 4], axis=3).reshape(rows, nb * 8, 32).astype(np.float64)  # sub-blocks in order
+    n = q1.shape[0]
+    c = np.einsum("rsk,nsk->rns", vals, q1.reshape(n, -1, 32).astype(np.float64))
+    e = np.einsum("rsk,nsk->rns", vals, q2.reshape(n, -1, 32).astype(np.float64))
+    d2, sums = ds[:, :, 2].astype(np.float64), ds[:, :, 1].astype(np.float64)
+    dot = (sc.reshape(rows, 1, -1) * d2[None] * (254 * c + e)).reshape(rows, n, nb, 8).sum(-1)
+    mins = (mn.reshape(rows, 1, -1) * sums[None]).reshape(rows, n, nb, 8).sum(-1)
+    return (d[:, None] * dot - dmin[:, None] * mins).sum(-1).T
+
+
+def build_cubin() -> bytes:
+    src = Path(__file__).with_suffix(".cu")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "proto.cubin"
+        subprocess.run(["nvcc", "-cubin", "-O3", "-std=c++17", "-Xptxas=-O3,-v", "-arch=sm_90a", "-o", str(out),
+                        str(src)], check=True)
+        return out.read_bytes()
+
+
+def register(rt: GpuRuntime, cubin: bytes) -> None:
+    """The prototype's kernels launched through the engine's runtime (PDL in graphs as the engine's)."""
+    rt._modules["proto"] = rt.cuda.module_from_buffer(cubin)
+    if rt.pdl is not None:
+        mod = ctypes.c_void_p()
+        pdl._check(pdl._lib().cuModuleLoadData(ctypes.byref(mod), cubin), "cuModuleLoadData(proto)")
+        rt.pdl._by_family["proto"] = mod
+    for nc in COLUMNS:
+        rt._signatures[f"mvq4k_mma_{nc}"] = ("proto", "PPPPii")
+        rt.kernel(f"mvq4k_mma_{nc}")
+
+
+def main() -> None:
+    shapes = [tuple(int(v) for v in s.split("x")) for s in sys.argv[1:]] or SHAPES
+    rt = GpuRuntime(families=["matvec"])
+    pool = VramPool({"weights": 2560 << 20, "scratch": 256 << 20})
+    register(rt, build_cubin())
+    rng = np.random.default_rng(0)
+    print("shape         engine c1  engine c8 |  proto c1   c2    c4    c8 | c8/c1 engine, proto | max rel err")
+    try:
+        for name in quant_ops.kernel_names():
+            if name.startswith("matvec_") or name == "quantize_q8_1":
+                rt.kernel(name)
+        for rows, cols in shapes:
+            nb = cols // 256
+            # the engine's kernels on its own layout (bench_kernels' copies: the same random bytes)
+            engine = bk.upload_copies(rt, pool, QT.Q4_K, rows, cols, np.random.default_rng(7))
+            data = random_weight_bytes(QT.Q4_K, rows, cols, np.random.default_rng(7))
+            pool.reset("scratch")
+            x = rng.standard_normal((8, cols)).astype(np.float32)
+            xd = pool.alloc("scratch", x.nbytes, "x")
+            rt.upload(xd.ptr, x)
+            xqe = pool.alloc("scratch", quant_ops.q8_1_nbytes(cols, 8), "xqe")
+            ye = pool.alloc("scratch", 8 * rows * 4, "ye")
+            quant_ops.quantize_q8_1(rt, xd.ptr, xqe.ptr, cols, 8)
+            launches = max(len(engine), 64)
+            t_e = {c: bk.time_graph(rt, [(lambda w=engine[i % len(engine)], c=c: quant_ops.matvec(
+                rt, w, xd.ptr, xqe.ptr, ye.ptr, c)) for i in range(launches)]) * 1e6 for c in (1, 8)}
+            # the prototype: repacked copies (pool.alloc after the engine's: both sets stay resident)
+            packed = repack_weight(data, rows, cols)
+            bufs = []
+            for i in range(len(engine)):
+                buf = pool.alloc("weights", packed.nbytes, f"p{i}")
+                if i == 0:
+                    rt.upload(buf.ptr, packed)
+                else:
+                    rt.cuda.memcpy_dtod(buf.ptr, bufs[0].ptr, packed.nbytes)
+                bufs.append(buf)
+            y = pool.alloc("scratch", 8 * rows * 4, "y")
+            t_p, err = {}, 0.0
+            for nc in COLUMNS:
+                q1, q2, ds = quantize_q8_1_ref(x[:nc])
+                xq, xs = repack_act(q1, q2, ds)
+                xqd, xsd = pool.alloc("scratch", xq.nbytes, "xq"), pool.alloc("scratch", xs.nbytes, "xs")
+                rt.upload(xqd.ptr, xq)
+                rt.upload(xsd.ptr, xs)
+                args = lambda b: (b.ptr, xqd.ptr, xsd.ptr, y.ptr, rows, nb)  # noqa: E731
+                rt.launch(f"mvq4k_mma_{nc}", rows // 16, 128, args(bufs[0]))
+                got = rt.download(y.ptr, (nc, rows), np.float32)[:, :CHECK_ROWS]
+                want = reference(data, CHECK_ROWS, cols, q1, q2, ds)
+                err = max(err, float(np.abs(got - want).max() / np.abs(want).max()))
+                t_p[nc] = bk.time_graph(rt, [(lambda b=bufs[i % len(bufs)], nc=nc: rt.launch(
+                    f"mvq4k_mma_{nc}", rows // 16, 128, args(b))) for i in range(launches)]) * 1e6
+            print(f"{rows:5d}x{cols:<6d} {t_e[1]:9.2f} {t_e[8]:9.2f} | {t_p[1]:8.2f} {t_p[2]:5.2f} {t_p[4]:5.2f} "
+                  f"{t_p[8]:5.2f} | {t_e[8] / t_e[1]:5.2f} {t_p[8] / t_p[1]:5.2f} | {err:.2e}  "
+                  f"(weights {packed.nbytes / t_p[1] / 1e3:.0f} GB/s at c1)", flush=True)
+            pool.reset("weights")
+    finally:
+        pool.close()
+        rt.close()
+
+
+if __name__ == "__main__":
+    main()
