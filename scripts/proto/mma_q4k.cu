@@ -132,6 +132,112 @@ __device__ void mvq4k(const uint8_t* __restrict__ w, const int4* __restrict__ xq
     }
 }
 
+// The same MMAs with one activation scale a super-block (two int8 terms, d1 = 254 d2 per 256 values,
+// integer block sums bs = 254 sum(q1) + sum(q2) per sub-block): every sub-block's scale and min then
+// multiply integers, and a (row, column) converts to float once a super-block.
+//   xd[b][n] float d2 of column n; xb[b][s][n] int bs.
+// y[n][row] = sum over b of d2 (d (254 sum_s sc_s c_s + sum_s sc_s e_s) - dmin sum_s m_s bs_s).
+// Bounds: |sum_s sc_s c_s| <= 8 * 63 * 32 * 15 * 127 < 2^25, |sum_s m_s bs_s| <= 8 * 63 * 255 * 32 * 127 < 2^30.
+template <int NC>
+__device__ void mvq4k_int(const uint8_t* __restrict__ w, const int4* __restrict__ xq, const float* __restrict__ xd,
+                          const int4* __restrict__ xb, float* __restrict__ y, int rows, int nb) {
+    constexpr int NW = 4;
+    __shared__ float part[NW][16][8];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int tile = blockIdx.x;
+    const uint8_t* wt = w + (size_t)tile * nb * 2304;
+    constexpr bool FULL = NC > 1;
+    float tot[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+
+    int4 q[4], h0, h1, qn[4], hn0, hn1;
+    auto load = [&](int b) {
+        const uint8_t* p = wt + (size_t)b * 2304;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) qn[i] = __ldg(reinterpret_cast<const int4*>(p + 512 * i) + lane);
+        hn0 = __ldg(reinterpret_cast<const int4*>(p + 2048) + g);
+        hn1 = __ldg(reinterpret_cast<const int4*>(p + 2048) + g + 8);
+    };
+    int b = warp;
+    if (b < nb) load(b);
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    for (; b < nb; b += NW) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) q[i] = qn[i];
+        h0 = hn0;
+        h1 = hn1;
+        if (b + NW < nb) load(b + NW);
+        uint32_t sc0[2], mn0[2], sc1[2], mn1[2];
+        q4k_scales(h0, sc0, mn0);
+        q4k_scales(h1, sc1, mn1);
+        int a1[4] = {0, 0, 0, 0}, a2[4] = {0, 0, 0, 0}, am[4] = {0, 0, 0, 0};
+        const int4* xs = xq + (size_t)b * 2 * 4 * 32;
+        const int4* bb = xb + (size_t)b * 16;  // 8 sub-blocks x 8 columns
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            int4 x1 = make_int4(0, 0, 0, 0), x2 = make_int4(0, 0, 0, 0);
+            if (g < NC) {
+                x1 = __ldg(xs + i * 32 + lane);
+                x2 = __ldg(xs + (4 + i) * 32 + lane);
+            }
+            const int4 bs = __ldg(bb + (2 * i) * 2 + t / 2);  // bs of columns 4(t/2) .. +3, sub-block 2i
+            const int4 bs1 = __ldg(bb + (2 * i + 1) * 2 + t / 2);
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+                const int s = 2 * i + hh;
+                int a[4];
+#pragma unroll
+                for (int j = 0; j < 4; ++j) a[j] = (word(q[i], j) >> (4 * hh)) & 0x0F0F0F0F;
+                int c[4] = {0, 0, 0, 0}, e[4] = {0, 0, 0, 0};
+                mma_s8(c, a, word(x1, 2 * hh), word(x1, 2 * hh + 1));
+                mma_s8(e, a, word(x2, 2 * hh), word(x2, 2 * hh + 1));
+                const int s0 = (sc0[s >> 2] >> (8 * (s & 3))) & 0xFF, s1 = (sc1[s >> 2] >> (8 * (s & 3))) & 0xFF;
+                const int m0 = (mn0[s >> 2] >> (8 * (s & 3))) & 0xFF, m1 = (mn1[s >> 2] >> (8 * (s & 3))) & 0xFF;
+                const int4 bv = hh ? bs1 : bs;
+                const int b0 = word(bv, 2 * (t & 1)), b1 = word(bv, 2 * (t & 1) + 1);  // columns 2t, 2t + 1
+                a1[0] += s0 * c[0]; a2[0] += s0 * e[0]; am[0] += m0 * b0;
+                a1[2] += s1 * c[2]; a2[2] += s1 * e[2]; am[2] += m1 * b0;
+                if (FULL) {
+                    a1[1] += s0 * c[1]; a2[1] += s0 * e[1]; am[1] += m0 * b1;
+                    a1[3] += s1 * c[3]; a2[3] += s1 * e[3]; am[3] += m1 * b1;
+                }
+            }
+        }
+        const float2 dm0 = __half22float2(*reinterpret_cast<const __half2*>(&h0.x));
+        const float2 dm1 = __half22float2(*reinterpret_cast<const __half2*>(&h1.x));
+        const float2 d2 = __ldg(reinterpret_cast<const float2*>(xd + (size_t)b * 8 + 2 * t));
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const float2 dm = j < 2 ? dm0 : dm1;
+            const float v = fmaf(254.0f, (float)a1[j], (float)a2[j]);
+            tot[j] = fmaf((j & 1) ? d2.y : d2.x, fmaf(dm.x, v, -dm.y * (float)am[j]), tot[j]);
+        }
+    }
+    part[warp][g][2 * t] = tot[0];
+    part[warp][g][2 * t + 1] = tot[1];
+    part[warp][g + 8][2 * t] = tot[2];
+    part[warp][g + 8][2 * t + 1] = tot[3];
+    __syncthreads();
+    if (threadIdx.x < 16 * NC) {
+        const int r = threadIdx.x & 15, n = threadIdx.x >> 4;
+        float v = part[0][r][n];
+#pragma unroll
+        for (int k = 1; k < NW; ++k) v += part[k][r][n];
+        y[(size_t)n * rows + tile * 16 + r] = v;
+    }
+}
+
+#define MVQ4K_INT(NC)                                                                                          \
+    extern "C" __global__ void __launch_bounds__(128) mvq4k_int_##NC(const uint8_t* w, const int4* xq,          \
+                                                                      const float* xd, const int4* xb, float* y, \
+                                                                      int rows, int nb) {                        \
+        mvq4k_int<NC>(w, xq, xd, xb, y, rows, nb);                                                             \
+    }
+MVQ4K_INT(1)
+MVQ4K_INT(2)
+MVQ4K_INT(4)
+MVQ4K_INT(8)
+
 #define MVQ4K(NC)                                                                                            \
     extern "C" __global__ void __launch_bounds__(128) mvq4k_mma_##NC(const uint8_t* w, const int4* xq,       \
                                                                       const float4* xs, float* y, int rows, \

@@ -37,8 +37,8 @@ def repack_weight(data: np.ndarray, rows: int, cols: int) -> np.ndarray:
     return np.ascontiguousarray(np.concatenate([nib, hdr], axis=2))
 
 
-def repack_act(q1: np.ndarray, q2: np.ndarray, ds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """q8_1 rows of n <= 8 columns -> (xq [nb, 2, 4, 32] int4 as bytes, xs [nb, 8, 8, 2] float32)."""
+def repack_terms(q1: np.ndarray, q2: np.ndarray) -> np.ndarray:
+    """Both int8 terms of n <= 8 columns -> the B fragments, xq [nb, 2, 4, 32] int4 (as bytes)."""
     n, k = q1.shape
     nb = k // 256
     terms = []
@@ -47,7 +47,14 @@ def repack_act(q1: np.ndarray, q2: np.ndarray, ds: np.ndarray) -> tuple[np.ndarr
         full[:n] = q
         # k = b * 256 + (2i + hh) * 32 + half * 16 + t * 4 + byte -> (b, i, g, t, hh, half, byte)
         terms.append(full.reshape(8, nb, 4, 2, 2, 4, 4).transpose(1, 2, 0, 5, 3, 4, 6).reshape(nb, 4, 32, 16))
-    xq = np.ascontiguousarray(np.stack(terms, axis=1))
+    return np.ascontiguousarray(np.stack(terms, axis=1))
+
+
+def repack_act(q1: np.ndarray, q2: np.ndarray, ds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """q8_1 rows of n <= 8 columns -> (xq, xs [nb, 8, 8, 2] float32 (d2, sum))."""
+    n, k = q1.shape
+    nb = k // 256
+    xq = repack_terms(q1, q2)
     xs = np.zeros((8, nb * 8, 2), np.float32)
     xs[:n, :, 0] = ds[:, :, 2]  # d2
     xs[:n, :, 1] = ds[:, :, 1]  # sum
@@ -55,8 +62,35 @@ def repack_act(q1: np.ndarray, q2: np.ndarray, ds: np.ndarray) -> tuple[np.ndarr
     return xq, xs
 
 
-def reference(data: np.ndarray, rows: int, cols: int, q1, q2, ds) -> np.ndarray:
-    """The prototype's formula in float64: y[n, r] (see the .cu's header)."""
+def quantize_k2(x: np.ndarray):
+    """Two int8 terms with one scale a 256-value super-block (d1 = amax / 127, d2 = d1 / 254, as
+    quants.cuh's q8_1 but per 256), and integer block sums bs = 254 sum(q1) + sum(q2) per 32."""
+    n, k = x.shape
+    blocks = x.astype(np.float32).reshape(n, k // 256, 256)
+    d1 = (np.abs(blocks).max(-1) / np.float32(127)).astype(np.float32)
+    safe = np.where(d1 == 0, 1, d1)[..., None]
+    q1 = np.clip(np.round(blocks / safe), -127, 127)
+    r = (blocks.astype(np.float64) - d1[..., None].astype(np.float64) * q1).astype(np.float32)
+    d2 = (d1 / np.float32(254)).astype(np.float32)
+    q2 = np.clip(np.round(r / np.where(d2 == 0, 1, d2)[..., None]), -127, 127)
+    q1, q2 = q1.astype(np.int8).reshape(n, k), q2.astype(np.int8).reshape(n, k)
+    bs = (254 * q1.reshape(n, -1, 32).astype(np.int64).sum(-1) + q2.reshape(n, -1, 32).sum(-1)).astype(np.int32)
+    return q1, q2, d2, bs
+
+
+def repack_act_int(q1, q2, d2, bs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """-> (xq, xd [nb, 8] float32 d2, xb [nb, 8, 8] int32 bs), columns padded to 8."""
+    n, k = q1.shape
+    nb = k // 256
+    xd = np.zeros((nb, 8), np.float32)
+    xd[:, :n] = d2.T
+    xb = np.zeros((nb, 8, 8), np.int32)
+    xb[:, :, :n] = bs.reshape(n, nb, 8).transpose(1, 2, 0)
+    return repack_terms(q1, q2), xd, np.ascontiguousarray(xb)
+
+
+def q4k_fields(data: np.ndarray, rows: int, cols: int):
+    """d, dmin [rows, nb] float64; sc, m [rows, nb, 8] int64; quant values [rows, nb * 8, 32] float64."""
     nb = cols // 256
     blocks = data[:rows].reshape(rows, nb, 144)
     d = blocks[:, :, 0:2].copy().view(np.float16)[..., 0].astype(np.float64)
@@ -69,6 +103,25 @@ def reference(data: np.ndarray, rows: int, cols: int, q1, q2, ds) -> np.ndarray:
     mn[..., 4:] = (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)
     qs = blocks[:, :, 16:].reshape(rows, nb, 4, 32)
     vals = np.stack([qs & 0xF, qs >> 4], axis=3).reshape(rows, nb * 8, 32).astype(np.float64)  # sub-blocks in order
+    return d, dmin, sc, mn, vals
+
+
+def reference_int(data: np.ndarray, rows: int, cols: int, q1, q2, d2, bs) -> np.ndarray:
+    """mvq4k_int's formula in float64: y[n, r]."""
+    d, dmin, sc, mn, vals = q4k_fields(data, rows, cols)
+    n, nb = q1.shape[0], cols // 256
+    c = np.einsum("rsk,nsk->rns", vals, q1.reshape(n, -1, 32).astype(np.float64))
+    e = np.einsum("rsk,nsk->rns", vals, q2.reshape(n, -1, 32).astype(np.float64))
+    scr = sc.reshape(rows, 1, -1)
+    v = (scr * (254 * c + e)).reshape(rows, n, nb, 8).sum(-1)
+    mins = (mn.reshape(rows, 1, -1) * bs.astype(np.float64)[None]).reshape(rows, n, nb, 8).sum(-1)
+    return (d2.astype(np.float64)[None] * (d[:, None] * v - dmin[:, None] * mins)).sum(-1).T
+
+
+def reference(data: np.ndarray, rows: int, cols: int, q1, q2, ds) -> np.ndarray:
+    """The prototype's formula in float64: y[n, r] (see the .cu's header)."""
+    nb = cols // 256
+    d, dmin, sc, mn, vals = q4k_fields(data, rows, cols)
     n = q1.shape[0]
     c = np.einsum("rsk,nsk->rns", vals, q1.reshape(n, -1, 32).astype(np.float64))
     e = np.einsum("rsk,nsk->rns", vals, q2.reshape(n, -1, 32).astype(np.float64))
@@ -96,7 +149,9 @@ def register(rt: GpuRuntime, cubin: bytes) -> None:
         rt.pdl._by_family["proto"] = mod
     for nc in COLUMNS:
         rt._signatures[f"mvq4k_mma_{nc}"] = ("proto", "PPPPii")
+        rt._signatures[f"mvq4k_int_{nc}"] = ("proto", "PPPPPii")
         rt.kernel(f"mvq4k_mma_{nc}")
+        rt.kernel(f"mvq4k_int_{nc}")
 
 
 def main() -> None:
@@ -105,7 +160,9 @@ def main() -> None:
     pool = VramPool({"weights": 2560 << 20, "scratch": 256 << 20})
     register(rt, build_cubin())
     rng = np.random.default_rng(0)
-    print("shape         engine c1  engine c8 |  proto c1   c2    c4    c8 | c8/c1 engine, proto | max rel err")
+    print("µs a launch; proto = q8_1 activations (a scale per 32), int = a scale per 256 and integer sums")
+    print("shape         engine c1    c8 |  proto c1    c2    c4    c8 |   int c1    c2    c4    c8 | "
+          "c8 / engine c1: engine proto int | max rel err proto, int")
     try:
         for name in quant_ops.kernel_names():
             if name.startswith("matvec_") or name == "quantize_q8_1":
@@ -136,23 +193,34 @@ def main() -> None:
                     rt.cuda.memcpy_dtod(buf.ptr, bufs[0].ptr, packed.nbytes)
                 bufs.append(buf)
             y = pool.alloc("scratch", 8 * rows * 4, "y")
-            t_p, err = {}, 0.0
+            t_p, t_i, err, err_i = {}, {}, 0.0, 0.0
+
+            def run(name, args, want, times):
+                rt.launch(name, rows // 16, 128, args(bufs[0]))
+                got = rt.download(y.ptr, (want.shape[0], rows), np.float32)[:, :CHECK_ROWS]
+                times[want.shape[0]] = bk.time_graph(rt, [(lambda b=bufs[i % len(bufs)]: rt.launch(
+                    name, rows // 16, 128, args(b))) for i in range(launches)]) * 1e6
+                return float(np.abs(got - want).max() / np.abs(want).max())
+
             for nc in COLUMNS:
                 q1, q2, ds = quantize_q8_1_ref(x[:nc])
                 xq, xs = repack_act(q1, q2, ds)
                 xqd, xsd = pool.alloc("scratch", xq.nbytes, "xq"), pool.alloc("scratch", xs.nbytes, "xs")
                 rt.upload(xqd.ptr, xq)
                 rt.upload(xsd.ptr, xs)
-                args = lambda b: (b.ptr, xqd.ptr, xsd.ptr, y.ptr, rows, nb)  # noqa: E731
-                rt.launch(f"mvq4k_mma_{nc}", rows // 16, 128, args(bufs[0]))
-                got = rt.download(y.ptr, (nc, rows), np.float32)[:, :CHECK_ROWS]
-                want = reference(data, CHECK_ROWS, cols, q1, q2, ds)
-                err = max(err, float(np.abs(got - want).max() / np.abs(want).max()))
-                t_p[nc] = bk.time_graph(rt, [(lambda b=bufs[i % len(bufs)], nc=nc: rt.launch(
-                    f"mvq4k_mma_{nc}", rows // 16, 128, args(b))) for i in range(launches)]) * 1e6
-            print(f"{rows:5d}x{cols:<6d} {t_e[1]:9.2f} {t_e[8]:9.2f} | {t_p[1]:8.2f} {t_p[2]:5.2f} {t_p[4]:5.2f} "
-                  f"{t_p[8]:5.2f} | {t_e[8] / t_e[1]:5.2f} {t_p[8] / t_p[1]:5.2f} | {err:.2e}  "
-                  f"(weights {packed.nbytes / t_p[1] / 1e3:.0f} GB/s at c1)", flush=True)
+                err = max(err, run(f"mvq4k_mma_{nc}", lambda b: (b.ptr, xqd.ptr, xsd.ptr, y.ptr, rows, nb),
+                                   reference(data, CHECK_ROWS, cols, q1, q2, ds), t_p))
+                k1, k2, d2, bs = quantize_k2(x[:nc])
+                xq, xd, xb = repack_act_int(k1, k2, d2, bs)
+                xqi, xdi, xbi = (pool.alloc("scratch", a.nbytes, "xi") for a in (xq, xd, xb))
+                for dev, host in ((xqi, xq), (xdi, xd), (xbi, xb)):
+                    rt.upload(dev.ptr, host)
+                err_i = max(err_i, run(f"mvq4k_int_{nc}", lambda b: (b.ptr, xqi.ptr, xdi.ptr, xbi.ptr, y.ptr, rows, nb),
+                                       reference_int(data, CHECK_ROWS, cols, k1, k2, d2, bs), t_i))
+            print(f"{rows:5d}x{cols:<6d} {t_e[1]:9.2f} {t_e[8]:5.2f} | {t_p[1]:8.2f} {t_p[2]:5.2f} {t_p[4]:5.2f} "
+                  f"{t_p[8]:5.2f} | {t_i[1]:8.2f} {t_i[2]:5.2f} {t_i[4]:5.2f} {t_i[8]:5.2f} | "
+                  f"{t_e[8] / t_e[1]:5.2f} {t_p[8] / t_e[1]:5.2f} {t_i[8] / t_e[1]:5.2f} | {err:.1e} {err_i:.1e}  "
+                  f"(weights at int c1: {packed.nbytes / t_i[1] / 1e3:.0f} GB/s)", flush=True)
             pool.reset("weights")
     finally:
         pool.close()
