@@ -42,7 +42,9 @@ __device__ __forceinline__ void q4k_scales(const int4& h, uint32_t (&sc)[2], uin
     mn[1] = ((w2 >> 4) & 0x0F0F0F0Fu) | ((w1 >> 2) & 0x30303030u);
 }
 
-__device__ __forceinline__ float byte_f(const uint32_t (&v)[2], int s) { return (float)((v[s >> 2] >> (8 * (s & 3))) & 0xFFu); }
+// Byte s of the pair as an int: one PRMT.
+__device__ __forceinline__ int byte_i(const uint32_t (&v)[2], int s) { return (int)__byte_perm(v[s >> 2], 0, 0x4440 | (s & 3)); }
+__device__ __forceinline__ float byte_f(const uint32_t (&v)[2], int s) { return (float)byte_i(v, s); }
 
 template <int NC>
 __device__ void mvq4k(const uint8_t* __restrict__ w, const int4* __restrict__ xq, const float4* __restrict__ xs,
@@ -191,8 +193,7 @@ __device__ void mvq4k_int(const uint8_t* __restrict__ w, const int4* __restrict_
                 int c[4] = {0, 0, 0, 0}, e[4] = {0, 0, 0, 0};
                 mma_s8(c, a, word(x1, 2 * hh), word(x1, 2 * hh + 1));
                 mma_s8(e, a, word(x2, 2 * hh), word(x2, 2 * hh + 1));
-                const int s0 = (sc0[s >> 2] >> (8 * (s & 3))) & 0xFF, s1 = (sc1[s >> 2] >> (8 * (s & 3))) & 0xFF;
-                const int m0 = (mn0[s >> 2] >> (8 * (s & 3))) & 0xFF, m1 = (mn1[s >> 2] >> (8 * (s & 3))) & 0xFF;
+                const int s0 = byte_i(sc0, s), s1 = byte_i(sc1, s), m0 = byte_i(mn0, s), m1 = byte_i(mn1, s);
                 const int4 bv = hh ? bs1 : bs;
                 const int b0 = word(bv, 2 * (t & 1)), b1 = word(bv, 2 * (t & 1) + 1);  // columns 2t, 2t + 1
                 a1[0] += s0 * c[0]; a2[0] += s0 * e[0]; am[0] += m0 * b0;
@@ -237,6 +238,95 @@ MVQ4K_INT(1)
 MVQ4K_INT(2)
 MVQ4K_INT(4)
 MVQ4K_INT(8)
+
+// One column on dp4a with mvq4k_int's arithmetic: the integers inside a super-block are exact in any
+// order, so this gives mvq4k_int_1's bits while each lane sums only its own k (4t.., 16 + 4t.. of every
+// sub-block) for rows g and g + 8, and the quad's lanes add their integers once a super-block.
+__device__ __forceinline__ int dp4a(int a, int b, int c) { return __dp4a(a, b, c); }
+
+extern "C" __global__ void __launch_bounds__(128) mvq4k_dp4a_1(const uint8_t* __restrict__ w, const int4* __restrict__ xq,
+                                                               const float* __restrict__ xd, const int4* __restrict__ xb,
+                                                               float* __restrict__ y, int rows, int nb) {
+    constexpr int NW = 4;
+    __shared__ float part[NW][16];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int tile = blockIdx.x;
+    const uint8_t* wt = w + (size_t)tile * nb * 2304;
+    float tot[2] = {0.0f, 0.0f};
+    int4 q[4], h0, h1, qn[4], hn0, hn1;
+    auto load = [&](int b) {
+        const uint8_t* p = wt + (size_t)b * 2304;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) qn[i] = __ldg(reinterpret_cast<const int4*>(p + 512 * i) + lane);
+        hn0 = __ldg(reinterpret_cast<const int4*>(p + 2048) + g);
+        hn1 = __ldg(reinterpret_cast<const int4*>(p + 2048) + g + 8);
+    };
+    int b = warp;
+    if (b < nb) load(b);
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    for (; b < nb; b += NW) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) q[i] = qn[i];
+        h0 = hn0;
+        h1 = hn1;
+        if (b + NW < nb) load(b + NW);
+        uint32_t sc0[2], mn0[2], sc1[2], mn1[2];
+        q4k_scales(h0, sc0, mn0);
+        q4k_scales(h1, sc1, mn1);
+        int a1[2] = {0, 0}, a2[2] = {0, 0}, am[2] = {0, 0};
+        const int4* xs = xq + (size_t)b * 2 * 4 * 32;
+        const int4* bb = xb + (size_t)b * 16;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int4 x1 = __ldg(xs + i * 32 + t), x2 = __ldg(xs + (4 + i) * 32 + t);  // column 0's B words
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+                const int s = 2 * i + hh;
+                int a[4];
+#pragma unroll
+                for (int j = 0; j < 4; ++j) a[j] = (word(q[i], j) >> (4 * hh)) & 0x0F0F0F0F;
+                const int u0 = word(x1, 2 * hh), u1 = word(x1, 2 * hh + 1), v0 = word(x2, 2 * hh), v1 = word(x2, 2 * hh + 1);
+                const int c0 = dp4a(a[2], u1, dp4a(a[0], u0, 0)), c1 = dp4a(a[3], u1, dp4a(a[1], u0, 0));
+                const int e0 = dp4a(a[2], v1, dp4a(a[0], v0, 0)), e1 = dp4a(a[3], v1, dp4a(a[1], v0, 0));
+                const int s0 = byte_i(sc0, s), s1 = byte_i(sc1, s);
+                a1[0] += s0 * c0; a2[0] += s0 * e0;
+                a1[1] += s1 * c1; a2[1] += s1 * e1;
+            }
+        }
+        // the mins: lane t takes sub-blocks 2t and 2t + 1 (the quad's sum below adds them up)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+            const int s = 2 * t + hh, bv = __ldg(reinterpret_cast<const int*>(bb) + 8 * s);
+            am[0] += byte_i(mn0, s) * bv;
+            am[1] += byte_i(mn1, s) * bv;
+        }
+#pragma unroll
+        for (int o = 1; o < 4; o <<= 1)
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                a1[j] += __shfl_xor_sync(0xffffffffu, a1[j], o);
+                a2[j] += __shfl_xor_sync(0xffffffffu, a2[j], o);
+                am[j] += __shfl_xor_sync(0xffffffffu, am[j], o);
+            }
+        const float2 dm0 = __half22float2(*reinterpret_cast<const __half2*>(&h0.x));
+        const float2 dm1 = __half22float2(*reinterpret_cast<const __half2*>(&h1.x));
+        const float d2 = __ldg(xd + (size_t)b * 8);
+        tot[0] = fmaf(d2, fmaf(dm0.x, fmaf(254.0f, (float)a1[0], (float)a2[0]), -dm0.y * (float)am[0]), tot[0]);
+        tot[1] = fmaf(d2, fmaf(dm1.x, fmaf(254.0f, (float)a1[1], (float)a2[1]), -dm1.y * (float)am[1]), tot[1]);
+    }
+    if (t == 0) {
+        part[warp][g] = tot[0];
+        part[warp][g + 8] = tot[1];
+    }
+    __syncthreads();
+    if (threadIdx.x < 16) {
+        float v = part[0][threadIdx.x];
+#pragma unroll
+        for (int k = 1; k < NW; ++k) v += part[k][threadIdx.x];
+        y[tile * 16 + threadIdx.x] = v;
+    }
+}
 
 #define MVQ4K(NC)                                                                                            \
     extern "C" __global__ void __launch_bounds__(128) mvq4k_mma_##NC(const uint8_t* w, const int4* xq,       \
