@@ -152,6 +152,8 @@ def register(rt: GpuRuntime, cubin: bytes) -> None:
         rt._signatures[f"mvq4k_int_{nc}"] = ("proto", "PPPPPii")
         rt.kernel(f"mvq4k_mma_{nc}")
         rt.kernel(f"mvq4k_int_{nc}")
+    rt._signatures["mvq4k_dp4a_1"] = ("proto", "PPPPPii")
+    rt.kernel("mvq4k_dp4a_1")
 
 
 def main() -> None:
@@ -193,7 +195,7 @@ def main() -> None:
                     rt.cuda.memcpy_dtod(buf.ptr, bufs[0].ptr, packed.nbytes)
                 bufs.append(buf)
             y = pool.alloc("scratch", 8 * rows * 4, "y")
-            t_p, t_i, err, err_i = {}, {}, 0.0, 0.0
+            t_p, t_i, t_d, err, err_i = {}, {}, {}, 0.0, 0.0
 
             def run(name, args, want, times):
                 rt.launch(name, rows // 16, 128, args(bufs[0]))
@@ -215,12 +217,19 @@ def main() -> None:
                 xqi, xdi, xbi = (pool.alloc("scratch", a.nbytes, "xi") for a in (xq, xd, xb))
                 for dev, host in ((xqi, xq), (xdi, xd), (xbi, xb)):
                     rt.upload(dev.ptr, host)
-                err_i = max(err_i, run(f"mvq4k_int_{nc}", lambda b: (b.ptr, xqi.ptr, xdi.ptr, xbi.ptr, y.ptr, rows, nb),
-                                       reference_int(data, CHECK_ROWS, cols, k1, k2, d2, bs), t_i))
+                want = reference_int(data, CHECK_ROWS, cols, k1, k2, d2, bs)
+                args_i = lambda b: (b.ptr, xqi.ptr, xdi.ptr, xbi.ptr, y.ptr, rows, nb)  # noqa: E731
+                err_i = max(err_i, run(f"mvq4k_int_{nc}", args_i, want, t_i))
+                if nc == 1:  # the same arithmetic on dp4a: the same bits, by integer exactness
+                    rt.launch("mvq4k_int_1", rows // 16, 128, args_i(bufs[0]))
+                    mma_bits = rt.download(y.ptr, (rows,), np.float32)
+                    err_i = max(err_i, run("mvq4k_dp4a_1", args_i, want, t_d))
+                    same = bool((rt.download(y.ptr, (rows,), np.float32).view(np.uint32) == mma_bits.view(np.uint32)).all())
             print(f"{rows:5d}x{cols:<6d} {t_e[1]:9.2f} {t_e[8]:5.2f} | {t_p[1]:8.2f} {t_p[2]:5.2f} {t_p[4]:5.2f} "
                   f"{t_p[8]:5.2f} | {t_i[1]:8.2f} {t_i[2]:5.2f} {t_i[4]:5.2f} {t_i[8]:5.2f} | "
                   f"{t_e[8] / t_e[1]:5.2f} {t_p[8] / t_e[1]:5.2f} {t_i[8] / t_e[1]:5.2f} | {err:.1e} {err_i:.1e}  "
-                  f"(weights at int c1: {packed.nbytes / t_i[1] / 1e3:.0f} GB/s)", flush=True)
+                  f"| dp4a c1 {t_d[1]:.2f} ({'same bits as int c1' if same else 'BITS DIFFER from int c1'}; "
+                  f"weights at int c1: {packed.nbytes / t_i[1] / 1e3:.0f} GB/s)", flush=True)
             pool.reset("weights")
     finally:
         pool.close()
