@@ -43,41 +43,85 @@ __device__ __forceinline__ void q4k_scales(const int4& h, uint32_t (&sc)[2], uin
 }
 
 // Byte s of the pair as an int: one PRMT.
-__device__ __forceinline__ int byte_i(const uint32_t (&v)[2], int s) { return (int)__byte_perm(v[s >> 2], 0, 0x4440 | (s & 3)); }
+__device__ __forceinline__ int byte_i(const uint32_t (&v)[2], int s) {
+    return (int)__byte_perm(s < 4 ? v[0] : v[1], 0, 0x4440 | (s & 3));  // a select, not an index: s may vary by lane
+}
 __device__ __forceinline__ float byte_f(const uint32_t (&v)[2], int s) { return (float)byte_i(v, s); }
+
+constexpr int NW = 4;  // warps a block: each takes super-blocks b = warp, warp + 4, ... of the block's tile
+
+// A warp's share of its tile for super-block b: the lane's A-fragment words and rows g and g + 8's headers.
+struct Tile { int4 q[4], h0, h1; };
+
+__device__ __forceinline__ void tile_load(Tile& d, const uint8_t* wt, int b, int lane) {
+    const uint8_t* p = wt + (size_t)b * 2304;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) d.q[i] = __ldg(reinterpret_cast<const int4*>(p + 512 * i) + lane);
+    d.h0 = __ldg(reinterpret_cast<const int4*>(p + 2048) + (lane >> 2));
+    d.h1 = __ldg(reinterpret_cast<const int4*>(p + 2048) + (lane >> 2) + 8);
+}
+
+// Rows g and g + 8: scale and min bytes of the 8 sub-blocks, and (d, dmin).
+struct Scales { uint32_t sc0[2], mn0[2], sc1[2], mn1[2]; float2 dm0, dm1; };
+
+__device__ __forceinline__ Scales tile_scales(const Tile& tl) {
+    Scales s;
+    q4k_scales(tl.h0, s.sc0, s.mn0);
+    q4k_scales(tl.h1, s.sc1, s.mn1);
+    s.dm0 = __half22float2(*reinterpret_cast<const __half2*>(&tl.h0.x));
+    s.dm1 = __half22float2(*reinterpret_cast<const __half2*>(&tl.h1.x));
+    return s;
+}
+
+// The sub-block's A fragment: low nibbles of the pair's words for hh = 0, high for hh = 1.
+__device__ __forceinline__ void a_frag(int (&a)[4], const int4& q, int hh) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) a[j] = (word(q, j) >> (4 * hh)) & 0x0F0F0F0F;
+}
+
+// The warp's super-blocks in order, the next one's loads in flight (before the PDL wait for the first:
+// weights do not depend on the previous kernel).
+template <typename F>
+__device__ __forceinline__ void tile_loop(const uint8_t* wt, int nb, F&& body) {
+    const int lane = threadIdx.x & 31;
+    Tile cur, next;
+    int b = threadIdx.x >> 5;
+    if (b < nb) tile_load(next, wt, b, lane);
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    for (; b < nb; b += NW) {
+        cur = next;
+        if (b + NW < nb) tile_load(next, wt, b + NW, lane);
+        body(cur, b);
+    }
+}
+
+// The lane's (row g, columns 2t, 2t + 1) and (row g + 8, the same) sums, the warps' added in warp order.
+template <int NC>
+__device__ __forceinline__ void tile_out(const float (&tot)[4], float* __restrict__ y, int rows) {
+    __shared__ float part[NW][16][8];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    part[warp][g][2 * t] = tot[0];
+    part[warp][g][2 * t + 1] = tot[1];
+    part[warp][g + 8][2 * t] = tot[2];
+    part[warp][g + 8][2 * t + 1] = tot[3];
+    __syncthreads();
+    if (threadIdx.x < 16 * NC) {
+        const int r = threadIdx.x & 15, n = threadIdx.x >> 4;
+        float v = part[0][r][n];
+#pragma unroll
+        for (int k = 1; k < NW; ++k) v += part[k][r][n];
+        y[(size_t)n * rows + blockIdx.x * 16 + r] = v;
+    }
+}
 
 template <int NC>
 __device__ void mvq4k(const uint8_t* __restrict__ w, const int4* __restrict__ xq, const float4* __restrict__ xs,
                       float* __restrict__ y, int rows, int nb) {
-    constexpr int NW = 4;
-    __shared__ float part[NW][16][8];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const int tile = blockIdx.x;
-    const uint8_t* wt = w + (size_t)tile * nb * 2304;
-    constexpr bool FULL = NC > 2;  // columns 2t, 2t + 1 live beyond lanes t = 0
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     float tot[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-
-    int4 q[4], h0, h1, qn[4], hn0, hn1;
-    auto load = [&](int b) {
-        const uint8_t* p = wt + (size_t)b * 2304;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) qn[i] = __ldg(reinterpret_cast<const int4*>(p + 512 * i) + lane);
-        hn0 = __ldg(reinterpret_cast<const int4*>(p + 2048) + g);
-        hn1 = __ldg(reinterpret_cast<const int4*>(p + 2048) + g + 8);
-    };
-    int b = warp;
-    if (b < nb) load(b);
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-    for (; b < nb; b += NW) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) q[i] = qn[i];
-        h0 = hn0;
-        h1 = hn1;
-        if (b + NW < nb) load(b + NW);
-        uint32_t sc0[2], mn0[2], sc1[2], mn1[2];
-        q4k_scales(h0, sc0, mn0);
-        q4k_scales(h1, sc1, mn1);
+    tile_loop(w + (size_t)blockIdx.x * nb * 2304, nb, [&](const Tile& tl, int b) {
+        const Scales sc = tile_scales(tl);
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f}, accm[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         const int4* xb = xq + (size_t)b * 2 * 4 * 32;
         const float4* sb = xs + (size_t)b * 8 * 4;
@@ -92,20 +136,19 @@ __device__ void mvq4k(const uint8_t* __restrict__ w, const int4* __restrict__ xq
             for (int hh = 0; hh < 2; ++hh) {
                 const int s = 2 * i + hh;
                 int a[4];
-#pragma unroll
-                for (int j = 0; j < 4; ++j) a[j] = (word(q[i], j) >> (4 * hh)) & 0x0F0F0F0F;
+                a_frag(a, tl.q[i], hh);
                 int c[4] = {0, 0, 0, 0};
                 mma_s8(c, a, word(x1, 2 * hh), word(x1, 2 * hh + 1));
 #pragma unroll
                 for (int j = 0; j < 4; ++j) c[j] *= 254;
                 mma_s8(c, a, word(x2, 2 * hh), word(x2, 2 * hh + 1));
                 const float4 ds = __ldg(sb + s * 4 + t);  // (d2, sum) of columns 2t, 2t + 1
-                const float s0 = byte_f(sc0, s), s1 = byte_f(sc1, s), m0 = byte_f(mn0, s), m1 = byte_f(mn1, s);
+                const float s0 = byte_f(sc.sc0, s), s1 = byte_f(sc.sc1, s), m0 = byte_f(sc.mn0, s), m1 = byte_f(sc.mn1, s);
                 acc[0] = fmaf(s0, ds.x * (float)c[0], acc[0]);
                 acc[2] = fmaf(s1, ds.x * (float)c[2], acc[2]);
                 accm[0] = fmaf(m0, ds.y, accm[0]);
                 accm[2] = fmaf(m1, ds.y, accm[2]);
-                if (FULL || NC == 2) {
+                if (NC > 1) {  // columns 2t + 1 live
                     acc[1] = fmaf(s0, ds.z * (float)c[1], acc[1]);
                     acc[3] = fmaf(s1, ds.z * (float)c[3], acc[3]);
                     accm[1] = fmaf(m0, ds.w, accm[1]);
@@ -113,25 +156,13 @@ __device__ void mvq4k(const uint8_t* __restrict__ w, const int4* __restrict__ xq
                 }
             }
         }
-        const float2 dm0 = __half22float2(*reinterpret_cast<const __half2*>(&h0.x));
-        const float2 dm1 = __half22float2(*reinterpret_cast<const __half2*>(&h1.x));
-        tot[0] += fmaf(dm0.x, acc[0], -dm0.y * accm[0]);
-        tot[1] += fmaf(dm0.x, acc[1], -dm0.y * accm[1]);
-        tot[2] += fmaf(dm1.x, acc[2], -dm1.y * accm[2]);
-        tot[3] += fmaf(dm1.x, acc[3], -dm1.y * accm[3]);
-    }
-    part[warp][g][2 * t] = tot[0];
-    part[warp][g][2 * t + 1] = tot[1];
-    part[warp][g + 8][2 * t] = tot[2];
-    part[warp][g + 8][2 * t + 1] = tot[3];
-    __syncthreads();
-    if (threadIdx.x < 16 * NC) {
-        const int r = threadIdx.x & 15, n = threadIdx.x >> 4;
-        float v = part[0][r][n];
 #pragma unroll
-        for (int k = 1; k < NW; ++k) v += part[k][r][n];
-        y[(size_t)n * rows + tile * 16 + r] = v;
-    }
+        for (int j = 0; j < 4; ++j) {
+            const float2 dm = j < 2 ? sc.dm0 : sc.dm1;
+            tot[j] += fmaf(dm.x, acc[j], -dm.y * accm[j]);
+        }
+    });
+    tile_out<NC>(tot, y, rows);
 }
 
 // The same MMAs with one activation scale a super-block (two int8 terms, d1 = 254 d2 per 256 values,
@@ -140,38 +171,17 @@ __device__ void mvq4k(const uint8_t* __restrict__ w, const int4* __restrict__ xq
 //   xd[b][n] float d2 of column n; xb[b][s][n] int bs.
 // y[n][row] = sum over b of d2 (d (254 sum_s sc_s c_s + sum_s sc_s e_s) - dmin sum_s m_s bs_s).
 // Bounds: |sum_s sc_s c_s| <= 8 * 63 * 32 * 15 * 127 < 2^25, |sum_s m_s bs_s| <= 8 * 63 * 255 * 32 * 127 < 2^30.
+__device__ __forceinline__ float int_total(float d2, float2 dm, int a1, int a2, int am, float tot) {
+    return fmaf(d2, fmaf(dm.x, fmaf(254.0f, (float)a1, (float)a2), -dm.y * (float)am), tot);
+}
+
 template <int NC>
 __device__ void mvq4k_int(const uint8_t* __restrict__ w, const int4* __restrict__ xq, const float* __restrict__ xd,
                           const int4* __restrict__ xb, float* __restrict__ y, int rows, int nb) {
-    constexpr int NW = 4;
-    __shared__ float part[NW][16][8];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const int tile = blockIdx.x;
-    const uint8_t* wt = w + (size_t)tile * nb * 2304;
-    constexpr bool FULL = NC > 1;
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     float tot[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-
-    int4 q[4], h0, h1, qn[4], hn0, hn1;
-    auto load = [&](int b) {
-        const uint8_t* p = wt + (size_t)b * 2304;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) qn[i] = __ldg(reinterpret_cast<const int4*>(p + 512 * i) + lane);
-        hn0 = __ldg(reinterpret_cast<const int4*>(p + 2048) + g);
-        hn1 = __ldg(reinterpret_cast<const int4*>(p + 2048) + g + 8);
-    };
-    int b = warp;
-    if (b < nb) load(b);
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-    for (; b < nb; b += NW) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) q[i] = qn[i];
-        h0 = hn0;
-        h1 = hn1;
-        if (b + NW < nb) load(b + NW);
-        uint32_t sc0[2], mn0[2], sc1[2], mn1[2];
-        q4k_scales(h0, sc0, mn0);
-        q4k_scales(h1, sc1, mn1);
+    tile_loop(w + (size_t)blockIdx.x * nb * 2304, nb, [&](const Tile& tl, int b) {
+        const Scales sc = tile_scales(tl);
         int a1[4] = {0, 0, 0, 0}, a2[4] = {0, 0, 0, 0}, am[4] = {0, 0, 0, 0};
         const int4* xs = xq + (size_t)b * 2 * 4 * 32;
         const int4* bb = xb + (size_t)b * 16;  // 8 sub-blocks x 8 columns
@@ -188,95 +198,41 @@ __device__ void mvq4k_int(const uint8_t* __restrict__ w, const int4* __restrict_
             for (int hh = 0; hh < 2; ++hh) {
                 const int s = 2 * i + hh;
                 int a[4];
-#pragma unroll
-                for (int j = 0; j < 4; ++j) a[j] = (word(q[i], j) >> (4 * hh)) & 0x0F0F0F0F;
+                a_frag(a, tl.q[i], hh);
                 int c[4] = {0, 0, 0, 0}, e[4] = {0, 0, 0, 0};
                 mma_s8(c, a, word(x1, 2 * hh), word(x1, 2 * hh + 1));
                 mma_s8(e, a, word(x2, 2 * hh), word(x2, 2 * hh + 1));
-                const int s0 = byte_i(sc0, s), s1 = byte_i(sc1, s), m0 = byte_i(mn0, s), m1 = byte_i(mn1, s);
+                const int s0 = byte_i(sc.sc0, s), s1 = byte_i(sc.sc1, s), m0 = byte_i(sc.mn0, s), m1 = byte_i(sc.mn1, s);
                 const int4 bv = hh ? bs1 : bs;
                 const int b0 = word(bv, 2 * (t & 1)), b1 = word(bv, 2 * (t & 1) + 1);  // columns 2t, 2t + 1
                 a1[0] += s0 * c[0]; a2[0] += s0 * e[0]; am[0] += m0 * b0;
                 a1[2] += s1 * c[2]; a2[2] += s1 * e[2]; am[2] += m1 * b0;
-                if (FULL) {
+                if (NC > 1) {
                     a1[1] += s0 * c[1]; a2[1] += s0 * e[1]; am[1] += m0 * b1;
                     a1[3] += s1 * c[3]; a2[3] += s1 * e[3]; am[3] += m1 * b1;
                 }
             }
         }
-        const float2 dm0 = __half22float2(*reinterpret_cast<const __half2*>(&h0.x));
-        const float2 dm1 = __half22float2(*reinterpret_cast<const __half2*>(&h1.x));
         const float2 d2 = __ldg(reinterpret_cast<const float2*>(xd + (size_t)b * 8 + 2 * t));
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const float2 dm = j < 2 ? dm0 : dm1;
-            const float v = fmaf(254.0f, (float)a1[j], (float)a2[j]);
-            tot[j] = fmaf((j & 1) ? d2.y : d2.x, fmaf(dm.x, v, -dm.y * (float)am[j]), tot[j]);
-        }
-    }
-    part[warp][g][2 * t] = tot[0];
-    part[warp][g][2 * t + 1] = tot[1];
-    part[warp][g + 8][2 * t] = tot[2];
-    part[warp][g + 8][2 * t + 1] = tot[3];
-    __syncthreads();
-    if (threadIdx.x < 16 * NC) {
-        const int r = threadIdx.x & 15, n = threadIdx.x >> 4;
-        float v = part[0][r][n];
-#pragma unroll
-        for (int k = 1; k < NW; ++k) v += part[k][r][n];
-        y[(size_t)n * rows + tile * 16 + r] = v;
-    }
+        for (int j = 0; j < 4; ++j) tot[j] = int_total((j & 1) ? d2.y : d2.x, j < 2 ? sc.dm0 : sc.dm1, a1[j], a2[j], am[j], tot[j]);
+    });
+    tile_out<NC>(tot, y, rows);
 }
-
-#define MVQ4K_INT(NC)                                                                                          \
-    extern "C" __global__ void __launch_bounds__(128) mvq4k_int_##NC(const uint8_t* w, const int4* xq,          \
-                                                                      const float* xd, const int4* xb, float* y, \
-                                                                      int rows, int nb) {                        \
-        mvq4k_int<NC>(w, xq, xd, xb, y, rows, nb);                                                             \
-    }
-MVQ4K_INT(1)
-MVQ4K_INT(2)
-MVQ4K_INT(4)
-MVQ4K_INT(8)
 
 // One column on dp4a with mvq4k_int's arithmetic: the integers inside a super-block are exact in any
 // order, so this gives mvq4k_int_1's bits while each lane sums only its own k (4t.., 16 + 4t.. of every
 // sub-block) for rows g and g + 8, and the quad's lanes add their integers once a super-block.
-__device__ __forceinline__ int dp4a(int a, int b, int c) { return __dp4a(a, b, c); }
-
 extern "C" __global__ void __launch_bounds__(128) mvq4k_dp4a_1(const uint8_t* __restrict__ w, const int4* __restrict__ xq,
                                                                const float* __restrict__ xd, const int4* __restrict__ xb,
                                                                float* __restrict__ y, int rows, int nb) {
-    constexpr int NW = 4;
-    __shared__ float part[NW][16];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const int tile = blockIdx.x;
-    const uint8_t* wt = w + (size_t)tile * nb * 2304;
-    float tot[2] = {0.0f, 0.0f};
-    int4 q[4], h0, h1, qn[4], hn0, hn1;
-    auto load = [&](int b) {
-        const uint8_t* p = wt + (size_t)b * 2304;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) qn[i] = __ldg(reinterpret_cast<const int4*>(p + 512 * i) + lane);
-        hn0 = __ldg(reinterpret_cast<const int4*>(p + 2048) + g);
-        hn1 = __ldg(reinterpret_cast<const int4*>(p + 2048) + g + 8);
-    };
-    int b = warp;
-    if (b < nb) load(b);
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-    for (; b < nb; b += NW) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) q[i] = qn[i];
-        h0 = hn0;
-        h1 = hn1;
-        if (b + NW < nb) load(b + NW);
-        uint32_t sc0[2], mn0[2], sc1[2], mn1[2];
-        q4k_scales(h0, sc0, mn0);
-        q4k_scales(h1, sc1, mn1);
+    const int t = threadIdx.x & 3;
+    float tot[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // (row g, column 0), -, (row g + 8, column 0), -
+    tile_loop(w + (size_t)blockIdx.x * nb * 2304, nb, [&](const Tile& tl, int b) {
+        const Scales sc = tile_scales(tl);
         int a1[2] = {0, 0}, a2[2] = {0, 0}, am[2] = {0, 0};
         const int4* xs = xq + (size_t)b * 2 * 4 * 32;
-        const int4* bb = xb + (size_t)b * 16;
+        const int* bb = reinterpret_cast<const int*>(xb + (size_t)b * 16);
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             const int4 x1 = __ldg(xs + i * 32 + t), x2 = __ldg(xs + (4 + i) * 32 + t);  // column 0's B words
@@ -284,48 +240,34 @@ extern "C" __global__ void __launch_bounds__(128) mvq4k_dp4a_1(const uint8_t* __
             for (int hh = 0; hh < 2; ++hh) {
                 const int s = 2 * i + hh;
                 int a[4];
-#pragma unroll
-                for (int j = 0; j < 4; ++j) a[j] = (word(q[i], j) >> (4 * hh)) & 0x0F0F0F0F;
+                a_frag(a, tl.q[i], hh);
                 const int u0 = word(x1, 2 * hh), u1 = word(x1, 2 * hh + 1), v0 = word(x2, 2 * hh), v1 = word(x2, 2 * hh + 1);
-                const int c0 = dp4a(a[2], u1, dp4a(a[0], u0, 0)), c1 = dp4a(a[3], u1, dp4a(a[1], u0, 0));
-                const int e0 = dp4a(a[2], v1, dp4a(a[0], v0, 0)), e1 = dp4a(a[3], v1, dp4a(a[1], v0, 0));
-                const int s0 = byte_i(sc0, s), s1 = byte_i(sc1, s);
-                a1[0] += s0 * c0; a2[0] += s0 * e0;
-                a1[1] += s1 * c1; a2[1] += s1 * e1;
+                const int s0 = byte_i(sc.sc0, s), s1 = byte_i(sc.sc1, s);
+                a1[0] += s0 * __dp4a(a[2], u1, __dp4a(a[0], u0, 0));
+                a2[0] += s0 * __dp4a(a[2], v1, __dp4a(a[0], v0, 0));
+                a1[1] += s1 * __dp4a(a[3], u1, __dp4a(a[1], u0, 0));
+                a2[1] += s1 * __dp4a(a[3], v1, __dp4a(a[1], v0, 0));
             }
         }
-        // the mins: lane t takes sub-blocks 2t and 2t + 1 (the quad's sum below adds them up)
 #pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-            const int s = 2 * t + hh, bv = __ldg(reinterpret_cast<const int*>(bb) + 8 * s);
-            am[0] += byte_i(mn0, s) * bv;
-            am[1] += byte_i(mn1, s) * bv;
+        for (int hh = 0; hh < 2; ++hh) {  // the mins: lane t takes sub-blocks 2t and 2t + 1
+            const int s = 2 * t + hh, bv = __ldg(bb + 8 * s);
+            am[0] += byte_i(sc.mn0, s) * bv;
+            am[1] += byte_i(sc.mn1, s) * bv;
         }
 #pragma unroll
-        for (int o = 1; o < 4; o <<= 1)
+        for (int o = 1; o < 4; o <<= 1)  // the quad's integers: exact, so any order
 #pragma unroll
             for (int j = 0; j < 2; ++j) {
                 a1[j] += __shfl_xor_sync(0xffffffffu, a1[j], o);
                 a2[j] += __shfl_xor_sync(0xffffffffu, a2[j], o);
                 am[j] += __shfl_xor_sync(0xffffffffu, am[j], o);
             }
-        const float2 dm0 = __half22float2(*reinterpret_cast<const __half2*>(&h0.x));
-        const float2 dm1 = __half22float2(*reinterpret_cast<const __half2*>(&h1.x));
         const float d2 = __ldg(xd + (size_t)b * 8);
-        tot[0] = fmaf(d2, fmaf(dm0.x, fmaf(254.0f, (float)a1[0], (float)a2[0]), -dm0.y * (float)am[0]), tot[0]);
-        tot[1] = fmaf(d2, fmaf(dm1.x, fmaf(254.0f, (float)a1[1], (float)a2[1]), -dm1.y * (float)am[1]), tot[1]);
-    }
-    if (t == 0) {
-        part[warp][g] = tot[0];
-        part[warp][g + 8] = tot[1];
-    }
-    __syncthreads();
-    if (threadIdx.x < 16) {
-        float v = part[0][threadIdx.x];
-#pragma unroll
-        for (int k = 1; k < NW; ++k) v += part[k][threadIdx.x];
-        y[tile * 16 + threadIdx.x] = v;
-    }
+        tot[0] = int_total(d2, sc.dm0, a1[0], a2[0], am[0], tot[0]);
+        tot[2] = int_total(d2, sc.dm1, a1[1], a2[1], am[1], tot[2]);
+    });
+    tile_out<1>(tot, y, rows);  // column 0 comes from lanes t = 0
 }
 
 #define MVQ4K(NC)                                                                                            \
@@ -338,3 +280,14 @@ MVQ4K(1)
 MVQ4K(2)
 MVQ4K(4)
 MVQ4K(8)
+
+#define MVQ4K_INT(NC)                                                                                          \
+    extern "C" __global__ void __launch_bounds__(128) mvq4k_int_##NC(const uint8_t* w, const int4* xq,          \
+                                                                      const float* xd, const int4* xb, float* y, \
+                                                                      int rows, int nb) {                        \
+        mvq4k_int<NC>(w, xq, xd, xb, y, rows, nb);                                                             \
+    }
+MVQ4K_INT(1)
+MVQ4K_INT(2)
+MVQ4K_INT(4)
+MVQ4K_INT(8)
