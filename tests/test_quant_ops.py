@@ -14,8 +14,8 @@ from gguf.constants import GGMLQuantizationType as QT
 
 from memra_engine.errors import DeviceError, ModelFormatError, UnsupportedModelError
 from memra_engine.gpu import build, quant_ops
-from memra_engine.gpu.quant_ref import (dequantize_q8_1_ref, q8_1_bytes, quantize_q8_1_ref, random_weight_bytes,
-                                        supported_types)
+from memra_engine.gpu.quant_ref import (dequantize_q8_1_ref, q8_1_bytes, quantize_q8_1_ref, quantize_q8_k256_ref,
+                                        random_weight_bytes, supported_types)
 from memra_engine.model.gguf_file import TensorInfo
 
 SIGNATURES = build.kernel_signatures(["matvec", "gemm"])
@@ -176,6 +176,27 @@ def test_gemm_tiles_fit_the_device_shared_memory():
             assert tile in small and quant_ops.gemm_shared(tile, w.layout) <= 99 * 1024, (ggml_type.name, tile)
     with pytest.raises(DeviceError, match="shared memory"):
         quant_ops.gemm_variant(w, 512, 32 * 1024)
+
+
+def test_k256_reference_is_two_terms_a_256_block():
+    """quantize_q8_k256_ref (the candidate format of scripts/proto/mma_q4k.cu): the two int8 terms with
+    one d1 = amax/127 per 256 values (K padded), x ~ d2 (254 q1 + q2) to ~16 bits of the block's amax,
+    and bs the integer sums of 254 q1 + q2 per 32."""
+    rng = np.random.default_rng(6)
+    x = (rng.standard_normal((2, 600)) * rng.uniform(0.01, 100, (2, 1))).astype(np.float32)
+    x[1, 256:512] *= 1e3  # one block far larger than the rest
+    q1, q2, d2, bs = quantize_q8_k256_ref(x)
+    assert q1.shape == q2.shape == (2, 768) and d2.shape == (2, 3) and bs.shape == (2, 24) and bs.dtype == np.int32
+    blocks = np.zeros((2, 768), np.float32)
+    blocks[:, :600] = x
+    blocks = blocks.reshape(2, 3, 256)
+    amax = np.abs(blocks).max(-1)
+    assert np.array_equal(d2, (amax / np.float32(127) / np.float32(254)).astype(np.float32))
+    assert np.abs(q1).max() == 127 and np.all(q1[:, 600:] == 0) and np.all(q2[:, 600:] == 0)
+    v = 254 * q1.astype(np.int64) + q2
+    err = np.abs(d2[..., None] * v.reshape(2, 3, 256) - blocks)
+    assert np.all(err.max(-1) <= amax / 127 / 254 * 1.01)
+    assert np.array_equal(bs, v.reshape(2, 24, 32).sum(-1))
 
 
 def test_q8_1_sizes():

@@ -87,16 +87,38 @@ def quantize_q8_1_ref(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray
     xp = np.zeros((t, kq), np.float32)
     xp[:, :k] = x
     blocks = xp.reshape(t, kq // 32, 32)
+    d1, q1, d2, q2 = _two_terms(blocks)
+    s = _warp_tree_sum(blocks)
+    ds = np.stack([d1, s, d2, np.zeros_like(d1)], axis=-1).astype(np.float32)
+    return q1.astype(np.int8).reshape(t, kq), q2.astype(np.int8).reshape(t, kq), ds
+
+
+def _two_terms(blocks: np.ndarray):
+    """f32 [..., n] -> (d1, q1, d2, q2): q1 = roundf(x/d1), d1 = amax/127, and the residual's q2 with
+    d2 = d1/254, as quantize_q8_1 writes them (any block length n)."""
     d1, q1 = _quantize_blocks(blocks)
     # the kernel's fmaf(-d1, q1, x): x - d1*q1 is exact in float64 (q1 has 8 bits), then one rounding
     r = (blocks.astype(np.float64) - d1[..., None].astype(np.float64) * q1).astype(np.float32)
     d2 = (d1 / np.float32(254)).astype(np.float32)  # fixed: |r| <= d1/2 (quants.cuh)
     with np.errstate(divide="ignore", invalid="ignore"):
         q2 = np.clip(_roundf((r / d2[..., None]).astype(np.float32)), -127, 127)
-    q2 = np.where(d1[..., None] == 0, 0, q2).astype(np.float32)
-    s = _warp_tree_sum(blocks)
-    ds = np.stack([d1, s, d2, np.zeros_like(d1)], axis=-1).astype(np.float32)
-    return q1.astype(np.int8).reshape(t, kq), q2.astype(np.int8).reshape(t, kq), ds
+    return d1, q1, d2, np.where(d1[..., None] == 0, 0, q2).astype(np.float32)
+
+
+def quantize_q8_k256_ref(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A candidate activation format (issue 14; scripts/proto/mma_q4k.cu, no engine kernel yet):
+    quantize_q8_1_ref's two int8 terms with one scale per 256 values (K padded to 256) and integer
+    sums per 32, bs = 254 sum(q1) + sum(q2). x f32 [T, K] -> (q1, q2 int8 [T, Kp], d2 f32 [T, Kp/256],
+    bs int32 [T, Kp/32]); the values are d2 (254 q1 + q2)."""
+    x = np.asarray(x, np.float32)
+    t, k = x.shape
+    kp = -(-k // 256) * 256
+    xp = np.zeros((t, kp), np.float32)
+    xp[:, :k] = x
+    _, q1, d2, q2 = _two_terms(xp.reshape(t, kp // 256, 256))
+    q1, q2 = q1.astype(np.int8).reshape(t, kp), q2.astype(np.int8).reshape(t, kp)
+    bs = 254 * q1.reshape(t, -1, 32).astype(np.int32).sum(-1) + q2.reshape(t, -1, 32).astype(np.int32).sum(-1)
+    return q1, q2, d2, bs.astype(np.int32)
 
 
 def dequantize_q8_1_ref(qs: np.ndarray, qs2: np.ndarray, ds: np.ndarray) -> np.ndarray:

@@ -19,7 +19,7 @@ from gguf.constants import GGMLQuantizationType as QT
 import bench_kernels as bk
 from memra_engine.gpu import pdl, quant_ops
 from memra_engine.gpu.memory import VramPool
-from memra_engine.gpu.quant_ref import quantize_q8_1_ref, random_weight_bytes
+from memra_engine.gpu.quant_ref import quantize_q8_1_ref, quantize_q8_k256_ref, random_weight_bytes
 from memra_engine.gpu.runtime import GpuRuntime
 
 SHAPES = [(4096, 4096), (6144, 4096), (28672, 4096), (4096, 14336)]
@@ -60,22 +60,6 @@ def repack_act(q1: np.ndarray, q2: np.ndarray, ds: np.ndarray) -> tuple[np.ndarr
     xs[:n, :, 1] = ds[:, :, 1]  # sum
     xs = np.ascontiguousarray(xs.reshape(8, nb, 8, 2).transpose(1, 2, 0, 3))
     return xq, xs
-
-
-def quantize_k2(x: np.ndarray):
-    """Two int8 terms with one scale a 256-value super-block (d1 = amax / 127, d2 = d1 / 254, as
-    quants.cuh's q8_1 but per 256), and integer block sums bs = 254 sum(q1) + sum(q2) per 32."""
-    n, k = x.shape
-    blocks = x.astype(np.float32).reshape(n, k // 256, 256)
-    d1 = (np.abs(blocks).max(-1) / np.float32(127)).astype(np.float32)
-    safe = np.where(d1 == 0, 1, d1)[..., None]
-    q1 = np.clip(np.round(blocks / safe), -127, 127)
-    r = (blocks.astype(np.float64) - d1[..., None].astype(np.float64) * q1).astype(np.float32)
-    d2 = (d1 / np.float32(254)).astype(np.float32)
-    q2 = np.clip(np.round(r / np.where(d2 == 0, 1, d2)[..., None]), -127, 127)
-    q1, q2 = q1.astype(np.int8).reshape(n, k), q2.astype(np.int8).reshape(n, k)
-    bs = (254 * q1.reshape(n, -1, 32).astype(np.int64).sum(-1) + q2.reshape(n, -1, 32).sum(-1)).astype(np.int32)
-    return q1, q2, d2, bs
 
 
 def repack_act_int(q1, q2, d2, bs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -212,7 +196,7 @@ def main() -> None:
                 rt.upload(xsd.ptr, xs)
                 err = max(err, run(f"mvq4k_mma_{nc}", lambda b: (b.ptr, xqd.ptr, xsd.ptr, y.ptr, rows, nb),
                                    reference(data, CHECK_ROWS, cols, q1, q2, ds), t_p))
-                k1, k2, d2, bs = quantize_k2(x[:nc])
+                k1, k2, d2, bs = quantize_q8_k256_ref(x[:nc])
                 xq, xd, xb = repack_act_int(k1, k2, d2, bs)
                 xqi, xdi, xbi = (pool.alloc("scratch", a.nbytes, "xi") for a in (xq, xd, xb))
                 for dev, host in ((xqi, xq), (xdi, xd), (xbi, xb)):
