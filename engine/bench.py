@@ -84,7 +84,8 @@ def run_bench(model: Path, kind: str, runs: int, n_prompt: int, n_gen: int, ctx_
     backend = create_backend(kind, g, n_ctx, kv_type=kv_type, moe_vram=moe_vram)
     try:
         vocab = backend.config.vocab_size
-        progress("warming up…")
+        progress("warming up…")  # both paths at their timed sizes, as llama-bench warms up
+        time_prefill(backend, random_tokens(vocab, n_prompt, runs))
         time_decode(backend, random_tokens(vocab, 8, 0), 4)
         result: dict = {"model": model.name, "backend": kind, "kv_type": kv_type, "runs": runs}
         progress(f"pp{n_prompt} x{runs}…")
