@@ -58,18 +58,20 @@ class PdlKernels:
     of wide-cluster kernels, without it)."""
 
     def __init__(self, fatbins: dict[str, bytes]):
-        lib = _lib()
         self._modules: list[ctypes.c_void_p] = []
         self._by_family: dict[str, ctypes.c_void_p] = {}
         for family, data in fatbins.items():
-            mod = ctypes.c_void_p()
-            _check(lib.cuModuleLoadData(ctypes.byref(mod), data), f"cuModuleLoadData({family})")
-            self._modules.append(mod)
-            self._by_family[family] = mod
+            self.load(family, data)
         self._funcs: dict[str, tuple[ctypes.c_void_p, tuple]] = {}
         self.wide_cluster: set[str] = set()  # kernels whose clusters pass PORTABLE_CLUSTER blocks
         self._attr = _Attr(id=CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
         self._attr.value[0] = 1  # programmaticStreamSerializationAllowed
+
+    def load(self, family: str, image: bytes) -> None:
+        mod = ctypes.c_void_p()
+        _check(_lib().cuModuleLoadData(ctypes.byref(mod), image), f"cuModuleLoadData({family})")
+        self._modules.append(mod)
+        self._by_family[family] = mod
 
     def prepare(self, name: str, family: str, signature: str) -> None:
         fn = ctypes.c_void_p()

@@ -85,6 +85,17 @@ class GpuRuntime:
         self._kernels[name] = fn
         return fn
 
+    def load_module(self, family: str, image: bytes, signatures: dict[str, str]) -> None:
+        """Load a cubin or fatbin built outside cuda/ (prototypes, scripts/proto/) as its own family,
+        its entry points then launched as the engine's own (PDL in graphs included)."""
+        if family in self._modules:
+            raise DeviceError(f"kernel family {family!r} is already loaded")
+        self._modules[family] = self.cuda.module_from_buffer(image)
+        if self.pdl is not None:
+            self.pdl.load(family, image)
+        for name, signature in signatures.items():
+            self._signatures[name] = (family, signature)
+
     def resolve_all(self) -> None:
         """Prepare every declared kernel now (before the first capture)."""
         for name in self._signatures:

@@ -48,7 +48,8 @@ __device__ __forceinline__ int byte_i(const uint32_t (&v)[2], int s) {
 }
 __device__ __forceinline__ float byte_f(const uint32_t (&v)[2], int s) { return (float)byte_i(v, s); }
 
-constexpr int NW = 4;  // warps a block: each takes super-blocks b = warp, warp + 4, ... of the block's tile
+// NW: warps a block (4 unless a kernel's name says _w8 / _w16); warp w takes super-blocks b = w, w + NW, ...
+// of the block's tile, and the warps' sums are added in warp order (so NW chains a (row, column)).
 
 // A warp's share of its tile for super-block b: the lane's A-fragment words and rows g and g + 8's headers.
 struct Tile { int4 q[4], h0, h1; };
@@ -79,25 +80,31 @@ __device__ __forceinline__ void a_frag(int (&a)[4], const int4& q, int hh) {
     for (int j = 0; j < 4; ++j) a[j] = (word(q, j) >> (4 * hh)) & 0x0F0F0F0F;
 }
 
-// The warp's super-blocks in order, the next one's loads in flight (before the PDL wait for the first:
-// weights do not depend on the previous kernel).
-template <typename F>
+// The warp's super-blocks in order, the next DEPTH ones' loads in flight (before the PDL wait for the
+// first: weights do not depend on the previous kernel).
+template <int DEPTH = 1, int NW = 4, typename F>
 __device__ __forceinline__ void tile_loop(const uint8_t* wt, int nb, F&& body) {
     const int lane = threadIdx.x & 31;
-    Tile cur, next;
-    int b = threadIdx.x >> 5;
-    if (b < nb) tile_load(next, wt, b, lane);
+    Tile ring[DEPTH + 1];
+    const int b0 = threadIdx.x >> 5;
+#pragma unroll
+    for (int k = 0; k < DEPTH; ++k)
+        if (b0 + k * NW < nb) tile_load(ring[k], wt, b0 + k * NW, lane);
     asm volatile("griddepcontrol.wait;" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-    for (; b < nb; b += NW) {
-        cur = next;
-        if (b + NW < nb) tile_load(next, wt, b + NW, lane);
-        body(cur, b);
+    for (int b = b0; b < nb; b += NW * (DEPTH + 1)) {  // unrolled over the ring so its indices stay static
+#pragma unroll
+        for (int k = 0; k <= DEPTH; ++k) {
+            const int bk = b + k * NW;
+            if (bk >= nb) break;
+            if (bk + DEPTH * NW < nb) tile_load(ring[(k + DEPTH) % (DEPTH + 1)], wt, bk + DEPTH * NW, lane);
+            body(ring[k], bk);
+        }
     }
 }
 
 // The lane's (row g, columns 2t, 2t + 1) and (row g + 8, the same) sums, the warps' added in warp order.
-template <int NC>
+template <int NC, int NW = 4>
 __device__ __forceinline__ void tile_out(const float (&tot)[4], float* __restrict__ y, int rows) {
     __shared__ float part[NW][16][8];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
@@ -175,12 +182,12 @@ __device__ __forceinline__ float int_total(float d2, float2 dm, int a1, int a2, 
     return fmaf(d2, fmaf(dm.x, fmaf(254.0f, (float)a1, (float)a2), -dm.y * (float)am), tot);
 }
 
-template <int NC>
+template <int NC, int DEPTH = 1, int NW = 4>
 __device__ void mvq4k_int(const uint8_t* __restrict__ w, const int4* __restrict__ xq, const float* __restrict__ xd,
                           const int4* __restrict__ xb, float* __restrict__ y, int rows, int nb) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     float tot[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    tile_loop(w + (size_t)blockIdx.x * nb * 2304, nb, [&](const Tile& tl, int b) {
+    tile_loop<DEPTH, NW>(w + (size_t)blockIdx.x * nb * 2304, nb, [&](const Tile& tl, int b) {
         const Scales sc = tile_scales(tl);
         int a1[4] = {0, 0, 0, 0}, a2[4] = {0, 0, 0, 0}, am[4] = {0, 0, 0, 0};
         const int4* xs = xq + (size_t)b * 2 * 4 * 32;
@@ -217,18 +224,18 @@ __device__ void mvq4k_int(const uint8_t* __restrict__ w, const int4* __restrict_
 #pragma unroll
         for (int j = 0; j < 4; ++j) tot[j] = int_total((j & 1) ? d2.y : d2.x, j < 2 ? sc.dm0 : sc.dm1, a1[j], a2[j], am[j], tot[j]);
     });
-    tile_out<NC>(tot, y, rows);
+    tile_out<NC, NW>(tot, y, rows);
 }
 
 // One column on dp4a with mvq4k_int's arithmetic: the integers inside a super-block are exact in any
 // order, so this gives mvq4k_int_1's bits while each lane sums only its own k (4t.., 16 + 4t.. of every
 // sub-block) for rows g and g + 8, and the quad's lanes add their integers once a super-block.
-extern "C" __global__ void __launch_bounds__(128) mvq4k_dp4a_1(const uint8_t* __restrict__ w, const int4* __restrict__ xq,
-                                                               const float* __restrict__ xd, const int4* __restrict__ xb,
-                                                               float* __restrict__ y, int rows, int nb) {
+template <int NW>
+__device__ void mvq4k_dp4a(const uint8_t* __restrict__ w, const int4* __restrict__ xq, const float* __restrict__ xd,
+                           const int4* __restrict__ xb, float* __restrict__ y, int rows, int nb) {
     const int t = threadIdx.x & 3;
     float tot[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // (row g, column 0), -, (row g + 8, column 0), -
-    tile_loop(w + (size_t)blockIdx.x * nb * 2304, nb, [&](const Tile& tl, int b) {
+    tile_loop<1, NW>(w + (size_t)blockIdx.x * nb * 2304, nb, [&](const Tile& tl, int b) {
         const Scales sc = tile_scales(tl);
         int a1[2] = {0, 0}, a2[2] = {0, 0}, am[2] = {0, 0};
         const int4* xs = xq + (size_t)b * 2 * 4 * 32;
@@ -267,7 +274,7 @@ extern "C" __global__ void __launch_bounds__(128) mvq4k_dp4a_1(const uint8_t* __
         tot[0] = int_total(d2, sc.dm0, a1[0], a2[0], am[0], tot[0]);
         tot[2] = int_total(d2, sc.dm1, a1[1], a2[1], am[1], tot[2]);
     });
-    tile_out<1>(tot, y, rows);  // column 0 comes from lanes t = 0
+    tile_out<1, NW>(tot, y, rows);  // column 0 comes from lanes t = 0
 }
 
 #define MVQ4K(NC)                                                                                            \
@@ -291,3 +298,34 @@ MVQ4K_INT(1)
 MVQ4K_INT(2)
 MVQ4K_INT(4)
 MVQ4K_INT(8)
+
+// The same with two super-blocks' loads in flight a warp (does the one-deep ring leave DRAM idle?).
+#define MVQ4K_INT2(NC)                                                                                         \
+    extern "C" __global__ void __launch_bounds__(128) mvq4k_int2_##NC(const uint8_t* w, const int4* xq,         \
+                                                                       const float* xd, const int4* xb, float* y, \
+                                                                       int rows, int nb) {                        \
+        mvq4k_int<NC, 2>(w, xq, xd, xb, y, rows, nb);                                                          \
+    }
+MVQ4K_INT2(1)
+MVQ4K_INT2(8)
+
+// Wider blocks for shapes with few 16-row tiles (2,048 rows: 128 tiles for 132 SMs) or long rows.
+#define MVQ4K_W(NW)                                                                                            \
+    extern "C" __global__ void __launch_bounds__(32 * NW) mvq4k_int_8_w##NW(const uint8_t* w, const int4* xq,   \
+                                                                         const float* xd, const int4* xb,       \
+                                                                         float* y, int rows, int nb) {          \
+        mvq4k_int<8, 1, NW>(w, xq, xd, xb, y, rows, nb);                                                       \
+    }                                                                                                          \
+    extern "C" __global__ void __launch_bounds__(32 * NW) mvq4k_dp4a_1_w##NW(const uint8_t* w, const int4* xq,  \
+                                                                          const float* xd, const int4* xb,      \
+                                                                          float* y, int rows, int nb) {         \
+        mvq4k_dp4a<NW>(w, xq, xd, xb, y, rows, nb);                                                            \
+    }
+MVQ4K_W(4)
+MVQ4K_W(8)
+MVQ4K_W(16)
+
+extern "C" __global__ void __launch_bounds__(128) mvq4k_dp4a_1(const uint8_t* w, const int4* xq, const float* xd,
+                                                               const int4* xb, float* y, int rows, int nb) {
+    mvq4k_dp4a<4>(w, xq, xd, xb, y, rows, nb);
+}

@@ -7,7 +7,6 @@ the first 256 rows. Run on the GPU machine after device_run.sh installed memra:
 """
 from __future__ import annotations
 
-import ctypes
 import subprocess
 import sys
 import tempfile
@@ -17,7 +16,7 @@ import numpy as np
 from gguf.constants import GGMLQuantizationType as QT
 
 import bench_kernels as bk
-from memra_engine.gpu import pdl, quant_ops
+from memra_engine.gpu import quant_ops
 from memra_engine.gpu.memory import VramPool
 from memra_engine.gpu.quant_ref import quantize_q8_1_ref, quantize_q8_k256_ref, random_weight_bytes
 from memra_engine.gpu.runtime import GpuRuntime
@@ -25,6 +24,7 @@ from memra_engine.gpu.runtime import GpuRuntime
 SHAPES = [(4096, 4096), (6144, 4096), (28672, 4096), (4096, 14336)]
 COLUMNS = (1, 2, 4, 8)
 CHECK_ROWS = 256
+WIDTHS = (4, 8, 16)  # warps a block, for the width sweep
 
 
 def repack_weight(data: np.ndarray, rows: int, cols: int) -> np.ndarray:
@@ -126,18 +126,14 @@ def build_cubin() -> bytes:
 
 def register(rt: GpuRuntime, cubin: bytes) -> None:
     """The prototype's kernels launched through the engine's runtime (PDL in graphs as the engine's)."""
-    rt._modules["proto"] = rt.cuda.module_from_buffer(cubin)
-    if rt.pdl is not None:
-        mod = ctypes.c_void_p()
-        pdl._check(pdl._lib().cuModuleLoadData(ctypes.byref(mod), cubin), "cuModuleLoadData(proto)")
-        rt.pdl._by_family["proto"] = mod
-    for nc in COLUMNS:
-        rt._signatures[f"mvq4k_mma_{nc}"] = ("proto", "PPPPii")
-        rt._signatures[f"mvq4k_int_{nc}"] = ("proto", "PPPPPii")
-        rt.kernel(f"mvq4k_mma_{nc}")
-        rt.kernel(f"mvq4k_int_{nc}")
-    rt._signatures["mvq4k_dp4a_1"] = ("proto", "PPPPPii")
-    rt.kernel("mvq4k_dp4a_1")
+    sigs = {f"mvq4k_mma_{nc}": "PPPPii" for nc in COLUMNS}
+    sigs |= {f"mvq4k_int_{nc}": "PPPPPii" for nc in COLUMNS}
+    sigs |= {f"mvq4k_int2_{nc}": "PPPPPii" for nc in (1, 8)}
+    sigs["mvq4k_dp4a_1"] = "PPPPPii"
+    sigs |= {f"mvq4k_{k}_w{nw}": "PPPPPii" for k in ("int_8", "dp4a_1") for nw in WIDTHS}
+    rt.load_module("proto", cubin, sigs)
+    for name in sigs:
+        rt.kernel(name)
 
 
 def main() -> None:
@@ -179,13 +175,13 @@ def main() -> None:
                     rt.cuda.memcpy_dtod(buf.ptr, bufs[0].ptr, packed.nbytes)
                 bufs.append(buf)
             y = pool.alloc("scratch", 8 * rows * 4, "y")
-            t_p, t_i, t_d, err, err_i = {}, {}, {}, 0.0, 0.0
+            t_p, t_i, t_i2, t_d, err, err_i = {}, {}, {}, {}, 0.0, 0.0
 
-            def run(name, args, want, times):
-                rt.launch(name, rows // 16, 128, args(bufs[0]))
+            def run(name, args, want, times, threads=128):
+                rt.launch(name, rows // 16, threads, args(bufs[0]))
                 got = rt.download(y.ptr, (want.shape[0], rows), np.float32)[:, :CHECK_ROWS]
                 times[want.shape[0]] = bk.time_graph(rt, [(lambda b=bufs[i % len(bufs)]: rt.launch(
-                    name, rows // 16, 128, args(b))) for i in range(launches)]) * 1e6
+                    name, rows // 16, threads, args(b))) for i in range(launches)]) * 1e6
                 return float(np.abs(got - want).max() / np.abs(want).max())
 
             for nc in COLUMNS:
@@ -204,6 +200,10 @@ def main() -> None:
                 want = reference_int(data, CHECK_ROWS, cols, k1, k2, d2, bs)
                 args_i = lambda b: (b.ptr, xqi.ptr, xdi.ptr, xbi.ptr, y.ptr, rows, nb)  # noqa: E731
                 err_i = max(err_i, run(f"mvq4k_int_{nc}", args_i, want, t_i))
+                if nc in (1, 8):
+                    err_i = max(err_i, run(f"mvq4k_int2_{nc}", args_i, want, t_i2))
+                if nc == 1:
+                    int1_bits = rt.download(y.ptr, (rows,), np.float32).view(np.uint32).copy()
                 if nc == 1:  # the same arithmetic on dp4a: the same bits, by integer exactness
                     rt.launch("mvq4k_int_1", rows // 16, 128, args_i(bufs[0]))
                     mma_bits = rt.download(y.ptr, (rows,), np.float32)
@@ -213,7 +213,22 @@ def main() -> None:
                   f"{t_p[8]:5.2f} | {t_i[1]:8.2f} {t_i[2]:5.2f} {t_i[4]:5.2f} {t_i[8]:5.2f} | "
                   f"{t_e[8] / t_e[1]:5.2f} {t_p[8] / t_e[1]:5.2f} {t_i[8] / t_e[1]:5.2f} | {err:.1e} {err_i:.1e}  "
                   f"| dp4a c1 {t_d[1]:.2f} ({'same bits as int c1' if same else 'BITS DIFFER from int c1'}; "
-                  f"weights at int c1: {packed.nbytes / t_i[1] / 1e3:.0f} GB/s)", flush=True)
+                  f"weights at int c1: {packed.nbytes / t_i[1] / 1e3:.0f} GB/s) | two-deep int2 c1 {t_i2[1]:.2f} "
+                  f"c8 {t_i2[8]:.2f}", flush=True)
+            # the width sweep on the 8-column buffers: verify (int_8) and decode (dp4a_1, column 0) at
+            # 4, 8, 16 warps a block; column 0 of int_8 must have int_1's / dp4a_1's bits at the same width
+            t_w8, t_w1, same_w = {}, {}, []
+            for nw in WIDTHS:
+                t8, t1 = {}, {}
+                err_i = max(err_i, run(f"mvq4k_int_8_w{nw}", args_i, want, t8, 32 * nw))
+                col0 = rt.download(y.ptr, (rows,), np.float32).view(np.uint32).copy()
+                err_i = max(err_i, run(f"mvq4k_dp4a_1_w{nw}", args_i, want[:1], t1, 32 * nw))
+                dec = rt.download(y.ptr, (rows,), np.float32).view(np.uint32)
+                same_w.append(bool((dec == col0).all()) and (nw != 4 or bool((col0 == int1_bits).all())))
+                t_w8[nw], t_w1[nw] = t8[8], t1[1]
+            print(f"{'':13s} widths w4/w8/w16: int c8 " + " ".join(f"{t_w8[w]:.2f}" for w in WIDTHS)
+                  + " | dp4a c1 " + " ".join(f"{t_w1[w]:.2f}" for w in WIDTHS)
+                  + f" | c8 column 0 = c1 bits: {same_w} | max rel err {err_i:.1e}", flush=True)
             pool.reset("weights")
     finally:
         pool.close()
