@@ -219,6 +219,38 @@ __device__ __forceinline__ void quantize_q8_1_at(float xi, int8_t* row, int kq, 
 }
 #endif
 
+#ifdef __CUDACC__
+// ---- the per-256 activation, q8_k256 (issue 14; the tile-layout matvecs read it) -------------
+// q8_1's two int8 terms with one scale per 256 values (d1 = amax/127 of the 256, d2 = d1/254),
+// so a K-quant super-block's sub-block scales and mins multiply exact integers and a (row,
+// column) converts to float once a super-block: the same float steps for 1 or 8 columns. Per
+// token, a row of q8_k256_stride(K) bytes (quant_ops.py), nb = K / 256 rounded up, zero-padded:
+//   int8 q[nb][2][4][64]   term u of values 64 i .. 64 i + 63 of super-block b, in the order of an
+//                          m16n8k32 B fragment pair: value 32 s + 16 half + 4 t + byte (s = 2 i + hh)
+//                          at 16 t + 8 hh + 4 half + byte, so lane t's one 16-byte load is its B
+//                          words for sub-blocks 2 i and 2 i + 1
+//   int32 bs[nb][8]        254 sum(q1) + sum(q2) over each 32-value sub-block (exact integers)
+//   float d2[nb]
+// The values are d2 (254 q1 + q2). One value per thread; the caller's warp holds one whole
+// sub-block (j = 32 * sub-block + lane) and passes the super-block's amax.
+__device__ __forceinline__ void q8_k256_store(float xj, float amax, uint8_t* row, int nb, int j) {
+    const float d1 = amax / 127.0f;
+    const float q1 = amax == 0.0f ? 0.0f : roundf(xj / d1);
+    const float r = __fmaf_rn(-d1, q1, xj);  // as quantize_q8_1_at
+    const float d2 = d1 / 254.0f;
+    const int q2 = amax == 0.0f ? 0 : (int)fminf(fmaxf(roundf(r / d2), -127.0f), 127.0f);
+    const int b = j >> 8, k = j & 255, s = k >> 5, lane = k & 31;
+    const int off = b * 512 + (s >> 1) * 64 + ((lane >> 2) & 3) * 16 + (s & 1) * 8 + (lane >> 4) * 4 + (lane & 3);
+    row[off] = (uint8_t)(int8_t)q1;
+    row[off + 256] = (uint8_t)(int8_t)q2;
+    int v = 254 * (int)q1 + q2;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (lane == 0) reinterpret_cast<int*>(row + nb * 512)[j >> 5] = v;
+    if (k == 0) reinterpret_cast<float*>(row + nb * 544)[b] = d2;
+}
+#endif
+
 // d1 * s.x + d2 * s.y + c: a two-term activation's dot with int sums s (first term, residual
 // term), plus c. The first fma takes the cancellation against an offset term c exactly.
 QDEV float act_dot(float d1, float d2, int2 s, float c) {

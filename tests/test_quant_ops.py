@@ -13,7 +13,7 @@ import pytest
 from gguf.constants import GGMLQuantizationType as QT
 
 from memra_engine.errors import DeviceError, ModelFormatError, UnsupportedModelError
-from memra_engine.gpu import build, quant_ops
+from memra_engine.gpu import build, quant_ops, quant_ref
 from memra_engine.gpu.quant_ref import (dequantize_q8_1_ref, q8_1_bytes, quantize_q8_1_ref, quantize_q8_k256_ref,
                                         random_weight_bytes, supported_types)
 from memra_engine.model.gguf_file import TensorInfo
@@ -197,6 +197,28 @@ def test_k256_reference_is_two_terms_a_256_block():
     err = np.abs(d2[..., None] * v.reshape(2, 3, 256) - blocks)
     assert np.all(err.max(-1) <= amax / 127 / 254 * 1.01)
     assert np.array_equal(bs, v.reshape(2, 24, 32).sum(-1))
+
+
+def test_q8_k256_row_image_is_the_b_fragment_order():
+    """q8_k256_bytes (the image quantize_q8_k256 must write): lane t's 16 bytes at 64 i + 16 t of a
+    term block are its m16n8k32 B words (k 4t.., 16 + 4t..) of sub-blocks 2i and 2i + 1; bs and d2
+    follow the terms; the image holds the values d2 (254 q1 + q2) and nothing is lost."""
+    pos = quant_ref.q8_k256_positions()
+    assert sorted(pos) == list(range(256))
+    for i in range(4):
+        for t in range(4):
+            want = [32 * s + 16 * half + 4 * t + b for s in (2 * i, 2 * i + 1) for half in (0, 1) for b in range(4)]
+            assert [int(np.flatnonzero(pos == 64 * i + 16 * t + o)[0]) for o in range(16)] == want
+    rng = np.random.default_rng(8)
+    x = (rng.standard_normal((3, 600)) * rng.uniform(0.1, 10, (3, 1))).astype(np.float32)
+    q1, q2, d2, bs = quantize_q8_k256_ref(x)
+    stride = quant_ops.q8_k256_stride(600)
+    assert stride == 3 * 548 + 4 and quant_ops.q8_k256_stride(4096) == 16 * 548
+    rows = quant_ref.q8_k256_bytes(q1, q2, d2, bs, stride)
+    back = quant_ref.dequantize_q8_k256_bytes(rows)
+    assert np.array_equal(back, d2.astype(np.float64).repeat(256, 1) * (254 * q1.astype(np.float64) + q2))
+    assert np.array_equal(rows[:, 3 * 512:3 * 544].copy().view(np.int32), bs)
+    assert np.abs(back[:, :600] - x).max() <= np.abs(x).max() / 127 / 254 * 1.01
 
 
 def test_q8_1_sizes():

@@ -164,6 +164,18 @@ def q8_1_nbytes(n_cols: int, n_tokens: int = 1) -> int:
     return n_tokens * q8_1_stride(n_cols)
 
 
+def q8_k256_stride(n_cols: int) -> int:
+    """Bytes per token row of the per-256 activation (quants.cuh): q[nb][2][4][64] | int32 bs[nb][8] |
+    float d2[nb], nb = n_cols / 256 rounded up."""
+    nb = -(-n_cols // 256)
+    return _align(nb * (512 + 32 + 4), 16)
+
+
+def quantize_q8_k256(rt, x_ptr: int, xq_ptr: int, n_cols: int, n_tokens: int = 1) -> None:
+    """f32 activations x[n_tokens][n_cols] -> q8_k256 rows at xq (n_tokens * q8_k256_stride bytes)."""
+    rt.launch("quantize_q8_k256", (-(-n_cols // 256), n_tokens), 256, (x_ptr, xq_ptr, n_cols, q8_k256_stride(n_cols)))
+
+
 def quantize_q8_1(rt, x_ptr: int, xq_ptr: int, n_cols: int, n_tokens: int = 1) -> None:
     """f32 activations x[n_tokens][n_cols] -> q8_1 rows at xq (q8_1_nbytes(n_cols, n_tokens) bytes)."""
     kq = _align(n_cols, 32)

@@ -106,7 +106,7 @@ def _two_terms(blocks: np.ndarray):
 
 
 def quantize_q8_k256_ref(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """A candidate activation format (issue 14; scripts/proto/mma_q4k.cu, no engine kernel yet):
+    """The per-256 activation (issue 14; cuda/k256.cu's quantize_q8_k256, quants.cuh's layout):
     quantize_q8_1_ref's two int8 terms with one scale per 256 values (K padded to 256) and integer
     sums per 32, bs = 254 sum(q1) + sum(q2). x f32 [T, K] -> (q1, q2 int8 [T, Kp], d2 f32 [T, Kp/256],
     bs int32 [T, Kp/32]); the values are d2 (254 q1 + q2)."""
@@ -119,6 +119,38 @@ def quantize_q8_k256_ref(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndar
     q1, q2 = q1.astype(np.int8).reshape(t, kp), q2.astype(np.int8).reshape(t, kp)
     bs = 254 * q1.reshape(t, -1, 32).astype(np.int32).sum(-1) + q2.reshape(t, -1, 32).astype(np.int32).sum(-1)
     return q1, q2, d2, bs.astype(np.int32)
+
+
+def q8_k256_positions() -> np.ndarray:
+    """Where value k of a super-block lands in its 256-byte term block (quants.cuh, q8_k256):
+    k = 32 s + 16 half + 4 t + byte, s = 2 i + hh -> 64 i + 16 t + 8 hh + 4 half + byte."""
+    k = np.arange(256)
+    s, lane = k >> 5, k & 31
+    return (s >> 1) * 64 + ((lane >> 2) & 3) * 16 + (s & 1) * 8 + (lane >> 4) * 4 + (lane & 3)
+
+
+def q8_k256_bytes(q1: np.ndarray, q2: np.ndarray, d2: np.ndarray, bs: np.ndarray, stride: int) -> np.ndarray:
+    """The device image of quantize_q8_k256's rows (quantize_q8_k256_ref's output), `stride` bytes apart."""
+    t, kp = q1.shape
+    nb = kp // 256
+    terms = np.zeros((t, nb, 2, 256), np.uint8)
+    pos = q8_k256_positions()
+    terms[:, :, 0, pos] = q1.view(np.uint8).reshape(t, nb, 256)
+    terms[:, :, 1, pos] = q2.view(np.uint8).reshape(t, nb, 256)
+    out = np.zeros((t, stride), np.uint8)
+    out[:, :nb * 512] = terms.reshape(t, -1)
+    out[:, nb * 512:nb * 544] = np.ascontiguousarray(bs, np.int32).view(np.uint8).reshape(t, -1)
+    out[:, nb * 544:nb * 548] = np.ascontiguousarray(d2, np.float32).view(np.uint8).reshape(t, -1)
+    return out
+
+
+def dequantize_q8_k256_bytes(rows: np.ndarray) -> np.ndarray:
+    """The activation a q8_k256 row image holds, d2 (254 q1 + q2): float64 [T, nb * 256] (for tests)."""
+    t, stride = rows.shape
+    nb = stride // 548
+    terms = rows[:, :nb * 512].reshape(t, nb, 2, 256)[..., q8_k256_positions()].view(np.int8).astype(np.float64)
+    d2 = rows[:, nb * 544:nb * 548].copy().view(np.float32).astype(np.float64)
+    return (d2[..., None] * (254 * terms[:, :, 0] + terms[:, :, 1])).reshape(t, -1)
 
 
 def dequantize_q8_1_ref(qs: np.ndarray, qs2: np.ndarray, ds: np.ndarray) -> np.ndarray:

@@ -36,7 +36,7 @@ def gpu():
     from memra_engine.gpu.runtime import GpuRuntime
 
     rt = GpuRuntime(families=["norm", "rope", "activation", "attention", "attn_prefill", "embed", "sampling", "matvec",
-                              "gemm", "moe", "kv_cache"])
+                              "gemm", "moe", "kv_cache", "k256"])
     pool = VramPool({"weights": 256 << 20, "scratch": 512 << 20})
     yield Gpu(rt, pool)
     pool.close()

@@ -20,8 +20,9 @@ import pytest
 from gguf.constants import GGMLQuantizationType as QT
 
 from memra_engine.gpu import quant_ops
-from memra_engine.gpu.quant_ref import (dequantize_weight, matvec_q8_1_ref, q8_1_bytes, quantize_q8_1_ref,
-                                        random_weight_bytes, supported_types)
+from memra_engine.gpu.quant_ref import (dequantize_weight, matvec_q8_1_ref, q8_1_bytes, q8_k256_bytes,
+                                        quantize_q8_1_ref, quantize_q8_k256_ref, random_weight_bytes,
+                                        supported_types)
 from memra_engine.model.gguf_file import TensorInfo
 from gpu_util import rope_ref
 
@@ -80,6 +81,28 @@ def test_quantize_q8_1_bytes_exact(gpu, cols, tokens):
     qs, qs2, ds = quantize_q8_1_ref(x)
     assert 2 * qs.shape[1] + ds[0].nbytes == stride  # every byte of a row is written (poisoned before)
     assert np.array_equal(got, q8_1_bytes(qs, qs2, ds, stride))
+
+
+@pytest.mark.parametrize("cols,tokens", [(256, 1), (600, 3), (4096, 2), (14336, 1)])
+def test_quantize_q8_k256_bytes_exact(gpu, cols, tokens):
+    """cuda/k256.cu's quantize_q8_k256: every byte of the rows equal to quantize_q8_k256_ref's image
+    (quant_ref.q8_k256_bytes: the B-fragment order, bs, d2), the padding past K included."""
+    rt, pool = gpu.rt, gpu.pool
+    rng = np.random.default_rng(cols + 1)
+    x = (rng.standard_normal((tokens, cols)) * rng.uniform(0.1, 10, (tokens, 1))).astype(np.float32)
+    x[0, :256] = 0.0  # an all-zero super-block: d2 = 0, q = 0, bs = 0
+    if cols > 512:
+        x[-1, 256:512] *= 1e3  # one super-block far larger than its neighbours
+    xb = put(rt, pool, x)
+    stride = quant_ops.q8_k256_stride(cols)
+    xq = pool.alloc("scratch", tokens * stride, "xq")
+    rt.memset_u32(xq.ptr, 0xDEADBEEF, tokens * stride // 4)
+    quant_ops.quantize_q8_k256(rt, xb.ptr, xq.ptr, cols, tokens)
+    got = rt.download(xq.ptr, (tokens, stride), np.uint8)
+    rt.check()
+    want = q8_k256_bytes(*quantize_q8_k256_ref(x), stride)
+    used = 548 * (-(-cols // 256))  # the row's alignment pad is never written
+    assert np.array_equal(got[:, :used], want[:, :used])
 
 
 @pytest.mark.parametrize("ggml_type", QUANT_TYPES, ids=lambda t: t.name)

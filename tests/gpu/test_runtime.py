@@ -96,3 +96,28 @@ def test_replay_timing_grows_with_the_work_in_the_graph(gpu):
         timings.append(graph.replay_us(gpu.rt, replays=3))
         graph.destroy()
     assert 0 < timings[0] < timings[1]
+
+
+def test_load_module_runs_a_kernel_built_outside_cuda_dir(gpu, tmp_path):
+    """GpuRuntime.load_module (how scripts/proto/ prototypes launch through the runtime): an outside
+    cubin's entry point is launched like the engine's own; a family loads once."""
+    import subprocess
+
+    from memra_engine.gpu import build
+
+    nvcc = build.find_nvcc()
+    assert nvcc is not None, "the GPU machine has nvcc"
+    src, out = tmp_path / "twice.cu", tmp_path / "twice.cubin"
+    src.write_text('extern "C" __global__ void twice_f32(float* x, int n) {\n'
+                   "    const int i = blockIdx.x * blockDim.x + threadIdx.x;\n    if (i < n) x[i] *= 2.0f;\n}\n")
+    subprocess.run([nvcc, "-cubin", f"-arch={gpu.rt.arch}", "-o", str(out), str(src)], check=True)
+    gpu.rt.load_module("test_twice", out.read_bytes(), {"twice_f32": "Pi"})
+    x = np.random.default_rng(3).standard_normal(64).astype(np.float32)
+    buf = gpu.pool.alloc("scratch", x.nbytes, "x")
+    gpu.rt.upload(buf.ptr, x)
+    gpu.rt.launch("twice_f32", 1, 64, (buf.ptr, 50))
+    got = gpu.rt.download(buf.ptr, (64,), np.float32)
+    gpu.rt.check()
+    assert np.array_equal(got[:50], 2 * x[:50]) and np.array_equal(got[50:], x[50:])
+    with pytest.raises(DeviceError, match="already loaded"):
+        gpu.rt.load_module("test_twice", out.read_bytes(), {})
