@@ -39,8 +39,8 @@ import pytest
 from memra_engine.cpu.backend import CpuBackend
 from memra_engine.cpu.ops import CpuOps
 from memra_engine.gpu.quant_ops import MATVEC_MAX_COLUMNS
-from memra_engine.gpu.quant_ref import (block_offsets, dequantize_q8_1_ref, matvec_q8_1_ref, quantize_q8_1_ref,
-                                        quantize_q8_k256_ref)
+from memra_engine.gpu.quant_ref import (block_offsets, dequantize_q8_1_ref, dequantize_q8_k256_ref, matvec_q8_1_ref,
+                                        quantize_q8_1_ref, quantize_q8_k256_ref)
 from memra_engine.model import arch_module
 from memra_engine.model.gguf_file import open_gguf
 from real_chat_agreement import chat_prompt_ids, compare_teacher_forced
@@ -87,13 +87,11 @@ class Q8_1Ops(CpuOps):
 
 
 def k256_activations(x: np.ndarray) -> np.ndarray:
-    """A candidate format (issue 14, scripts/proto/mma_q4k.cu): the two int8 terms with one scale a
-    256-value block (the last one padded) instead of 32, as the kernel sees them, d2 (254 q1 + q2);
-    offsets then meet the block sums of these values, so no exact-sum term."""
+    """The per-256 format (issue 14, cuda/k256.cu): the two int8 terms with one scale a 256-value
+    block (the last one padded) instead of 32, as the kernel sees them; offsets then meet the block
+    sums of these values, so no exact-sum term."""
     q1, q2, d2, _ = quantize_q8_k256_ref(x)
-    t, k = x.shape
-    vals = d2[..., None] * (254 * q1.reshape(t, -1, 256).astype(np.float32) + q2.reshape(t, -1, 256))
-    return vals.astype(np.float32).reshape(t, -1)[:, :k]
+    return dequantize_q8_k256_ref(q1, q2, d2).astype(np.float32)[:, :x.shape[1]]
 
 
 def block_offset_matrices(g, backend: CpuBackend) -> dict[int, np.ndarray]:

@@ -213,9 +213,10 @@ def test_q8_k256_row_image_is_the_b_fragment_order():
     x = (rng.standard_normal((3, 600)) * rng.uniform(0.1, 10, (3, 1))).astype(np.float32)
     q1, q2, d2, bs = quantize_q8_k256_ref(x)
     stride = quant_ops.q8_k256_stride(600)
-    assert stride == 3 * 548 + 4 and quant_ops.q8_k256_stride(4096) == 16 * 548
+    assert stride == 3 * 548 + 4 and quant_ops.q8_k256_stride(4096) == 16 * 548 == 16 * quant_ops.Q8_K256_BYTES
     rows = quant_ref.q8_k256_bytes(q1, q2, d2, bs, stride)
     back = quant_ref.dequantize_q8_k256_bytes(rows)
+    assert np.array_equal(back, quant_ref.dequantize_q8_k256_ref(q1, q2, d2))
     assert np.array_equal(back, d2.astype(np.float64).repeat(256, 1) * (254 * q1.astype(np.float64) + q2))
     assert np.array_equal(rows[:, 3 * 512:3 * 544].copy().view(np.int32), bs)
     assert np.abs(back[:, :600] - x).max() <= np.abs(x).max() / 127 / 254 * 1.01

@@ -164,11 +164,13 @@ def q8_1_nbytes(n_cols: int, n_tokens: int = 1) -> int:
     return n_tokens * q8_1_stride(n_cols)
 
 
+Q8_K256_BYTES = 512 + 32 + 4  # a super-block's share of a q8_k256 row: both terms, 8 int32 sums, d2
+
+
 def q8_k256_stride(n_cols: int) -> int:
     """Bytes per token row of the per-256 activation (quants.cuh): q[nb][2][4][64] | int32 bs[nb][8] |
     float d2[nb], nb = n_cols / 256 rounded up."""
-    nb = -(-n_cols // 256)
-    return _align(nb * (512 + 32 + 4), 16)
+    return _align(-(-n_cols // 256) * Q8_K256_BYTES, 16)
 
 
 def quantize_q8_k256(rt, x_ptr: int, xq_ptr: int, n_cols: int, n_tokens: int = 1) -> None:

@@ -16,7 +16,7 @@ import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as QT
 from gguf.quants import Q4_K, dequantize
 
-from memra_engine.gpu.quant_ops import FLOAT_TYPES, QUANT_PLANES
+from memra_engine.gpu.quant_ops import FLOAT_TYPES, Q8_K256_BYTES, QUANT_PLANES
 
 # byte ranges of f16 fields that must hold finite values: (start, stop) within the block
 _HALF_FIELDS = {
@@ -144,13 +144,20 @@ def q8_k256_bytes(q1: np.ndarray, q2: np.ndarray, d2: np.ndarray, bs: np.ndarray
     return out
 
 
+def dequantize_q8_k256_ref(q1: np.ndarray, q2: np.ndarray, d2: np.ndarray) -> np.ndarray:
+    """The activation the per-256 format holds, d2 (254 q1 + q2): float64 [T, Kp]."""
+    t = q1.shape[0]
+    v = 254 * q1.reshape(t, -1, 256).astype(np.float64) + q2.reshape(t, -1, 256)
+    return (d2.astype(np.float64)[..., None] * v).reshape(t, -1)
+
+
 def dequantize_q8_k256_bytes(rows: np.ndarray) -> np.ndarray:
-    """The activation a q8_k256 row image holds, d2 (254 q1 + q2): float64 [T, nb * 256] (for tests)."""
+    """dequantize_q8_k256_ref of a q8_k256 row image (q8_k256_bytes' layout; for tests)."""
     t, stride = rows.shape
-    nb = stride // 548
-    terms = rows[:, :nb * 512].reshape(t, nb, 2, 256)[..., q8_k256_positions()].view(np.int8).astype(np.float64)
-    d2 = rows[:, nb * 544:nb * 548].copy().view(np.float32).astype(np.float64)
-    return (d2[..., None] * (254 * terms[:, :, 0] + terms[:, :, 1])).reshape(t, -1)
+    nb = stride // Q8_K256_BYTES  # the row's alignment pad is under 16 bytes
+    terms = rows[:, :nb * 512].reshape(t, nb, 2, 256)[..., q8_k256_positions()].view(np.int8)
+    d2 = rows[:, nb * 544:nb * 548].copy().view(np.float32)
+    return dequantize_q8_k256_ref(terms[:, :, 0], terms[:, :, 1], d2)
 
 
 def dequantize_q8_1_ref(qs: np.ndarray, qs2: np.ndarray, ds: np.ndarray) -> np.ndarray:
