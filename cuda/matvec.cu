@@ -17,7 +17,6 @@
 #include "common.cuh"
 #include "quants.cuh"
 #include "rope.cuh"
-#include "tensor_core.cuh"
 
 #define MV_WARPS 4
 
@@ -492,6 +491,13 @@ MATVEC_Q_ALL(iq4_xs)
 // loads, each touching the same 8 lines.
 // grid ceil(rows / 16), block 256; y [n_tokens][rows]; n_tokens <= 8 NT.
 #define MMA_WARPS 8
+
+__device__ __forceinline__ void mma_s8_16x8x32(int (&d)[4], const int (&a)[4], int b0, int b1) {
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%10,%10,%10,%10};"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0));
+}
 
 __device__ __forceinline__ uint2 ld8(const void* p) { return *reinterpret_cast<const uint2*>(p); }
 

@@ -329,4 +329,3 @@ extern "C" __global__ void __launch_bounds__(128) mvq4k_dp4a_1(const uint8_t* w,
                                                                const int4* xb, float* y, int rows, int nb) {
     mvq4k_dp4a<4>(w, xq, xd, xb, y, rows, nb);
 }
-

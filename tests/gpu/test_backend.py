@@ -29,9 +29,6 @@ TOP1_ALL_BOUND = 0.99  # on all positions (issue 3's bar; measured 100%)
 MODELS = {
     "tiny-llama": dict(preset="tiny-llama", head_dim=64, n_head=4, n_kv_head=2, d_model=256),
     "tiny-qwen2": dict(preset="tiny-qwen2", head_dim=64, n_head=4, n_kv_head=2, d_model=256),
-    # Q4_K weights (layer 0 all Q4_K, layer 1 with Q6_K v and down): decode and verify on k256.cu
-    "tiny-llama-q4k": dict(preset="tiny-llama", head_dim=64, n_head=4, n_kv_head=2, d_model=256, d_ff=512,
-                           quant="Q4_K_M"),
     "tiny-qwen3": dict(preset="tiny-qwen3"),
     "tiny-gemma3": dict(preset="tiny-gemma3"),
     "smollm2-135m": dict(preset="smollm2-135m"),
@@ -125,7 +122,7 @@ def test_graph_replay_is_bit_identical_to_eager(backends, name):
     assert np.array_equal(runs[0], runs[2])
 
 
-@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-gemma3", "tiny-llama-q4k"])
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-gemma3"])  # decode fuses q|k|v + bias + rope, verify does not
 def test_verify_rows_equal_decode_rows(backends, name):
     _, gpu = backends(name)
     prompt = list(range(10, 60))
