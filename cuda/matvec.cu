@@ -17,6 +17,7 @@
 #include "common.cuh"
 #include "quants.cuh"
 #include "rope.cuh"
+#include "tensor_core.cuh"
 
 #define MV_WARPS 4
 
@@ -327,10 +328,6 @@ __device__ __forceinline__ void matvec_f(const uint8_t* __restrict__ w, const fl
 // the previous kernel: under PDL this block is often resident while that kernel still runs.
 // Each lane asks L2 for one 128-byte line of each of its warp's rows (q and meta planes; the
 // first 4 KB of a row), so the first weight loads after the wait hit L2, not DRAM.
-__device__ __forceinline__ void prefetch_l2(const void* p) {
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-}
-
 template <class T, int R>
 __device__ __forceinline__ void matvec_prefetch_rows(const uint8_t* wq, const uint8_t* wm, const int (&row)[R], int cols) {
     const int lane = threadIdx.x & 31;
@@ -491,13 +488,6 @@ MATVEC_Q_ALL(iq4_xs)
 // loads, each touching the same 8 lines.
 // grid ceil(rows / 16), block 256; y [n_tokens][rows]; n_tokens <= 8 NT.
 #define MMA_WARPS 8
-
-__device__ __forceinline__ void mma_s8_16x8x32(int (&d)[4], const int (&a)[4], int b0, int b1) {
-    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%10,%10,%10,%10};"
-        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0));
-}
 
 __device__ __forceinline__ uint2 ld8(const void* p) { return *reinterpret_cast<const uint2*>(p); }
 

@@ -40,9 +40,10 @@ __device__ __forceinline__ void quantize_regs(const float (&yv)[NORM_VPT], int8_
 
 // y[r] = x[r] * rsqrt(mean(x[r]^2) + eps) * w over rows of n. Row r is head r % heads of token
 // r / heads: x rows of tokens are x_ld floats apart (views of a fused qkv output), y's y_ld.
-// xq: when not null (heads == 1 only), y is also written as q8_1 rows of xq_stride bytes.
+// xq: when not null (heads == 1 only), y is also written as q8_1 rows of xq_stride bytes; xk: when not
+// null (heads == 1, blockDim a multiple of 256), as q8_k256 rows (q8_k256_row_bytes(n) apart) too.
 extern "C" __global__ void rms_norm_f32(const float* x, const float* w, float* y, int n, int heads, int x_ld,
-                                        int y_ld, float eps, int8_t* xq, int xq_stride) {
+                                        int y_ld, float eps, int8_t* xq, int xq_stride, uint8_t* xk) {
     pdl_entry();
     __shared__ float scratch[32];
     const int t = blockIdx.x / heads, h = blockIdx.x % heads;
@@ -55,6 +56,7 @@ extern "C" __global__ void rms_norm_f32(const float* x, const float* w, float* y
         const float yi = i < n ? xi * inv * w[i] : 0.0f;
         if (i < n) yr[i] = yi;
         if (xq) quantize_own(yi, xq + (size_t)blockIdx.x * xq_stride, n);
+        if (xk) q8_k256_row(yr, xk + (size_t)blockIdx.x * q8_k256_row_bytes(n), n);
         return;
     }
     if (n <= NORM_VPT * (int)blockDim.x) {
@@ -75,6 +77,7 @@ extern "C" __global__ void rms_norm_f32(const float* x, const float* w, float* y
             if (i < n) yr[i] = yv[k];
         }
         if (xq) quantize_regs(yv, xq + (size_t)blockIdx.x * xq_stride, n);
+        if (xk) q8_k256_row(yr, xk + (size_t)blockIdx.x * q8_k256_row_bytes(n), n);
         return;
     }
     float ss = 0.0f;
@@ -82,12 +85,13 @@ extern "C" __global__ void rms_norm_f32(const float* x, const float* w, float* y
     const float inv = rsqrtf(block_sum(ss, scratch) / (float)n + eps);
     for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = xr[i] * inv * w[i];
     if (xq) quantize_row(yr, xq + (size_t)blockIdx.x * xq_stride, n);
+    if (xk) q8_k256_row(yr, xk + (size_t)blockIdx.x * q8_k256_row_bytes(n), n);
 }
 
 // Fused residual add + norm: h = a + b; y = rms_norm(h) * w (rows of n). Saves the add's launch
 // and one round trip of h through memory per layer. h may alias a.
 extern "C" __global__ void add_rms_norm_f32(float* h, const float* a, const float* b, const float* w, float* y, int n,
-                                            float eps, int8_t* xq, int xq_stride) {
+                                            float eps, int8_t* xq, int xq_stride, uint8_t* xk) {
     pdl_entry();
     __shared__ float scratch[32];
     const size_t r = (size_t)blockIdx.x * n;
@@ -99,6 +103,7 @@ extern "C" __global__ void add_rms_norm_f32(float* h, const float* a, const floa
         const float yi = i < n ? v * inv * w[i] : 0.0f;
         if (i < n) y[r + i] = yi;
         if (xq) quantize_own(yi, xq + (size_t)blockIdx.x * xq_stride, n);
+        if (xk) q8_k256_row(y + r, xk + (size_t)blockIdx.x * q8_k256_row_bytes(n), n);
         return;
     }
     if (n <= NORM_VPT * (int)blockDim.x) {
@@ -124,6 +129,7 @@ extern "C" __global__ void add_rms_norm_f32(float* h, const float* a, const floa
             if (i < n) y[r + i] = yv[k];
         }
         if (xq) quantize_regs(yv, xq + (size_t)blockIdx.x * xq_stride, n);
+        if (xk) q8_k256_row(y + r, xk + (size_t)blockIdx.x * q8_k256_row_bytes(n), n);
         return;
     }
     float ss = 0.0f;
@@ -135,6 +141,7 @@ extern "C" __global__ void add_rms_norm_f32(float* h, const float* a, const floa
     const float inv = rsqrtf(block_sum(ss, scratch) / (float)n + eps);
     for (int i = threadIdx.x; i < n; i += blockDim.x) y[r + i] = h[r + i] * inv * w[i];
     if (xq) quantize_row(y + r, xq + (size_t)blockIdx.x * xq_stride, n);
+    if (xk) q8_k256_row(y + r, xk + (size_t)blockIdx.x * q8_k256_row_bytes(n), n);
 }
 
 // Decode's add + norm over several blocks a row (n of 1025..4096: the 8B's 4096, the 1B's 2048).
@@ -148,7 +155,7 @@ extern "C" __global__ void add_rms_norm_f32(float* h, const float* a, const floa
 
 extern "C" __global__ void __launch_bounds__(NORM_SPLIT) add_rms_norm_split_f32(
         float* h, const float* a, const float* b, const float* w, float* y, int n, float eps, int8_t* xq,
-        int xq_stride) {
+        int xq_stride, uint8_t* xk) {
     __shared__ float scratch[32];
     const int s = blockIdx.x, lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
     const int i = NORM_SPLIT * s + threadIdx.x;  // this thread's value of the slice
@@ -184,6 +191,7 @@ extern "C" __global__ void __launch_bounds__(NORM_SPLIT) add_rms_norm_split_f32(
     }
     const int kq = (n + 31) & ~31;
     if (xq && i < kq) quantize_q8_1_at(yi, xq + (size_t)blockIdx.y * xq_stride, kq, i);  // warp-uniform: kq % 32 == 0
+    if (xk) q8_k256_block(yi, xk + (size_t)blockIdx.y * q8_k256_row_bytes(n), (n + 255) >> 8, i);  // a block, a super-block
 }
 
 // Gemma's sandwich norms: yb = rms_norm(b) * wb (the post-attention / post-FFN norm), then
@@ -192,7 +200,7 @@ extern "C" __global__ void __launch_bounds__(NORM_SPLIT) add_rms_norm_split_f32(
 // launch per pair. h may alias a.
 extern "C" __global__ void norm_add_rms_norm_f32(float* h, const float* a, const float* b, const float* wb,
                                                  float* yb, float eps_b, const float* w, float* y, int n, float eps,
-                                                 int8_t* xq, int xq_stride) {
+                                                 int8_t* xq, int xq_stride, uint8_t* xk) {
     pdl_entry();
     __shared__ float scratch[32];
     const size_t r = (size_t)blockIdx.x * n;
@@ -207,6 +215,7 @@ extern "C" __global__ void norm_add_rms_norm_f32(float* h, const float* a, const
         const float yi = i < n ? v * inv * w[i] : 0.0f;
         if (i < n) y[r + i] = yi;
         if (xq) quantize_own(yi, xq + (size_t)blockIdx.x * xq_stride, n);
+        if (xk) q8_k256_row(y + r, xk + (size_t)blockIdx.x * q8_k256_row_bytes(n), n);
         return;
     }
     float ss = 0.0f;
@@ -223,4 +232,5 @@ extern "C" __global__ void norm_add_rms_norm_f32(float* h, const float* a, const
     const float inv = rsqrtf(block_sum(ss, scratch) / (float)n + eps);
     for (int i = threadIdx.x; i < n; i += blockDim.x) y[r + i] = h[r + i] * inv * w[i];
     if (xq) quantize_row(y + r, xq + (size_t)blockIdx.x * xq_stride, n);
+    if (xk) q8_k256_row(y + r, xk + (size_t)blockIdx.x * q8_k256_row_bytes(n), n);
 }

@@ -220,15 +220,15 @@ __device__ __forceinline__ void quantize_q8_1_at(float xi, int8_t* row, int kq, 
 #endif
 
 #ifdef __CUDACC__
-// ---- the per-256 activation, q8_k256 (issue 14; the tile-layout matvecs read it) -------------
+// ---- the per-256 activation, q8_k256 (issue 14; k256.cu's Q4_K matvecs read it) ---------------
 // q8_1's two int8 terms with one scale per 256 values (d1 = amax/127 of the 256, d2 = d1/254),
 // so a K-quant super-block's sub-block scales and mins multiply exact integers and a (row,
 // column) converts to float once a super-block: the same float steps for 1 or 8 columns. Per
 // token, a row of q8_k256_stride(K) bytes (quant_ops.py), nb = K / 256 rounded up, zero-padded:
-//   int8 q[nb][2][4][64]   term u of values 64 i .. 64 i + 63 of super-block b, in the order of an
-//                          m16n8k32 B fragment pair: value 32 s + 16 half + 4 t + byte (s = 2 i + hh)
-//                          at 16 t + 8 hh + 4 half + byte, so lane t's one 16-byte load is its B
-//                          words for sub-blocks 2 i and 2 i + 1
+//   int8 q[nb][2][256]     term u of super-block b: value 64 i + 32 h + 8 t + e (pair i of sub-blocks
+//                          2i, 2i + 1; h which of them; t a quarter; e < 8) at 64 i + 16 t + 8 h + e,
+//                          so one 16-byte load gives an MMA lane t its B words of both sub-blocks of a
+//                          pair, and a dp4a lane's 64 bytes are still one pair whole
 //   int32 bs[nb][8]        254 sum(q1) + sum(q2) over each 32-value sub-block (exact integers)
 //   float d2[nb]
 // The values are d2 (254 q1 + q2). One value per thread; the caller's warp holds one whole
@@ -239,8 +239,8 @@ __device__ __forceinline__ void q8_k256_store(float xj, float amax, uint8_t* row
     const float r = __fmaf_rn(-d1, q1, xj);  // as quantize_q8_1_at
     const float d2 = d1 / 254.0f;
     const int q2 = amax == 0.0f ? 0 : (int)fminf(fmaxf(roundf(r / d2), -127.0f), 127.0f);
-    const int b = j >> 8, k = j & 255, s = k >> 5, lane = k & 31;
-    const int off = b * 512 + (s >> 1) * 64 + ((lane >> 2) & 3) * 16 + (s & 1) * 8 + (lane >> 4) * 4 + (lane & 3);
+    const int b = j >> 8, k = j & 255, lane = k & 31;
+    const int off = b * 512 + (k & 192) + ((k >> 3) & 3) * 16 + ((k >> 5) & 1) * 8 + (k & 7);
     row[off] = (uint8_t)(int8_t)q1;
     row[off + 256] = (uint8_t)(int8_t)q2;
     int v = 254 * (int)q1 + q2;
@@ -248,6 +248,43 @@ __device__ __forceinline__ void q8_k256_store(float xj, float amax, uint8_t* row
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     if (lane == 0) reinterpret_cast<int*>(row + nb * 512)[j >> 5] = v;
     if (k == 0) reinterpret_cast<float*>(row + nb * 544)[b] = d2;
+}
+
+// Bytes of a token's q8_k256 row of n values (quant_ops.q8_k256_stride).
+__device__ __forceinline__ int q8_k256_row_bytes(int n) { return ((((n + 255) >> 8) * 548) + 15) & ~15; }
+
+// The producers' q8_k256 copy where a block of 256 threads holds one super-block (thread j of
+// block b: value 256 b + j, 0 past the row): quantize_q8_k256, the split norm, the gated
+// activations. Every thread of the block calls it.
+__device__ __forceinline__ void q8_k256_block(float xj, uint8_t* row, int nb, int j) {
+    __shared__ float wmax[8];
+    const float m = warp_absmax(xj);
+    if ((threadIdx.x & 31) == 0) wmax[threadIdx.x >> 5] = m;
+    __syncthreads();
+    float amax = wmax[0];
+#pragma unroll
+    for (int w = 1; w < 8; ++w) amax = fmaxf(amax, wmax[w]);
+    q8_k256_store(xj, amax, row, nb, j);
+}
+
+// The same for a row a block has written to global memory (yr, n values) with blockDim a multiple
+// of 256: 256-thread groups take a super-block each, re-reading the row (L1) after a barrier.
+__device__ __forceinline__ void q8_k256_row(const float* yr, uint8_t* row, int n) {
+    __shared__ float wmax[32];
+    const int nb = (n + 255) >> 8, warp = threadIdx.x >> 5;
+    __syncthreads();  // the row's values were written by other threads of the block
+    for (int base = 0; base < nb * 256; base += blockDim.x) {  // block-uniform bounds
+        const int j = base + threadIdx.x;
+        const float v = j < n ? yr[j] : 0.0f;
+        const float m = warp_absmax(v);
+        if ((threadIdx.x & 31) == 0) wmax[warp] = m;
+        __syncthreads();
+        float amax = wmax[warp & ~7];
+#pragma unroll
+        for (int w = 1; w < 8; ++w) amax = fmaxf(amax, wmax[(warp & ~7) + w]);
+        if (j < nb * 256) q8_k256_store(v, amax, row, nb, j);  // warp-uniform: whole 256-thread groups
+        __syncthreads();
+    }
 }
 #endif
 

@@ -1,5 +1,5 @@
-// Helpers shared by the tensor-core kernels (attention.cu, attn_prefill.cu, gemm.cu): mma.sync
-// m16n8k16 (and m16n8k8) with f32 accumulators, the f16 hi + lo split that keeps float32 accuracy through it,
+// Helpers shared by the tensor-core kernels (attention.cu, attn_prefill.cu, gemm.cu, matvec.cu, k256.cu): mma.sync
+// m16n8k16 (and m16n8k8) with f32 accumulators, m16n8k32 on int8, the f16 hi + lo split that keeps float32 accuracy through it,
 // ldmatrix, and cp.async copies into shared memory.
 #pragma once
 #include <cuda_fp16.h>
@@ -19,6 +19,14 @@ __device__ __forceinline__ void mma_1688(float (&d)[4], uint32_t a0, uint32_t a1
     asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                  : "r"(a0), "r"(a1), "r"(b0));
+}
+
+// d = a (16x32 s8, row) x b (32x8 s8, col), int32 sums (the verify matvecs' integer dots).
+__device__ __forceinline__ void mma_s8_16x8x32(int (&d)[4], const int (&a)[4], int b0, int b1) {
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%10,%10,%10,%10};"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0));
 }
 
 // (x, y) as f16x2 hi and the f16x2 of what hi leaves out.

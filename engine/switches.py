@@ -34,6 +34,12 @@ def verify_mma() -> bool:
     return os.environ.get("MEMRA_VERIFY_MMA", "1") != "0"
 
 
+def k256() -> bool:
+    """MEMRA_K256=0: Q4_K decode and verify matvecs on the q8_1 kernels (matvec.cu) instead of the
+    q8_k256 ones (k256.cu), for A/B runs."""
+    return os.environ.get("MEMRA_K256", "1") != "0"
+
+
 def verify_slice() -> int | None:
     """MEMRA_VERIFY_SLICE=1|2|4|8|16: most columns a block of a batched (verify) matvec takes
     (blocks over the rest); None: chosen per shape (quant_ops.verify_slice)."""

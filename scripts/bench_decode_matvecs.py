@@ -28,7 +28,7 @@ def main() -> None:
             shape, qtype = spec.split(":")
             rows, cols = (int(n) for n in shape.split("x"))
             runs.append(([(rows, cols)], [QT[qtype]]))
-    rt = GpuRuntime(families=["matvec"])
+    rt = GpuRuntime(families=["matvec", "k256"])
     pool = VramPool({"weights": 2560 << 20, "scratch": 256 << 20})
     try:
         for name in quant_ops.kernel_names():

@@ -119,6 +119,13 @@ def bench_matvec(rt, pool, quick: bool) -> list[dict]:
                     fns = [(lambda w=weights[i % len(weights)], v=v, c=c: quant_ops.matvec(rt, w, x.ptr, xq.ptr, y.ptr, c, variant=v))
                            for i in range(launches)]
                     result[f"us_c{c}{tag}"] = time_graph(rt, fns) * 1e6
+            if quant and quant_ops.uses_k256(weights[0]):  # the q8_k256 decode and verify kernels (k256.cu)
+                xk = pool.alloc("scratch", 16 * quant_ops.q8_k256_stride(cols), "xk")
+                quant_ops.quantize_q8_k256(rt, x.ptr, xk.ptr, cols, 16)
+                for c in (1, 8, 16):
+                    fns = [(lambda w=weights[i % len(weights)], c=c: quant_ops.matvec_k256(rt, w, xk.ptr, y.ptr, c))
+                           for i in range(launches)]
+                    result[f"us_k256_c{c}"] = time_graph(rt, fns) * 1e6
             rows_out.append(result)
             print(f"matvec {ggml_type.name:5s} {rows:6d}x{cols:<6d} " + " ".join(
                 f"{k[3:]} {result[k]:6.2f}" for k in result if k.startswith("us_")) + " us", flush=True)
@@ -211,7 +218,7 @@ def main() -> int:
     ap.add_argument("--gemm-only", action="store_true", help="only the prefill GEMM")
     ap.add_argument("--json", help="write every measurement here")
     args = ap.parse_args()
-    rt = GpuRuntime(families=["matvec", "gemm"])
+    rt = GpuRuntime(families=["matvec", "gemm", "k256"])
     pool = VramPool({"weights": 2560 << 20, "scratch": 256 << 20})
     try:
         for name in quant_ops.kernel_names():  # lookups are refused inside a capture

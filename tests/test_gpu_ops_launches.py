@@ -98,7 +98,7 @@ def model_paths(tmp_path_factory):
 
 def run_forward(path, T: int, n_ctx: int = 300, cluster: bool = False, kv_type: str = "f16",
                 rt: "RecordingRuntime | None" = None, moe_log: tuple[int, int] = (0, 0),
-                arena: Arena | None = None, dry_max_shared: int | None = None) -> list[str]:
+                arena: Arena | None = None, dry_max_shared: int | None = None, k256: bool = False) -> list[str]:
     """One forward of T tokens on a recording runtime (its launches returned), or with
     dry_max_shared on ops' own stand-in runtime for a device of that much shared memory, as the
     backend sizes its scratch (no launches to return)."""
@@ -107,7 +107,7 @@ def run_forward(path, T: int, n_ctx: int = 300, cluster: bool = False, kv_type: 
     weights = GpuWeights(g, cfg).upload(None, None, dry=True)
     kv = GpuKvCache(None, cfg.n_layer, cfg.n_kv_head, n_ctx, cfg.head_dim, kv_type)
     ops = GpuOps(None, cfg, kv, arena or Arena.unbounded(), dry=True, cluster=cluster,
-                 max_shared=dry_max_shared or quant_ops.SM90_SHARED)
+                 max_shared=dry_max_shared or quant_ops.SM90_SHARED, k256_outputs=k256)
     if dry_max_shared is None:
         rt = ops.rt = rt or RecordingRuntime()
     ops.moe_log_ptr, ops.moe_log_tokens = moe_log
@@ -690,6 +690,36 @@ def test_verify_matvecs_slice_short_rows_in_pairs_of_columns(monkeypatch):
     monkeypatch.setenv("MEMRA_VERIFY_SLICE", "8")
     assert launched(big, 9) == [("matvec_q4_K_mma_c8", 9, 2)]
     assert launched(small, 9) == [("matvec_q4_1_r2u1_c8", 9, 2)]
+
+
+def test_q4_k_decode_and_verify_take_the_k256_matvecs(tmp_path, monkeypatch):
+    """A Q4_K_M model's Q4_K matrices at 1-16 tokens run on k256.cu (decode c1, verify c8 up to 8
+    tokens and c16 up to 16, one block row: each block reads its weight tile once), reading q8_k256 copies their producers wrote: the norms and the gated
+    activation write them (xk set), so the only quantize_q8_k256 launches are one a layer for
+    attention's output (the o matvec); Q6_K parts keep the q8_1 kernels. MEMRA_K256=0: none of it."""
+    from memra_engine.model.synthetic import write_synthetic_gguf
+
+    path = write_synthetic_gguf(tmp_path / "q4k.gguf", preset="tiny-llama", head_dim=64, n_head=4, n_kv_head=2,
+                                d_model=256, d_ff=512, quant="Q4_K_M")
+    g = open_gguf(path)
+    n_layer = config_from_gguf(g).n_layer
+    assert quant_ops.k256_model(g.tensors.values())
+    for T, kind in ((1, "c1"), (5, "c8"), (8, "c8"), (9, "c16"), (16, "c16")):
+        rt = RecordingRuntime()
+        run_forward(path, T, rt=rt, k256=True)
+        k256 = [(args, grid) for (name, args), grid in zip(rt.calls, rt.grids) if name.startswith("matvec_q4_K_k256")]
+        assert k256 and all(name == f"matvec_q4_K_k256_{kind}_w16" for name in rt.launches
+                            if name.startswith("matvec_q4_K_k256")), T
+        assert all(args[2] and grid[1] == 1 for args, grid in k256), T  # x's copy set; one block row
+        assert rt.launches.count("quantize_q8_k256") == n_layer, T
+        writers = [args[-1] for name, args in rt.calls if name in ("add_rms_norm_f32", "add_rms_norm_split_f32",
+                                                                   "rms_norm_f32", "silu_mul_f32")]
+        assert writers and all(writers), T
+        assert any(name.startswith("matvec_q6_K_") for name in rt.launches), T
+    monkeypatch.setenv("MEMRA_K256", "0")
+    assert not quant_ops.k256_model(g.tensors.values())
+    launches = run_forward(path, 1)
+    assert not any("k256" in name for name in launches)
 
 
 class SmallSharedRuntime(RecordingRuntime):

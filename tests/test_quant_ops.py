@@ -199,15 +199,17 @@ def test_k256_reference_is_two_terms_a_256_block():
     assert np.array_equal(bs, v.reshape(2, 24, 32).sum(-1))
 
 
-def test_q8_k256_row_image_is_the_b_fragment_order():
-    """q8_k256_bytes (the image quantize_q8_k256 must write): lane t's 16 bytes at 64 i + 16 t of a
-    term block are its m16n8k32 B words (k 4t.., 16 + 4t..) of sub-blocks 2i and 2i + 1; bs and d2
-    follow the terms; the image holds the values d2 (254 q1 + q2) and nothing is lost."""
+def test_q8_k256_row_image():
+    """q8_k256_bytes (the image quantize_q8_k256 must write): in a term block, the 16 bytes at 64 i + 16 t
+    are values 8t .. 8t + 7 of sub-block 2i, then of sub-block 2i + 1 (an MMA lane's B words of a pair),
+    and the 64 bytes at 64 i are pair i's values and nothing else (a dp4a lane's); bs and d2 follow the
+    terms; the image holds the values d2 (254 q1 + q2) and nothing is lost."""
     pos = quant_ref.q8_k256_positions()
     assert sorted(pos) == list(range(256))
     for i in range(4):
+        assert sorted(np.flatnonzero((pos >= 64 * i) & (pos < 64 * i + 64))) == list(range(64 * i, 64 * i + 64))
         for t in range(4):
-            want = [32 * s + 16 * half + 4 * t + b for s in (2 * i, 2 * i + 1) for half in (0, 1) for b in range(4)]
+            want = [32 * s + 8 * t + e for s in (2 * i, 2 * i + 1) for e in range(8)]
             assert [int(np.flatnonzero(pos == 64 * i + 16 * t + o)[0]) for o in range(16)] == want
     rng = np.random.default_rng(8)
     x = (rng.standard_normal((3, 600)) * rng.uniform(0.1, 10, (3, 1))).astype(np.float32)
@@ -219,6 +221,7 @@ def test_q8_k256_row_image_is_the_b_fragment_order():
     assert np.array_equal(back, quant_ref.dequantize_q8_k256_ref(q1, q2, d2))
     assert np.array_equal(back, d2.astype(np.float64).repeat(256, 1) * (254 * q1.astype(np.float64) + q2))
     assert np.array_equal(rows[:, 3 * 512:3 * 544].copy().view(np.int32), bs)
+    assert np.array_equal(rows[:, 512 + 256:512 + 512].view(np.int8), q2[:, 256:512][:, np.argsort(pos)])  # super-block 1, term 2
     assert np.abs(back[:, :600] - x).max() <= np.abs(x).max() / 127 / 254 * 1.01
 
 

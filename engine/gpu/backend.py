@@ -36,6 +36,7 @@ from memra_engine.gpu.expert_cache import ExpertCache
 from memra_engine.gpu.graph import CudaGraph
 from memra_engine.gpu.kv_cache import GpuKvCache
 from memra_engine.gpu.memory import MIB, OOM_HINT, OOM_HINT_Q8_0, VramPool
+from memra_engine.gpu import quant_ops
 from memra_engine.gpu.ops import Arena, DArray, GpuOps, attn_max_splits, attn_splits, kv_bucket
 from memra_engine.gpu.runtime import GpuRuntime
 from memra_engine.gpu.sampler import MAX_ROWS, OUT_DTYPE, RESULT_DTYPE, GpuSampler
@@ -111,7 +112,7 @@ class CudaBackend:
         self.kv = GpuKvCache(self.pool, cfg.n_layer, cfg.n_kv_head, self.n_ctx, cfg.head_dim, self.kv_type)
         scratch = self.pool.alloc("scratch", regions["scratch"], "arena")
         self.ops = GpuOps(rt, cfg, self.kv, Arena(scratch.ptr, scratch_parts), cluster=rt.cluster_attention,
-                          split_cap=self.attn_max_splits)
+                          split_cap=self.attn_max_splits, k256_outputs=quant_ops.k256_model(g.tensors.values()))
         alloc = lambda n, name: self.pool.alloc("graph", n, name).ptr  # noqa: E731
         if n_slots:
             log = alloc(4 * cfg.n_layer * PREFILL_CHUNK * cfg.n_expert_used, "routing log")
@@ -184,7 +185,8 @@ class CudaBackend:
         kv = GpuKvCache(None, cfg.n_layer, cfg.n_kv_head, self.n_ctx, cfg.head_dim, self.kv_type)
         arena = Arena.unbounded()
         ops = GpuOps(None, cfg, kv, arena, dry=True, cluster=self.rt.cluster_attention,
-                     split_cap=self.attn_max_splits, max_shared=self.rt.max_shared)
+                     split_cap=self.attn_max_splits, max_shared=self.rt.max_shared,
+                     k256_outputs=quant_ops.k256_model(g.tensors.values()))
         for T, last_only in ((min(PREFILL_CHUNK, self.n_ctx), True), (min(ALL_LOGITS_CHUNK, self.n_ctx), False)):
             ops.begin(self.splits_for(self.n_ctx), prefill_splits=self.prefill_splits_for(self.n_ctx))
             tokens = DArray(0, (T,), 1)

@@ -316,11 +316,12 @@ def attention_launch(rt, q, q_ld, kc, vc, kd, vd, opart, ml, positions, T, n_hea
 
 class GpuOps:
     def __init__(self, rt, cfg, kv, arena: Arena, dry: bool = False, cluster: bool = False,
-                 split_cap: int | None = None, max_shared: int = quant_ops.SM90_SHARED):
+                 split_cap: int | None = None, max_shared: int = quant_ops.SM90_SHARED, k256_outputs: bool = False):
         """kv: engine.gpu.kv_cache.GpuKvCache (pointers per layer). rt None with dry=True.
         cluster: attention on the cluster path (GpuRuntime.cluster_attention). split_cap: the model's
         attn_max_splits (the backend's, which also sizes the graphs' grids); None: derived here.
-        max_shared: with dry=True, the device's shared memory a block (GpuRuntime.max_shared)."""
+        max_shared: with dry=True, the device's shared memory a block (GpuRuntime.max_shared).
+        k256_outputs: norms and gated activations also write q8_k256 copies (quant_ops.k256_model)."""
         self.rt = _DryRuntime(max_shared) if dry else rt
         self.cfg, self.kv, self.arena, self.dry, self.cluster = cfg, kv, arena, dry, cluster
         self.attn_max_splits = split_cap or attn_max_splits(cfg.n_kv_head, cfg.n_head // cfg.n_kv_head,
@@ -334,18 +335,20 @@ class GpuOps:
         self.prefill_splits = 0  # the split path's grid.y, for prefill forwards on the cluster path
         self._xq: dict[tuple[int, int], int] = {}
         self._xh: dict[tuple[int, int], int] = {}  # f16 copies for the pipelined GEMM, kept as _xq
+        self._xk: dict[tuple[int, int], int] = {}  # q8_k256 copies for the Q4_K matvecs (k256.cu), kept as _xq
         # attention partials (opart, ml), one pair per shape and forward: a layer's partials are
         # merged before the next layer's attention starts (stream order), so every layer reuses them
         self._attn_parts: dict[tuple[int, ...], tuple[DArray, DArray]] = {}
         # Fusion switches (all on; the A/B script scripts/profile_decode.py turns them off one by one).
         self.fuse_add_norm = self.fuse_rope_kv = self.fuse_quant = self.fuse_qkv_rope = True
+        self.k256_outputs = k256_outputs
         # a one-token q|k|v matmul attention() may run as matvec_qkv_rope: (x, w, y, bias, out),
         # out = y + bias (or y); launched as it is by flush() when anything else comes first
         self._pending_mm: tuple | None = None
         self._pending_embed: tuple | None = None  # (table, tokens, y, scale)
         self._pending_add: tuple[DArray, DArray, DArray] | None = None  # (sum, a, b)
         self._pending_pre: tuple | None = None  # the pending add's b is this deferred norm's output
-        self._pending_norm2d: tuple | None = None  # a row norm: (x, w, eps, y, xq, xq_stride)
+        self._pending_norm2d: tuple | None = None  # a row norm: (x, w, eps, y, (xq, xq_stride, xk))
         self._pending_norm: dict[int, tuple] = {}  # per-head norm output ptr -> (x, w, eps, y)
         self._pending_rope: dict[int, tuple] = {}  # output ptr -> (x, y, positions, base, neox, scale, ff)
 
@@ -358,6 +361,7 @@ class GpuOps:
         self.arena.reset()
         self._xq.clear()
         self._xh.clear()
+        self._xk.clear()
         self._attn_parts.clear()
         self._pending_add = self._pending_pre = self._pending_norm2d = self._pending_mm = self._pending_embed = None
         self._pending_norm.clear()
@@ -370,7 +374,7 @@ class GpuOps:
         lo, hi = self.arena.begin_layer(layer)
         # a q8_1 copy cached for an array of the emptied part would be found again for a new
         # array at the same address: drop those (and copies that lived there)
-        for copies in (self._xq, self._xh):
+        for copies in (self._xq, self._xh, self._xk):
             for key in [k for k, xq in copies.items() if lo <= k[0] < hi or lo <= xq < hi]:
                 del copies[key]
         stale = [p for p in (*self._pending_norm, *self._pending_rope) if lo <= p < hi]
@@ -495,23 +499,23 @@ class GpuOps:
     def _flush_add(self) -> None:
         """Launch a deferred row norm and a deferred add (with the norm of its b, if deferred)."""
         if self._pending_norm2d is not None:
-            x, w, eps, y, xq, stride = self._pending_norm2d
+            x, w, eps, y, q = self._pending_norm2d
             self._pending_norm2d = None
-            self._launch_rms_norm(x, w, eps, y, xq, stride)
+            self._launch_rms_norm(x, w, eps, y, q)
         if self._pending_add is not None:
             y, a, b = self._pending_add
             pre, self._pending_add, self._pending_pre = self._pending_pre, None, None
             if pre is not None:
-                x, w, eps, yb, xq, stride = pre
-                self._launch_rms_norm(x, w, eps, yb, xq, stride)
+                x, w, eps, yb, q = pre
+                self._launch_rms_norm(x, w, eps, yb, q)
             n = a.rows * a.width
             self.rt.launch("add_f32", _blocks(n), EW_BLOCK, (y.ptr, a.ptr, b.ptr, n))
 
-    def _launch_rms_norm(self, x: DArray, w: Vector, eps: float, y: DArray, xq: int = 0, stride: int = 0) -> None:
+    def _launch_rms_norm(self, x: DArray, w: Vector, eps: float, y: DArray, q: tuple = (0, 0, 0)) -> None:
         heads, n = (x.shape[1], x.shape[2]) if len(x.shape) == 3 else (1, x.width)
         block = min(1024, -(-n // 32) * 32)  # one element per thread up to 1024: one load latency, not n/128
         self.rt.launch("rms_norm_f32", x.rows * heads, block,
-                       (x.ptr, w.ptr, y.ptr, n, heads, x.ld, y.ld, np.float32(eps), xq, stride))
+                       (x.ptr, w.ptr, y.ptr, n, heads, x.ld, y.ld, np.float32(eps), *q))
 
     def rms_norm(self, x: DArray, w: Vector, eps: float) -> DArray:
         heads, n = (x.shape[1], x.shape[2]) if len(x.shape) == 3 else (1, x.width)
@@ -527,29 +531,29 @@ class GpuOps:
             self.flush()
             total, a, b = pending
             y = self.new(x.shape)
-            xq, stride = self._quantized_output(y)
+            q = self._quantized_output(y)
             split = 1024 < n <= 4096 and x.rows <= NORM_SPLIT_ROWS and total.ptr not in (a.ptr, b.ptr)
             if pre is None and split:  # the same bits over n / 256 blocks a row (see norm.cu)
                 self.rt.launch("add_rms_norm_split_f32", (-(-n // 256), x.rows), 256,
-                               (total.ptr, a.ptr, b.ptr, w.ptr, y.ptr, n, np.float32(eps), xq, stride))
+                               (total.ptr, a.ptr, b.ptr, w.ptr, y.ptr, n, np.float32(eps), *q))
             elif pre is None:
                 self.rt.launch("add_rms_norm_f32", x.rows, block,
-                               (total.ptr, a.ptr, b.ptr, w.ptr, y.ptr, n, np.float32(eps), xq, stride))
+                               (total.ptr, a.ptr, b.ptr, w.ptr, y.ptr, n, np.float32(eps), *q))
             else:  # b = rms_norm(bx): one launch for both norms and the add
-                bx, bw, beps, yb, _, _ = pre
-                self._xq.pop((yb.ptr, yb.rows), None)  # yb's q8_1 (f16) copy is not written here
-                self._xh.pop((yb.ptr, yb.rows), None)
+                bx, bw, beps, yb, _ = pre
+                for copies in (self._xq, self._xh, self._xk):  # yb's quantized (f16) copies are not written here
+                    copies.pop((yb.ptr, yb.rows), None)
                 self.rt.launch("norm_add_rms_norm_f32", x.rows, block,
                                (total.ptr, a.ptr, bx.ptr, bw.ptr, yb.ptr, np.float32(beps), w.ptr, y.ptr, n,
-                                np.float32(eps), xq, stride))
+                                np.float32(eps), *q))
             return y
         self.flush()
         y = self.new(x.shape)
-        xq, stride = self._quantized_output(y) if heads == 1 else (0, 0)
+        q = self._quantized_output(y) if heads == 1 else (0, 0, 0)
         if self.fuse_add_norm and len(x.shape) == 2 and x.contiguous:
-            self._pending_norm2d = (x, w, eps, y, xq, stride)  # add(., y) may take it along
+            self._pending_norm2d = (x, w, eps, y, q)  # add(., y) may take it along
             return y
-        self._launch_rms_norm(x, w, eps, y, xq, stride)
+        self._launch_rms_norm(x, w, eps, y, q)
         return y
 
     def rope(self, x: DArray, positions: DArray, base: float, neox: bool, scale: float = 1.0,
@@ -591,7 +595,7 @@ class GpuOps:
                                      self.new((T, slots, n_head, 2), forward_wide=True))
         opart, ml = self._attn_parts[key]
         y = self.new((T, n_head * hd))
-        xq, stride = self._quantized_output(y)  # the o matvec reads it (no quantize launch)
+        xq, stride, _ = self._quantized_output(y, k256=False)  # the o matvec reads it (no quantize launch)
         kd, vd = self.kv.layer_scale_ptrs(layer)
         attention_launch(self.rt, q.ptr, q.ld, kc, vc, kd, vd, opart.ptr, ml.ptr, positions.ptr,
                          T, n_head, n_kv, hd, self.kv.n_ctx, window, scale, softcap, y.ptr, xq, stride, S,
@@ -736,10 +740,10 @@ class GpuOps:
         assert gate.ld == up.ld
         n = gate.width
         y = self.new((gate.rows, n))
-        xq, stride = self._quantized_output(y)
+        xq, stride, xk = self._quantized_output(y)
         yh = self._f16_output(y)
         self.rt.launch(kernel, (_blocks(-(-n // 32) * 32), gate.rows), EW_BLOCK,
-                       (gate.ptr, up.ptr, y.ptr, n, gate.ld, xq, stride, yh, quant_ops.f16_ld(n) if yh else 0))
+                       (gate.ptr, up.ptr, y.ptr, n, gate.ld, xq, stride, yh, quant_ops.f16_ld(n) if yh else 0, xk))
         return y
 
     def _f16_output(self, y: DArray) -> int:
@@ -750,14 +754,19 @@ class GpuOps:
         yh = self._xh[(y.ptr, y.rows)] = self.arena.alloc(quant_ops.f16_nbytes(y.width, y.rows))
         return yh
 
-    def _quantized_output(self, y: DArray) -> tuple[int, int]:
-        """A q8_1 copy of y that its producer writes too (for the matvec that reads y next):
-        (pointer, row stride), or (0, 0) where no matvec will want it (GEMM-sized batches)."""
+    def _quantized_output(self, y: DArray, k256: bool = True) -> tuple[int, int, int]:
+        """Quantized copies of y that its producer writes too (for the matvecs that read y next):
+        (q8_1 pointer, row stride, q8_k256 pointer). The q8_k256 copy (0 if none) only where the
+        model has weights on the k256 matvecs (k256_outputs), y's rows are whole super-blocks and the
+        producer writes one (k256); (0, 0, 0) where no matvec will want them (GEMM-sized batches)."""
         if not self.fuse_quant or y.rows > BATCHED_MATVEC_MAX:
-            return 0, 0
+            return 0, 0, 0
         xq = self.arena.alloc(quant_ops.q8_1_nbytes(y.width, y.rows))
         self._xq[(y.ptr, y.rows)] = xq
-        return xq, quant_ops.q8_1_stride(y.width)
+        xk = 0
+        if k256 and self.k256_outputs and y.width % 256 == 0:
+            xk = self._xk[(y.ptr, y.rows)] = self.arena.alloc(y.rows * quant_ops.q8_k256_stride(y.width))
+        return xq, quant_ops.q8_1_stride(y.width), xk
 
     def _contiguous(self, x: DArray) -> DArray:
         if x.contiguous:
@@ -772,6 +781,9 @@ class GpuOps:
             tile = quant_ops.gemm_variant(w, T, self.rt.max_shared)
             xh = self._f16_of(x, w.cols) if tile in quant_ops.PIPELINED_TILES else 0
             quant_ops.gemm(self.rt, w, x.ptr, y_ptr, T, xh, tile)
+            return
+        if quant_ops.uses_k256(w):
+            quant_ops.matvec_k256(self.rt, w, self._q8_k256_of(x, w.cols), y_ptr, T)
             return
         key = (x.ptr, T)
         if (self.fuse_quant and T == 1 and not w.layout.is_float and w.rows < FUSED_QUANT_MAX_ROWS
@@ -790,6 +802,10 @@ class GpuOps:
         """x's q8_1 copy: the one its producer wrote, or a quantize launch (once per activation,
         however many weights read it)."""
         return self._copy_of(self._xq, x, quant_ops.q8_1_nbytes(cols, x.rows), quant_ops.quantize_q8_1, cols)
+
+    def _q8_k256_of(self, x: DArray, cols: int) -> int:
+        """x's q8_k256 copy, for the Q4_K matvecs: one quantize launch per activation."""
+        return self._copy_of(self._xk, x, x.rows * quant_ops.q8_k256_stride(cols), quant_ops.quantize_q8_k256, cols)
 
     def _copy_of(self, copies: dict, x: DArray, nbytes: int, convert, cols: int) -> int:
         """The copy of x in `copies` (keyed by x's address and rows), made by convert on first use."""

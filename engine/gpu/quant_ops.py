@@ -178,6 +178,46 @@ def quantize_q8_k256(rt, x_ptr: int, xq_ptr: int, n_cols: int, n_tokens: int = 1
     rt.launch("quantize_q8_k256", (-(-n_cols // 256), n_tokens), 256, (x_ptr, xq_ptr, n_cols, q8_k256_stride(n_cols)))
 
 
+# ---- Q4_K on q8_k256 (k256.cu): decode and verify with the same float steps ---------------------
+K256_TYPES = ("q4_K",)
+K256_WIDTHS = (4, 8, 16)
+K256_MAX_COLUMNS = 16  # columns a block takes (8 on one MMA tile, 16 on two sharing the weight fragment)
+
+
+def uses_k256(w: GpuWeight) -> bool:
+    """Whether 1-16 columns of w take the q8_k256 matvecs (k256.cu) instead of the q8_1 ones."""
+    return w.layout.kernel_type in K256_TYPES and switches.k256()
+
+
+def k256_model(tensors) -> bool:
+    """Whether a model's dense matrices (GGUF TensorInfos; experts aside, they keep the q8_1 expert
+    matvec) include a type on the k256 matvecs: then its norms and gated activations write q8_k256
+    copies for them (GpuOps.k256_outputs)."""
+    return switches.k256() and any(t.ggml_type in QUANT_PLANES and QUANT_PLANES[t.ggml_type][0] in K256_TYPES
+                                   and len(t.shape) == 2 and "_exps" not in t.name for t in tensors)
+
+
+def k256_width(w: GpuWeight) -> int:
+    """Warps a block of w's q8_k256 matvecs: the fewest of 4, 8, 16 that give 1,536 warps over the
+    16-row tiles (about 12 an SM on an H100/H200), the best width on all eight 1B/8B Q4_K shapes
+    for decode and verify alike (H200, scripts/proto/mma_q4k.py; docs/gpu-log.md session 56).
+    Decode and verify of one weight take the same width: it sets the float order."""
+    tiles = -(-w.rows // 16)
+    for nw in K256_WIDTHS:
+        if tiles * nw >= 1536:
+            return nw
+    return K256_WIDTHS[-1]
+
+
+def matvec_k256(rt, w: GpuWeight, xq_ptr: int, y_ptr: int, n_tokens: int = 1) -> None:
+    """y[t, rows] = W @ x[t] for t < n_tokens <= 16 from x's q8_k256 rows (quantize_q8_k256): one
+    column on dp4a, more on int8 tensor cores, each (row, column) with the same bits either way."""
+    nw, tiles = k256_width(w), -(-w.rows // 16)
+    nc = 1 if n_tokens == 1 else 8 if n_tokens <= 8 else K256_MAX_COLUMNS  # a block's columns: each block reads all of its tile
+    rt.launch(f"matvec_{w.layout.kernel_type}_k256_c{nc}_w{nw}", (tiles, -(-n_tokens // nc)), 32 * nw,
+              (w.q_ptr, w.meta_ptr, int(xq_ptr), int(y_ptr), w.rows, w.cols, n_tokens, q8_k256_stride(w.cols)))
+
+
 def quantize_q8_1(rt, x_ptr: int, xq_ptr: int, n_cols: int, n_tokens: int = 1) -> None:
     """f32 activations x[n_tokens][n_cols] -> q8_1 rows at xq (q8_1_nbytes(n_cols, n_tokens) bytes)."""
     kq = _align(n_cols, 32)
@@ -472,7 +512,8 @@ def sgemm_f32(rt, w: GpuWeight, x_ptr: int, y_ptr: int, n_tokens: int) -> None:
 
 def kernel_names() -> list[str]:
     """Every entry point this module may launch (resolve them before graph capture)."""
-    names = ["quantize_q8_1", "f32_to_f16_rows", "sgemm_f32"]
+    names = ["quantize_q8_1", "quantize_q8_k256", "f32_to_f16_rows", "sgemm_f32"]
+    names += [f"matvec_{t}_k256_{c}_w{nw}" for t in K256_TYPES for c in ("c1", "c8", "c16") for nw in K256_WIDTHS]
     for name, _, _ in QUANT_PLANES.values():
         names += [f"matvec_{name}_r{r}u{u}_c1" for r, u in ONE_COLUMN_VARIANTS]
         names += [f"matvec_{name}_r{r}u{u}_c{c}" for r, u in BATCHED_VARIANTS for c in (2, 4, 8, 16)]

@@ -123,14 +123,14 @@ def quantize_q8_k256_ref(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndar
 
 def q8_k256_positions() -> np.ndarray:
     """Where value k of a super-block lands in its 256-byte term block (quants.cuh, q8_k256):
-    k = 32 s + 16 half + 4 t + byte, s = 2 i + hh -> 64 i + 16 t + 8 hh + 4 half + byte."""
+    k = 64 i + 32 h + 8 t + e -> 64 i + 16 t + 8 h + e."""
     k = np.arange(256)
-    s, lane = k >> 5, k & 31
-    return (s >> 1) * 64 + ((lane >> 2) & 3) * 16 + (s & 1) * 8 + (lane >> 4) * 4 + (lane & 3)
+    return (k & 192) + ((k >> 3) & 3) * 16 + ((k >> 5) & 1) * 8 + (k & 7)
 
 
 def q8_k256_bytes(q1: np.ndarray, q2: np.ndarray, d2: np.ndarray, bs: np.ndarray, stride: int) -> np.ndarray:
-    """The device image of quantize_q8_k256's rows (quantize_q8_k256_ref's output), `stride` bytes apart."""
+    """The device image of quantize_q8_k256's rows (quantize_q8_k256_ref's output), `stride` bytes apart:
+    per super-block both terms' 256 values (q8_k256_positions), then int32 bs[nb][8], then float d2[nb]."""
     t, kp = q1.shape
     nb = kp // 256
     terms = np.zeros((t, nb, 2, 256), np.uint8)
@@ -208,6 +208,14 @@ def matvec_q8_1_ref(ggml_type: QT, data: np.ndarray, rows: int, cols: int, x: np
     b = block_offsets(ggml_type, data, rows, cols)
     correction = ds[..., 1].astype(np.float64) - xhat.reshape(t, -1, 32).sum(-1)  # [T, nb]: exact sum minus rounded sum
     return xhat @ w.T + correction @ b.T
+
+
+def matvec_q8_k256_ref(ggml_type: QT, data: np.ndarray, rows: int, cols: int, x: np.ndarray) -> np.ndarray:
+    """float64 value of the q8_k256 matvecs (k256.cu): the weight times the activation the format
+    holds. No correction term: their block sums bs are the held values' own sums. y [T, rows]."""
+    w = dequantize_weight(ggml_type, data, rows, cols).astype(np.float64)
+    q1, q2, d2, _ = quantize_q8_k256_ref(x)
+    return dequantize_q8_k256_ref(q1, q2, d2)[:, :cols] @ w.T
 
 
 def supported_types() -> list[QT]:

@@ -18,7 +18,7 @@ from gguf.constants import GGMLQuantizationType as QT
 import bench_kernels as bk
 from memra_engine.gpu import quant_ops
 from memra_engine.gpu.memory import VramPool
-from memra_engine.gpu.quant_ref import quantize_q8_1_ref, quantize_q8_k256_ref, random_weight_bytes
+from memra_engine.gpu.quant_ref import q8_k256_bytes, quantize_q8_1_ref, quantize_q8_k256_ref, random_weight_bytes
 from memra_engine.gpu.runtime import GpuRuntime
 
 SHAPES = [(4096, 4096), (6144, 4096), (28672, 4096), (4096, 14336)]
@@ -138,7 +138,7 @@ def register(rt: GpuRuntime, cubin: bytes) -> None:
 
 def main() -> None:
     shapes = [tuple(int(v) for v in s.split("x")) for s in sys.argv[1:]] or SHAPES
-    rt = GpuRuntime(families=["matvec"])
+    rt = GpuRuntime(families=["matvec", "k256"])
     pool = VramPool({"weights": 2560 << 20, "scratch": 256 << 20})
     register(rt, build_cubin())
     rng = np.random.default_rng(0)
@@ -174,7 +174,7 @@ def main() -> None:
                 else:
                     rt.cuda.memcpy_dtod(buf.ptr, bufs[0].ptr, packed.nbytes)
                 bufs.append(buf)
-            y = pool.alloc("scratch", 8 * rows * 4, "y")
+            y = pool.alloc("scratch", 16 * rows * 4, "y")  # 16 columns for the engine's c16
             t_p, t_i, t_i2, t_d, err, err_i = {}, {}, {}, {}, 0.0, 0.0
 
             def run(name, args, want, times, threads=128):
@@ -218,6 +218,10 @@ def main() -> None:
             # the width sweep on the 8-column buffers: verify (int_8) and decode (dp4a_1, column 0) at
             # 4, 8, 16 warps a block; column 0 of int_8 must have int_1's / dp4a_1's bits at the same width
             t_w8, t_w1, same_w = {}, {}, []
+            # the engine's k256.cu kernels on its own planes (no repack), q8_k256 rows
+            stride = quant_ops.q8_k256_stride(cols)
+            xn = pool.alloc("scratch", 16 * stride, "xn")  # the 8 columns twice, for the engine's c16
+            rt.upload(xn.ptr, np.tile(q8_k256_bytes(k1, k2, d2, bs, stride), (2, 1)))
             for nw in WIDTHS:
                 t8, t1 = {}, {}
                 err_i = max(err_i, run(f"mvq4k_int_8_w{nw}", args_i, want, t8, 32 * nw))
@@ -229,6 +233,20 @@ def main() -> None:
             print(f"{'':13s} widths w4/w8/w16: int c8 " + " ".join(f"{t_w8[w]:.2f}" for w in WIDTHS)
                   + " | dp4a c1 " + " ".join(f"{t_w1[w]:.2f}" for w in WIDTHS)
                   + f" | c8 column 0 = c1 bits: {same_w} | max rel err {err_i:.1e}", flush=True)
+            nw = quant_ops.k256_width(engine[0])
+            t_k, bits = {}, {}
+            for name, c in ((f"c1_w{nw}", 1), (f"c8_w{nw}", 8), (f"c16_w{nw}", 16)):
+                args = lambda w, c=c: (w.q_ptr, w.meta_ptr, xn.ptr, y.ptr, rows, cols, c, stride)  # noqa: E731
+                rt.launch(f"matvec_q4_K_k256_{name}", (rows // 16, 1), 32 * nw, args(engine[0]))
+                bits[name] = rt.download(y.ptr, (c, rows), np.float32).view(np.uint32).copy()
+                t_k[name] = bk.time_graph(rt, [(lambda w=engine[i % len(engine)], name=name, args=args: rt.launch(
+                    f"matvec_q4_K_k256_{name}", (rows // 16, 1), 32 * nw, args(w))) for i in range(launches)]) * 1e6
+            k_err = float(np.abs(bits[f"c8_w{nw}"].view(np.float32)[:, :CHECK_ROWS] - want).max() / np.abs(want).max())
+            same_k = (bool((bits[f"c16_w{nw}"] == np.tile(bits[f"c8_w{nw}"], (2, 1))).all())
+                      and bool((bits[f"c8_w{nw}"][0] == bits[f"c1_w{nw}"][0]).all()))
+            print(f"{'':13s} ENGINE k256 w{nw}: " + " ".join(f"{k} {v:.2f}" for k, v in t_k.items())
+                  + f" | q8_1 engine c1 {t_e[1]:.2f} c8 {t_e[8]:.2f} | c16 = c8 twice bits, col 0 = c1: {same_k} | "
+                  f"rel err {k_err:.1e}", flush=True)
             pool.reset("weights")
     finally:
         pool.close()

@@ -32,7 +32,7 @@ def test_rms_norm_rows(gpu, T, n, block):
     w = (1 + 0.1 * rng.standard_normal(n)).astype(f32)
     y = gpu.empty(T * n)
     threads = 128 if block == "128" else -(-n // 32) * 32
-    gpu.rt.launch("rms_norm_f32", T, threads, (gpu.put(x), gpu.put(w), y, n, 1, n, n, f32(1e-6), 0, 0))
+    gpu.rt.launch("rms_norm_f32", T, threads, (gpu.put(x), gpu.put(w), y, n, 1, n, n, f32(1e-6), 0, 0, 0))
     assert rel_err(gpu.get(y, (T, n)), rms_norm_ref(x, w, 1e-6)) < 1e-5
 
 
@@ -42,7 +42,7 @@ def test_rms_norm_per_head_of_a_strided_view(gpu):
     x = rng.standard_normal((T, ld)).astype(f32)
     w = (1 + 0.1 * rng.standard_normal(hd)).astype(f32)
     y = gpu.empty(T * heads * hd)
-    gpu.rt.launch("rms_norm_f32", T * heads, 32, (gpu.put(x), gpu.put(w), y, hd, heads, ld, heads * hd, f32(1e-6), 0, 0))
+    gpu.rt.launch("rms_norm_f32", T * heads, 32, (gpu.put(x), gpu.put(w), y, hd, heads, ld, heads * hd, f32(1e-6), 0, 0, 0))
     ref = rms_norm_ref(x[:, : heads * hd].reshape(T, heads, hd), w, 1e-6)
     assert rel_err(gpu.get(y, (T, heads, hd)), ref) < 1e-5
 
@@ -53,7 +53,7 @@ def test_add_rms_norm_updates_the_residual(gpu):
     h, d = rng.standard_normal((2, T, n)).astype(f32)
     w = (1 + 0.1 * rng.standard_normal(n)).astype(f32)
     total, y = gpu.empty(T * n), gpu.empty(T * n)
-    gpu.rt.launch("add_rms_norm_f32", T, 128, (total, gpu.put(h), gpu.put(d), gpu.put(w), y, n, f32(1e-5), 0, 0))
+    gpu.rt.launch("add_rms_norm_f32", T, 128, (total, gpu.put(h), gpu.put(d), gpu.put(w), y, n, f32(1e-5), 0, 0, 0))
     assert np.array_equal(gpu.get(total, (T, n)), h + d)
     assert rel_err(gpu.get(y, (T, n)), rms_norm_ref(h + d, w, 1e-5)) < 1e-5
 
@@ -126,7 +126,7 @@ def test_rope_qk_kv_with_fused_head_norms_matches_rms_norm_then_rope(gpu, hd, n_
     # separately: rms_norm_f32 per head (block hd), then the plain fused rope
     qn, kn = gpu.empty(T * n_q * hd), gpu.empty(T * n_kv * hd)
     for x, w, y, n in ((p, pwq, qn, n_q), (koff, pwk, kn, n_kv)):
-        gpu.rt.launch("rms_norm_f32", T * n, hd, (x, w, y, hd, n, width, n * hd, f32(eps), 0, 0))
+        gpu.rt.launch("rms_norm_f32", T * n, hd, (x, w, y, hd, n, width, n * hd, f32(eps), 0, 0, 0))
     gpu.rt.launch("rope_qk_kv_f16", (n_q + n_kv, T), max(32, min(128, hd // 2)),
                   (qn, q_ref, kn, voff, kc2, vc2, ppos, 0, n_q, n_kv, hd, n_q * hd, n_kv * hd, width, n_ctx, f32(1e4),
                    f32(1.0), 1, 0, 0, f32(0), 1))
@@ -155,10 +155,10 @@ def test_norm_add_rms_norm_matches_rms_norm_then_add_rms_norm(gpu, n):
     block = -(-n // 32) * 32
     pa, pb, pwb, pw = gpu.put(a), gpu.put(b), gpu.put(wb), gpu.put(w)
     h, yb, y, xq = gpu.empty(T * n), gpu.empty(T * n), gpu.empty(T * n), gpu.empty(nbytes // 4 + 1)
-    gpu.rt.launch("norm_add_rms_norm_f32", T, block, (h, pa, pb, pwb, yb, f32(eps), pw, y, n, f32(eps), xq, stride))
+    gpu.rt.launch("norm_add_rms_norm_f32", T, block, (h, pa, pb, pwb, yb, f32(eps), pw, y, n, f32(eps), xq, stride, 0))
     h2, yb2, y2, xq2 = gpu.empty(T * n), gpu.empty(T * n), gpu.empty(T * n), gpu.empty(nbytes // 4 + 1)
-    gpu.rt.launch("rms_norm_f32", T, block, (pb, pwb, yb2, n, 1, n, n, f32(eps), 0, 0))
-    gpu.rt.launch("add_rms_norm_f32", T, block, (h2, pa, yb2, pw, y2, n, f32(eps), xq2, stride))
+    gpu.rt.launch("rms_norm_f32", T, block, (pb, pwb, yb2, n, 1, n, n, f32(eps), 0, 0, 0))
+    gpu.rt.launch("add_rms_norm_f32", T, block, (h2, pa, yb2, pw, y2, n, f32(eps), xq2, stride, 0))
     for got, ref in ((yb, yb2), (h, h2), (y, y2)):
         assert rel_err(gpu.get(got, (T, n)), gpu.get(ref, (T, n)).astype(np.float64)) < 1e-6
     bb = b.astype(np.float64)
@@ -186,7 +186,7 @@ def test_gated_activations_read_a_fused_row(gpu, kernel):
     ld = -(-n // 8) * 8
     yh = gpu.empty(T * ld // 2)  # NaN-poisoned: the pad must be written (zeros) too
     p = gpu.put(gu)
-    gpu.rt.launch(kernel, (-(-n // 256), T), 256, (p, p + n * 4, y, n, 2 * n, 0, 0, 0, 0))
+    gpu.rt.launch(kernel, (-(-n // 256), T), 256, (p, p + n * 4, y, n, 2 * n, 0, 0, 0, 0, 0))
     g, u = gu[:, :n].astype(np.float64), gu[:, n:].astype(np.float64)
     if kernel == "silu_mul_f32":
         ref = g / (1 + np.exp(-g)) * u
@@ -195,7 +195,7 @@ def test_gated_activations_read_a_fused_row(gpu, kernel):
     got = gpu.get(y, (T, n))
     assert rel_err(got, ref) < 1e-5
     # with the f16 copy for the prefill GEMM: the same y, and f16(y) rows of ld, zero past n
-    gpu.rt.launch(kernel, (-(-n // 256), T), 256, (p, p + n * 4, y, n, 2 * n, 0, 0, yh, ld))
+    gpu.rt.launch(kernel, (-(-n // 256), T), 256, (p, p + n * 4, y, n, 2 * n, 0, 0, yh, ld, 0))
     assert np.array_equal(gpu.get(y, (T, n)), got)
     half = gpu.get(yh, (T, ld), np.float16)
     assert np.array_equal(half[:, :n].view(np.uint16), got.astype(np.float16).view(np.uint16))
@@ -262,16 +262,16 @@ def test_norm_and_activation_emit_the_same_q8_1_bytes_as_quantize_q8_1(gpu, n):
         xq = gpu.empty(nbytes // 4 + 1)
         gpu.rt.memset_u32(xq, 0x5A5A5A5A, nbytes // 4)  # poisoned: every byte of a row must be written
         if kernel == "rms_norm_f32":
-            gpu.rt.launch(kernel, T, block, (gpu.put(x), gpu.put(w), y, n, 1, n, n, f32(1e-6), xq, stride))
+            gpu.rt.launch(kernel, T, block, (gpu.put(x), gpu.put(w), y, n, 1, n, n, f32(1e-6), xq, stride, 0))
         elif kernel == "add_rms_norm_f32":
             gpu.rt.launch(kernel, T, block, (gpu.empty(T * n), gpu.put(x), gpu.put(d), gpu.put(w), y, n, f32(1e-6),
-                                             xq, stride))
+                                             xq, stride, 0))
         elif kernel == "norm_add_rms_norm_f32":
             gpu.rt.launch(kernel, T, block, (gpu.empty(T * n), gpu.put(x), gpu.put(d), gpu.put(w), gpu.empty(T * n),
-                                             f32(1e-6), gpu.put(w[::-1].copy()), y, n, f32(1e-6), xq, stride))
+                                             f32(1e-6), gpu.put(w[::-1].copy()), y, n, f32(1e-6), xq, stride, 0))
         else:
             gu = gpu.put(np.concatenate([x, d], axis=1))
-            gpu.rt.launch(kernel, (-(-n // 256), T), 256, (gu, gu + n * 4, y, n, 2 * n, xq, stride, 0, 0))
+            gpu.rt.launch(kernel, (-(-n // 256), T), 256, (gu, gu + n * 4, y, n, 2 * n, xq, stride, 0, 0, 0))
         ref = quantize_q8_1_bytes(gpu, y, T, n)
         got = gpu.get(xq, nbytes, np.uint8)
         assert np.array_equal(got, ref), (kernel, block)  # every byte: qs | qs2 | ds rows fill the stride
@@ -295,10 +295,10 @@ def test_norm_rows_held_in_registers(gpu, n):
             xq = gpu.empty(nbytes // 4 + 1)
             gpu.rt.memset_u32(xq, 0x5A5A5A5A, nbytes // 4)  # poisoned: every byte of a row must be written
             if kernel == "rms_norm_f32":
-                gpu.rt.launch(kernel, T, block, (gpu.put(x), gpu.put(w), y, n, 1, n, n, f32(1e-6), xq, stride))
+                gpu.rt.launch(kernel, T, block, (gpu.put(x), gpu.put(w), y, n, 1, n, n, f32(1e-6), xq, stride, 0))
                 src = x
             else:
-                gpu.rt.launch(kernel, T, block, (h, gpu.put(x), gpu.put(d), gpu.put(w), y, n, f32(1e-6), xq, stride))
+                gpu.rt.launch(kernel, T, block, (h, gpu.put(x), gpu.put(d), gpu.put(w), y, n, f32(1e-6), xq, stride, 0))
                 src = x + d
                 assert np.array_equal(gpu.get(h, (T, n)), src), (kernel, block)
             assert rel_err(gpu.get(y, (T, n)), rms_norm_ref(src, w, 1e-6)) < 1e-5, (kernel, block)
@@ -322,12 +322,54 @@ def test_add_rms_norm_split_matches_one_block(gpu, n):
         y, h = gpu.empty(T * n), gpu.empty(T * n)
         xq = gpu.empty(nbytes // 4 + 1)
         gpu.rt.memset_u32(xq, 0x5A5A5A5A, nbytes // 4)  # poisoned: every byte of a row must be written
-        gpu.rt.launch(kernel, grid, block, (h, a, b, wd, y, n, f32(1e-6), xq, stride))
+        gpu.rt.launch(kernel, grid, block, (h, a, b, wd, y, n, f32(1e-6), xq, stride, 0))
         out[kernel] = (gpu.get(h, (T, n)), gpu.get(y, (T, n)), gpu.get(xq, nbytes, np.uint8))
     (h1, y1, q1), (h2, y2, q2) = out.values()
     assert np.array_equal(h2, x + d)
     assert rel_err(y2, rms_norm_ref(x + d, w, 1e-6)) < 1e-5
     assert np.array_equal(y1, y2) and np.array_equal(q1, q2)
+
+
+@pytest.mark.parametrize("n", [4096, 2048, 256, 768])
+def test_norms_and_activations_emit_quantize_q8_k256_bytes(gpu, n):
+    """The producers' q8_k256 copies (xk, for the Q4_K matvecs of k256.cu): every byte equal to what
+    quantize_q8_k256 writes from the same y, for each norm at the engine's block size (one value a
+    thread up to 1024, four beyond), the split add + norm, and the gated activation."""
+    from memra_engine.gpu.quant_ops import q8_k256_stride, quantize_q8_k256
+
+    rng = np.random.default_rng(n + 3)
+    T = 3
+    x, d = (rng.standard_normal((2, T, n)) * 2).astype(f32)
+    x[1, :256] *= 40.0  # one super-block far larger than the rest
+    w = (1 + 0.1 * rng.standard_normal(n)).astype(f32)
+    stride = q8_k256_stride(n)
+    used = -(-n // 256) * 548  # the row's alignment pad is never written
+    block = min(1024, n)
+    a, b, wd = gpu.put(x), gpu.put(d), gpu.put(w)
+    cases = ["rms_norm_f32", "add_rms_norm_f32", "norm_add_rms_norm_f32", "silu_mul_f32"]
+    if 1024 < n <= 4096:
+        cases.append("add_rms_norm_split_f32")
+    for kernel in cases:
+        y = gpu.empty(T * n)
+        xk = gpu.empty(T * stride // 4)
+        gpu.rt.memset_u32(xk, 0x5A5A5A5A, T * stride // 4)
+        if kernel == "rms_norm_f32":
+            gpu.rt.launch(kernel, T, block, (a, wd, y, n, 1, n, n, f32(1e-6), 0, 0, xk))
+        elif kernel == "add_rms_norm_f32":
+            gpu.rt.launch(kernel, T, block, (gpu.empty(T * n), a, b, wd, y, n, f32(1e-6), 0, 0, xk))
+        elif kernel == "add_rms_norm_split_f32":
+            gpu.rt.launch(kernel, (n // 256, T), 256, (gpu.empty(T * n), a, b, wd, y, n, f32(1e-6), 0, 0, xk))
+        elif kernel == "norm_add_rms_norm_f32":
+            gpu.rt.launch(kernel, T, block, (gpu.empty(T * n), a, b, wd, gpu.empty(T * n), f32(1e-6),
+                                             gpu.put(w[::-1].copy()), y, n, f32(1e-6), 0, 0, xk))
+        else:
+            gu = gpu.put(np.concatenate([x, d], axis=1))
+            gpu.rt.launch(kernel, (n // 256, T), 256, (gu, gu + n * 4, y, n, 2 * n, 0, 0, 0, 0, xk))
+        want = gpu.empty(T * stride // 4)
+        quantize_q8_k256(gpu.rt, y, want, n, T)
+        got, ref = gpu.get(xk, (T, stride), np.uint8), gpu.get(want, (T, stride), np.uint8)
+        assert np.isfinite(gpu.get(y, (T, n))).all(), kernel
+        assert np.array_equal(got[:, :used], ref[:, :used]), kernel
 
 
 EMBED_TYPES = [QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0, QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q2_K, QT.Q3_K, QT.IQ4_XS,

@@ -20,7 +20,7 @@ import pytest
 from gguf.constants import GGMLQuantizationType as QT
 
 from memra_engine.gpu import quant_ops
-from memra_engine.gpu.quant_ref import (dequantize_weight, matvec_q8_1_ref, q8_1_bytes, q8_k256_bytes,
+from memra_engine.gpu.quant_ref import (dequantize_weight, matvec_q8_1_ref, matvec_q8_k256_ref, q8_1_bytes, q8_k256_bytes,
                                         quantize_q8_1_ref, quantize_q8_k256_ref, random_weight_bytes,
                                         supported_types)
 from memra_engine.model.gguf_file import TensorInfo
@@ -86,7 +86,7 @@ def test_quantize_q8_1_bytes_exact(gpu, cols, tokens):
 @pytest.mark.parametrize("cols,tokens", [(256, 1), (600, 3), (4096, 2), (14336, 1)])
 def test_quantize_q8_k256_bytes_exact(gpu, cols, tokens):
     """cuda/k256.cu's quantize_q8_k256: every byte of the rows equal to quantize_q8_k256_ref's image
-    (quant_ref.q8_k256_bytes: the B-fragment order, bs, d2), the padding past K included."""
+    (quant_ref.q8_k256_bytes: both terms in order, bs, d2), the padding past K included."""
     rt, pool = gpu.rt, gpu.pool
     rng = np.random.default_rng(cols + 1)
     x = (rng.standard_normal((tokens, cols)) * rng.uniform(0.1, 10, (tokens, 1))).astype(np.float32)
@@ -103,6 +103,41 @@ def test_quantize_q8_k256_bytes_exact(gpu, cols, tokens):
     want = q8_k256_bytes(*quantize_q8_k256_ref(x), stride)
     used = quant_ops.Q8_K256_BYTES * (-(-cols // 256))  # the row's alignment pad is never written
     assert np.array_equal(got[:, :used], want[:, :used])
+
+
+def run_k256(rt, pool, w, xk, tokens: int) -> np.ndarray:
+    """matvec_k256 of `tokens` q8_k256 rows at xk into a 16-column y poisoned with NaN: y [16, rows]."""
+    y = pool.alloc("scratch", 16 * w.rows * 4, "y")
+    rt.memset_u32(y.ptr, NAN_BITS, 16 * w.rows)
+    quant_ops.matvec_k256(rt, w, xk, y.ptr, tokens)
+    out = rt.download(y.ptr, (16, w.rows), np.float32)
+    rt.check()
+    return out
+
+
+# rows chosen for each width (k256_width: 6,144 rows -> 4 warps, 3,080 -> 8, fewer -> 16), row counts
+# off the 16-row tile, super-block counts off the warp count (9 for 16 warps: 7 warps idle)
+@pytest.mark.parametrize("rows,cols,width", [(6144, 512, 4), (3080, 768, 8), (40, 2304, 16), (1, 256, 16)])
+def test_k256_matvec_decode_and_verify(gpu, rows, cols, width):
+    """k256.cu's Q4_K matvecs: against the float64 value of the q8_k256 activation times the weight,
+    ||gpu - ref|| <= 1e-5 * S (S as rel()'s: float32 steps only, the integers are exact); every column of
+    a 3-, 8-, 9- and 16-column verify launch bit-identical to the one-column decode launch of that column
+    alone, and nothing written past the launch's columns."""
+    rt, pool = gpu.rt, gpu.pool
+    rng = np.random.default_rng(rows + cols)
+    w, data = upload(rt, pool, QT.Q4_K, rows, cols, rng)
+    assert quant_ops.k256_width(w) == width
+    x = (rng.standard_normal((16, cols)) * rng.uniform(0.2, 5, (16, 1))).astype(np.float32)
+    stride = quant_ops.q8_k256_stride(cols)
+    xk = pool.alloc("scratch", 16 * stride, "xk")
+    quant_ops.quantize_q8_k256(rt, put(rt, pool, x).ptr, xk.ptr, cols, 16)
+    decode = np.stack([run_k256(rt, pool, w, xk.ptr + t * stride, 1)[0] for t in range(16)])
+    wf = dequantize_weight(QT.Q4_K, data, rows, cols)
+    assert rel(decode, matvec_q8_k256_ref(QT.Q4_K, data, rows, cols, x), wf, x) <= 1e-5
+    for tokens in (3, 8, 9, 16):
+        y = run_k256(rt, pool, w, xk.ptr, tokens)
+        assert np.array_equal(y[:tokens].view(np.uint32), decode[:tokens].view(np.uint32)), tokens
+        assert np.all(y[tokens:].view(np.uint32) == NAN_BITS), tokens
 
 
 @pytest.mark.parametrize("ggml_type", QUANT_TYPES, ids=lambda t: t.name)
