@@ -18,11 +18,6 @@ __device__ __forceinline__ void pdl_entry() {
 #endif
 }
 
-// Ask L2 for the 128-byte line at p (no register result: the load returns at once).
-__device__ __forceinline__ void prefetch_l2(const void* p) {
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-}
-
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

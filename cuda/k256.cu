@@ -90,10 +90,9 @@ struct Q4kDp4aLoad {
     }
 };
 
-// The warp's super-blocks in order with the next one's weights in flight. Weights never depend on
-// the previous kernel, so before the PDL wait the block asks L2 for its tile's first 4 KB a row (q
-// and meta planes, as matvec.cu's kernels do: under PDL the block is often resident while the
-// previous kernel runs) and each warp loads its first super-block.
+// The warp's super-blocks in order with the next one's weights in flight; the first load goes out
+// before the PDL wait (weights never depend on the previous kernel). Asking L2 for the tile's first
+// 4 KB a row there too, as matvec.cu's kernels do, made these 5-12% slower (H100, session 58).
 template <class L, int NW, typename F>
 __device__ __forceinline__ void q4k_tile_loop(const uint8_t* __restrict__ wq, const uint8_t* __restrict__ wm, int rows,
                                               int nb, F&& body) {
@@ -106,13 +105,6 @@ __device__ __forceinline__ void q4k_tile_loop(const uint8_t* __restrict__ wq, co
         const size_t row = (size_t)min(row0 + 8 * r, rows - 1);  // clamped: the tile's rows past the end load row rows - 1
         p[r] = wq + row * nb * 128;
         m[r] = wm + row * nb * 16;
-    }
-    const int qbytes = nb * 128, mbytes = nb * 16;
-    for (int i = threadIdx.x; i < 16 * 32; i += 32 * NW) {  // line i & 31 of tile row i >> 5
-        const size_t row = (size_t)min(blockIdx.x * 16 + (i >> 5), rows - 1);
-        const int off = 128 * (i & 31);
-        if (off < qbytes) prefetch_l2(wq + row * qbytes + off);
-        if (off < mbytes) prefetch_l2(wm + row * mbytes + off);
     }
     L ring[2];
     if (b0 < nb) ring[0].load(p, m, b0, t);

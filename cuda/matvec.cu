@@ -328,6 +328,10 @@ __device__ __forceinline__ void matvec_f(const uint8_t* __restrict__ w, const fl
 // the previous kernel: under PDL this block is often resident while that kernel still runs.
 // Each lane asks L2 for one 128-byte line of each of its warp's rows (q and meta planes; the
 // first 4 KB of a row), so the first weight loads after the wait hit L2, not DRAM.
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+
 template <class T, int R>
 __device__ __forceinline__ void matvec_prefetch_rows(const uint8_t* wq, const uint8_t* wm, const int (&row)[R], int cols) {
     const int lane = threadIdx.x & 31;

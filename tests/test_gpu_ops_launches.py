@@ -696,13 +696,15 @@ def test_q4_k_decode_and_verify_take_the_k256_matvecs(tmp_path, monkeypatch):
     """A Q4_K_M model's Q4_K matrices at 1-16 tokens run on k256.cu (decode c1, verify c8 up to 8
     tokens and c16 up to 16, one block row: each block reads its weight tile once), reading q8_k256 copies their producers wrote: the norms and the gated
     activation write them (xk set), so the only quantize_q8_k256 launches are one a layer for
-    attention's output (the o matvec); Q6_K parts keep the q8_1 kernels. MEMRA_K256=0: none of it."""
+    attention's output (the o matvec); Q6_K parts keep the q8_1 kernels. Without MEMRA_K256=1 (the
+    default): none of it."""
     from memra_engine.model.synthetic import write_synthetic_gguf
 
     path = write_synthetic_gguf(tmp_path / "q4k.gguf", preset="tiny-llama", head_dim=64, n_head=4, n_kv_head=2,
                                 d_model=256, d_ff=512, quant="Q4_K_M")
     g = open_gguf(path)
     n_layer = config_from_gguf(g).n_layer
+    monkeypatch.setenv("MEMRA_K256", "1")
     assert quant_ops.k256_model(g.tensors.values())
     for T, kind in ((1, "c1"), (5, "c8"), (8, "c8"), (9, "c16"), (16, "c16")):
         rt = RecordingRuntime()
@@ -716,7 +718,7 @@ def test_q4_k_decode_and_verify_take_the_k256_matvecs(tmp_path, monkeypatch):
                                                                    "rms_norm_f32", "silu_mul_f32")]
         assert writers and all(writers), T
         assert any(name.startswith("matvec_q6_K_") for name in rt.launches), T
-    monkeypatch.setenv("MEMRA_K256", "0")
+    monkeypatch.delenv("MEMRA_K256")
     assert not quant_ops.k256_model(g.tensors.values())
     launches = run_forward(path, 1)
     assert not any("k256" in name for name in launches)
