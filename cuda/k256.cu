@@ -26,23 +26,6 @@ extern "C" __global__ void __launch_bounds__(256) quantize_q8_k256(const float* 
 // columns. Bounds: |a1|, |a2| <= 8 * 63 * 32 * 15 * 127 < 2^25, |am| <= 8 * 63 * 32 * 32385 < 2^30.
 // The weight is the plane layout every Q4_K kernel reads (quants.cuh, q4_K_t).
 
-// A row's 8 scales and 8 mins as bytes (sc[0] sub-blocks 0-3, sc[1] 4-7; mn the same) from its
-// header's scale words, four at a time.
-__device__ __forceinline__ void q4k_scale_bytes(const int4& h, uint32_t (&sc)[2], uint32_t (&mn)[2]) {
-    const uint32_t w0 = h.y, w1 = h.z, w2 = h.w;
-    sc[0] = w0 & 0x3F3F3F3Fu;
-    mn[0] = w1 & 0x3F3F3F3Fu;
-    sc[1] = (w2 & 0x0F0F0F0Fu) | ((w0 >> 2) & 0x30303030u);
-    mn[1] = ((w2 >> 4) & 0x0F0F0F0Fu) | ((w1 >> 2) & 0x30303030u);
-}
-
-// Byte s of the pair (s may differ by lane: a select and one PRMT, no local-memory index).
-__device__ __forceinline__ int scale_byte(const uint32_t (&v)[2], int s) {
-    return (int)__byte_perm(s < 4 ? v[0] : v[1], 0, 0x4440 | (s & 3));
-}
-
-__device__ __forceinline__ int word_of(const int4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
-
 // Rows g and g + 8 of a super-block: scale and min bytes, (d, dmin).
 struct Q4kHead {
     uint32_t sc[2][2], mn[2][2];
@@ -161,11 +144,11 @@ __device__ void q4k_k256_c1(const uint8_t* __restrict__ wq, const uint8_t* __res
             int clo = 0, chi = 0, elo = 0, ehi = 0;
 #pragma unroll
             for (int j = 0; j < 8; ++j) {
-                const int q = word_of(w.q[r][j >> 2], j & 3), lo = q & 0x0F0F0F0F, hi = (q >> 4) & 0x0F0F0F0F;
-                clo = dp4a(lo, word_of(u[j >> 1], j & 1), clo);  // values 4j .. 4j + 3 of sub-block 2t
-                chi = dp4a(hi, word_of(u[j >> 1], 2 + (j & 1)), chi);  // and of 2t + 1
-                elo = dp4a(lo, word_of(v[j >> 1], j & 1), elo);
-                ehi = dp4a(hi, word_of(v[j >> 1], 2 + (j & 1)), ehi);
+                const int q = lane_of(w.q[r][j >> 2], j & 3), lo = q & 0x0F0F0F0F, hi = (q >> 4) & 0x0F0F0F0F;
+                clo = dp4a(lo, lane_of(u[j >> 1], j & 1), clo);  // values 4j .. 4j + 3 of sub-block 2t
+                chi = dp4a(hi, lane_of(u[j >> 1], 2 + (j & 1)), chi);  // and of 2t + 1
+                elo = dp4a(lo, lane_of(v[j >> 1], j & 1), elo);
+                ehi = dp4a(hi, lane_of(v[j >> 1], 2 + (j & 1)), ehi);
             }
             const int slo = scale_byte(hd.sc[r], 2 * t), shi = scale_byte(hd.sc[r], 2 * t + 1);
             a1[r] = slo * clo + shi * chi;
@@ -228,8 +211,8 @@ __device__ void q4k_k256_mma(const uint8_t* __restrict__ wq, const uint8_t* __re
                     const int a[4] = {(int)(w.q[0][i].x >> sh) & 0x0F0F0F0F, (int)(w.q[1][i].x >> sh) & 0x0F0F0F0F,
                                       (int)(w.q[0][i].y >> sh) & 0x0F0F0F0F, (int)(w.q[1][i].y >> sh) & 0x0F0F0F0F};
                     int cc[4], e[4];
-                    mma_s8_16x8x32(cc, a, word_of(x1, 2 * hh), word_of(x1, 2 * hh + 1));
-                    mma_s8_16x8x32(e, a, word_of(x2, 2 * hh), word_of(x2, 2 * hh + 1));
+                    mma_s8_16x8x32(cc, a, lane_of(x1, 2 * hh), lane_of(x1, 2 * hh + 1));
+                    mma_s8_16x8x32(e, a, lane_of(x2, 2 * hh), lane_of(x2, 2 * hh + 1));
 #pragma unroll
                     for (int j = 0; j < 4; ++j) {
                         const int r = j >> 1;
@@ -237,7 +220,7 @@ __device__ void q4k_k256_mma(const uint8_t* __restrict__ wq, const uint8_t* __re
                         const int mn = (int)((hd.mn[r][s >> 2] >> (8 * (s & 3))) & 0xFF);
                         a1[j] += sc * cc[j];
                         a2[j] += sc * e[j];
-                        am[j] += mn * word_of(bs[j & 1][s >> 2], s & 3);
+                        am[j] += mn * lane_of(bs[j & 1][s >> 2], s & 3);
                     }
                 }
             }

@@ -250,6 +250,22 @@ __device__ __forceinline__ void q8_k256_store(float xj, float amax, uint8_t* row
     if (k == 0) reinterpret_cast<float*>(row + nb * 544)[b] = d2;
 }
 
+// Q4_K's header as bytes, for the q8_k256 matvecs (k256.cu) and scripts/proto/mma_q4k.cu.
+// A row's 8 scales and 8 mins as bytes (sc[0] sub-blocks 0-3, sc[1] 4-7; mn the same) from its
+// header's scale words, four at a time.
+__device__ __forceinline__ void q4k_scale_bytes(const int4& h, uint32_t (&sc)[2], uint32_t (&mn)[2]) {
+    const uint32_t w0 = h.y, w1 = h.z, w2 = h.w;
+    sc[0] = w0 & 0x3F3F3F3Fu;
+    mn[0] = w1 & 0x3F3F3F3Fu;
+    sc[1] = (w2 & 0x0F0F0F0Fu) | ((w0 >> 2) & 0x30303030u);
+    mn[1] = ((w2 >> 4) & 0x0F0F0F0Fu) | ((w1 >> 2) & 0x30303030u);
+}
+
+// Byte s of the pair (s may differ by lane: a select and one PRMT, no local-memory index).
+__device__ __forceinline__ int scale_byte(const uint32_t (&v)[2], int s) {
+    return (int)__byte_perm(s < 4 ? v[0] : v[1], 0, 0x4440 | (s & 3));
+}
+
 // Bytes of a token's q8_k256 row of n values (quant_ops.q8_k256_stride).
 __device__ __forceinline__ int q8_k256_row_bytes(int n) { return ((((n + 255) >> 8) * 548) + 15) & ~15; }
 

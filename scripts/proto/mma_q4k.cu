@@ -23,6 +23,8 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+#include "../../cuda/quants.cuh"  // Q4_K header bytes (q4k_scale_bytes, scale_byte), lane_of
+
 __device__ __forceinline__ void mma_s8(int (&c)[4], const int (&a)[4], int b0, int b1) {
     asm volatile(
         "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
@@ -30,23 +32,7 @@ __device__ __forceinline__ void mma_s8(int (&c)[4], const int (&a)[4], int b0, i
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-__device__ __forceinline__ int word(const int4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
-
-// A row's 8 scales and 8 mins as bytes (sc[0..3], sc[4..7], m[0..3], m[4..7]) from the header's
-// scale words (Q4_K's get_scale_min_k4, four at a time).
-__device__ __forceinline__ void q4k_scales(const int4& h, uint32_t (&sc)[2], uint32_t (&mn)[2]) {
-    const uint32_t w0 = h.y, w1 = h.z, w2 = h.w;
-    sc[0] = w0 & 0x3F3F3F3Fu;
-    mn[0] = w1 & 0x3F3F3F3Fu;
-    sc[1] = (w2 & 0x0F0F0F0Fu) | ((w0 >> 2) & 0x30303030u);
-    mn[1] = ((w2 >> 4) & 0x0F0F0F0Fu) | ((w1 >> 2) & 0x30303030u);
-}
-
-// Byte s of the pair as an int: one PRMT.
-__device__ __forceinline__ int byte_i(const uint32_t (&v)[2], int s) {
-    return (int)__byte_perm(s < 4 ? v[0] : v[1], 0, 0x4440 | (s & 3));  // a select, not an index: s may vary by lane
-}
-__device__ __forceinline__ float byte_f(const uint32_t (&v)[2], int s) { return (float)byte_i(v, s); }
+__device__ __forceinline__ float byte_f(const uint32_t (&v)[2], int s) { return (float)scale_byte(v, s); }
 
 // NW: warps a block (4 unless a kernel's name says _w8 / _w16); warp w takes super-blocks b = w, w + NW, ...
 // of the block's tile, and the warps' sums are added in warp order (so NW chains a (row, column)).
@@ -67,8 +53,8 @@ struct Scales { uint32_t sc0[2], mn0[2], sc1[2], mn1[2]; float2 dm0, dm1; };
 
 __device__ __forceinline__ Scales tile_scales(const Tile& tl) {
     Scales s;
-    q4k_scales(tl.h0, s.sc0, s.mn0);
-    q4k_scales(tl.h1, s.sc1, s.mn1);
+    q4k_scale_bytes(tl.h0, s.sc0, s.mn0);
+    q4k_scale_bytes(tl.h1, s.sc1, s.mn1);
     s.dm0 = __half22float2(*reinterpret_cast<const __half2*>(&tl.h0.x));
     s.dm1 = __half22float2(*reinterpret_cast<const __half2*>(&tl.h1.x));
     return s;
@@ -77,7 +63,7 @@ __device__ __forceinline__ Scales tile_scales(const Tile& tl) {
 // The sub-block's A fragment: low nibbles of the pair's words for hh = 0, high for hh = 1.
 __device__ __forceinline__ void a_frag(int (&a)[4], const int4& q, int hh) {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) a[j] = (word(q, j) >> (4 * hh)) & 0x0F0F0F0F;
+    for (int j = 0; j < 4; ++j) a[j] = (lane_of(q, j) >> (4 * hh)) & 0x0F0F0F0F;
 }
 
 // The warp's super-blocks in order, the next DEPTH ones' loads in flight (before the PDL wait for the
@@ -145,10 +131,10 @@ __device__ void mvq4k(const uint8_t* __restrict__ w, const int4* __restrict__ xq
                 int a[4];
                 a_frag(a, tl.q[i], hh);
                 int c[4] = {0, 0, 0, 0};
-                mma_s8(c, a, word(x1, 2 * hh), word(x1, 2 * hh + 1));
+                mma_s8(c, a, lane_of(x1, 2 * hh), lane_of(x1, 2 * hh + 1));
 #pragma unroll
                 for (int j = 0; j < 4; ++j) c[j] *= 254;
-                mma_s8(c, a, word(x2, 2 * hh), word(x2, 2 * hh + 1));
+                mma_s8(c, a, lane_of(x2, 2 * hh), lane_of(x2, 2 * hh + 1));
                 const float4 ds = __ldg(sb + s * 4 + t);  // (d2, sum) of columns 2t, 2t + 1
                 const float s0 = byte_f(sc.sc0, s), s1 = byte_f(sc.sc1, s), m0 = byte_f(sc.mn0, s), m1 = byte_f(sc.mn1, s);
                 acc[0] = fmaf(s0, ds.x * (float)c[0], acc[0]);
@@ -207,11 +193,11 @@ __device__ void mvq4k_int(const uint8_t* __restrict__ w, const int4* __restrict_
                 int a[4];
                 a_frag(a, tl.q[i], hh);
                 int c[4] = {0, 0, 0, 0}, e[4] = {0, 0, 0, 0};
-                mma_s8(c, a, word(x1, 2 * hh), word(x1, 2 * hh + 1));
-                mma_s8(e, a, word(x2, 2 * hh), word(x2, 2 * hh + 1));
-                const int s0 = byte_i(sc.sc0, s), s1 = byte_i(sc.sc1, s), m0 = byte_i(sc.mn0, s), m1 = byte_i(sc.mn1, s);
+                mma_s8(c, a, lane_of(x1, 2 * hh), lane_of(x1, 2 * hh + 1));
+                mma_s8(e, a, lane_of(x2, 2 * hh), lane_of(x2, 2 * hh + 1));
+                const int s0 = scale_byte(sc.sc0, s), s1 = scale_byte(sc.sc1, s), m0 = scale_byte(sc.mn0, s), m1 = scale_byte(sc.mn1, s);
                 const int4 bv = hh ? bs1 : bs;
-                const int b0 = word(bv, 2 * (t & 1)), b1 = word(bv, 2 * (t & 1) + 1);  // columns 2t, 2t + 1
+                const int b0 = lane_of(bv, 2 * (t & 1)), b1 = lane_of(bv, 2 * (t & 1) + 1);  // columns 2t, 2t + 1
                 a1[0] += s0 * c[0]; a2[0] += s0 * e[0]; am[0] += m0 * b0;
                 a1[2] += s1 * c[2]; a2[2] += s1 * e[2]; am[2] += m1 * b0;
                 if (NC > 1) {
@@ -248,8 +234,8 @@ __device__ void mvq4k_dp4a(const uint8_t* __restrict__ w, const int4* __restrict
                 const int s = 2 * i + hh;
                 int a[4];
                 a_frag(a, tl.q[i], hh);
-                const int u0 = word(x1, 2 * hh), u1 = word(x1, 2 * hh + 1), v0 = word(x2, 2 * hh), v1 = word(x2, 2 * hh + 1);
-                const int s0 = byte_i(sc.sc0, s), s1 = byte_i(sc.sc1, s);
+                const int u0 = lane_of(x1, 2 * hh), u1 = lane_of(x1, 2 * hh + 1), v0 = lane_of(x2, 2 * hh), v1 = lane_of(x2, 2 * hh + 1);
+                const int s0 = scale_byte(sc.sc0, s), s1 = scale_byte(sc.sc1, s);
                 a1[0] += s0 * __dp4a(a[2], u1, __dp4a(a[0], u0, 0));
                 a2[0] += s0 * __dp4a(a[2], v1, __dp4a(a[0], v0, 0));
                 a1[1] += s1 * __dp4a(a[3], u1, __dp4a(a[1], u0, 0));
@@ -259,8 +245,8 @@ __device__ void mvq4k_dp4a(const uint8_t* __restrict__ w, const int4* __restrict
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {  // the mins: lane t takes sub-blocks 2t and 2t + 1
             const int s = 2 * t + hh, bv = __ldg(bb + 8 * s);
-            am[0] += byte_i(sc.mn0, s) * bv;
-            am[1] += byte_i(sc.mn1, s) * bv;
+            am[0] += scale_byte(sc.mn0, s) * bv;
+            am[1] += scale_byte(sc.mn1, s) * bv;
         }
 #pragma unroll
         for (int o = 1; o < 4; o <<= 1)  // the quad's integers: exact, so any order
