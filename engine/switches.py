@@ -36,7 +36,7 @@ def verify_mma() -> bool:
 
 def k256() -> bool:
     """MEMRA_K256=1: Q4_K decode and verify matvecs on the q8_k256 kernels (k256.cu) instead of the
-    q8_1 ones (matvec.cu). Off by default: on the 8B its verify is 27% cheaper but its decode graph
+    q8_1 ones (matvec.cu). Off by default: on the 8B its verify is 26% cheaper but its decode graph
     2% slower (H100, docs/gpu-log.md session 58)."""
     return os.environ.get("MEMRA_K256", "0") == "1"
 

@@ -694,10 +694,10 @@ def test_verify_matvecs_slice_short_rows_in_pairs_of_columns(monkeypatch):
 
 def test_q4_k_decode_and_verify_take_the_k256_matvecs(tmp_path, monkeypatch):
     """A Q4_K_M model's Q4_K matrices at 1-16 tokens run on k256.cu (decode c1, verify c8 up to 8
-    tokens and c16 up to 16, one block row: each block reads its weight tile once), reading q8_k256 copies their producers wrote: the norms and the gated
-    activation write them (xk set), so the only quantize_q8_k256 launches are one a layer for
-    attention's output (the o matvec); Q6_K parts keep the q8_1 kernels. Without MEMRA_K256=1 (the
-    default): none of it."""
+    tokens and c16 up to 16, one block row: each block reads its weight tile once), reading q8_k256
+    copies their producers wrote: the norms and the gated activation write them (xk set), so the only
+    quantize_q8_k256 launches are one a layer for attention's output (the o matvec); Q6_K parts keep
+    the q8_1 kernels. Without MEMRA_K256=1 (the default): none of it."""
     from memra_engine.model.synthetic import write_synthetic_gguf
 
     path = write_synthetic_gguf(tmp_path / "q4k.gguf", preset="tiny-llama", head_dim=64, n_head=4, n_kv_head=2,

@@ -213,7 +213,7 @@ def matvec_k256(rt, w: GpuWeight, xq_ptr: int, y_ptr: int, n_tokens: int = 1) ->
     """y[t, rows] = W @ x[t] for t < n_tokens <= 16 from x's q8_k256 rows (quantize_q8_k256): one
     column on dp4a, more on int8 tensor cores, each (row, column) with the same bits either way."""
     nw, tiles = k256_width(w), -(-w.rows // 16)
-    nc = 1 if n_tokens == 1 else 8 if n_tokens <= 8 else K256_MAX_COLUMNS  # a block's columns: each block reads all of its tile
+    nc = 1 if n_tokens == 1 else 8 if n_tokens <= 8 else K256_MAX_COLUMNS  # a block's columns (one block row)
     rt.launch(f"matvec_{w.layout.kernel_type}_k256_c{nc}_w{nw}", (tiles, -(-n_tokens // nc)), 32 * nw,
               (w.q_ptr, w.meta_ptr, int(xq_ptr), int(y_ptr), w.rows, w.cols, n_tokens, q8_k256_stride(w.cols)))
 

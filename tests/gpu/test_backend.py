@@ -35,8 +35,7 @@ MODELS = {
     "gemma3-270m": dict(preset="gemma3-270m"),
 }
 # Q4_K weights (layer 0 all Q4_K, layer 1 with Q6_K v and down): decode and verify on k256.cu
-# (MEMRA_K256=1). Not in
-# the logits test: prefill row 6 of its prompt is a near-tie (reference margin 5.4e-4) that the f16
+# (MEMRA_K256=1). Not in the logits test: prefill row 6 of its prompt is a near-tie (reference margin 5.4e-4) that the f16
 # GEMM flips whatever the decode activation (numpy emulation of q8_1, k256 and the mix alike; gpu-log
 # session 57), one position of 84 against the all-positions bar. gemma3-270m covers Q4_K there.
 EXTRA_MODELS = {"tiny-llama-q4k": dict(preset="tiny-llama", head_dim=64, n_head=4, n_kv_head=2, d_model=256,
